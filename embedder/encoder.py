@@ -1,0 +1,234 @@
+"""Text -> pooled embedding h -> aligned-token logits W_lm h.
+
+Follows text-is-worth-several-tokens §2-3: the prompt-based embedding (PromptEOL by
+default, last-token pooling) of a decoder LLM, read out through the LLM's own LM head.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from embedder.adapters import adapter_identity, resolve_adapter
+from embedder.models import DEFAULT_MODEL, ResolvedModel, resolve_model
+
+log = logging.getLogger(__name__)
+
+PROMPT_EOL = 'This sentence: "[text]" means in one word:"'
+PLACEHOLDER = "[text]"
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """How a text becomes an embedding. Recorded in every index manifest.
+
+    pooling: "last" (the template's final token) or "mean" (masked mean over all tokens).
+    attention: "causal" (as pretrained) or "bidirectional" (every token sees every token).
+    max_length: text tokens kept; the template is added on top and never truncated.
+    """
+
+    prompt: str = PROMPT_EOL
+    pooling: str = "last"
+    attention: str = "causal"
+    max_length: int = 256
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if PLACEHOLDER not in self.prompt:
+            raise ValueError(f"prompt must contain the placeholder {PLACEHOLDER!r}: {self.prompt!r}")
+        if self.pooling not in ("last", "mean"):
+            raise ValueError(f"pooling must be 'last' or 'mean', not {self.pooling!r}")
+        if self.attention not in ("causal", "bidirectional"):
+            raise ValueError(f"attention must be 'causal' or 'bidirectional', not {self.attention!r}")
+        if self.max_length < 1 or self.batch_size < 1:
+            raise ValueError("max_length and batch_size must be positive")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def set_bidirectional(model: torch.nn.Module, bidirectional: bool) -> None:
+    """Switch a decoder's self-attention between causal and bidirectional masks."""
+    model.config.is_causal = not bidirectional  # read by transformers' mask builder
+    for module in model.modules():
+        if hasattr(module, "is_causal"):
+            module.is_causal = not bidirectional  # read by the SDPA kernel
+
+
+class Embedder:
+    """A decoder LLM used as a text embedder whose embeddings can be read as token logits.
+
+    Build one with :meth:`Embedder.load` (registry name, path, hub id) or directly from a
+    model and tokenizer already in memory (tests use a tiny random Llama).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        config: EmbedderConfig | None = None,
+        identity: dict | None = None,
+        adapter: dict | None = None,
+        device: str = "cpu",
+        bf16: bool = True,
+    ) -> None:
+        self.config = config or EmbedderConfig()
+        self.model = model.eval().to(device)
+        self.tokenizer = tokenizer
+        self.identity = identity or {"name": "in-memory", "sha256": ""}
+        self.adapter = adapter
+        self.device = device
+        self.bf16 = bf16
+        set_bidirectional(self.causal_lm, self.config.attention == "bidirectional")
+        self._pad_id = self._pick_pad_id()
+        prefix, suffix = self.config.prompt.split(PLACEHOLDER, 1)
+        self._prefix = self._special_prefix() + tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        self._suffix = tokenizer(suffix, add_special_tokens=False)["input_ids"] if suffix else []
+        self._vocab_tokens: list[str] | None = None
+
+    # ----------------------------------------------------------------- loading
+    @classmethod
+    def load(
+        cls,
+        model: str | os.PathLike[str] = DEFAULT_MODEL,
+        adapter: str | os.PathLike[str] | None = "default",
+        config: EmbedderConfig | None = None,
+        device: str | None = None,
+        bf16: bool = True,
+    ) -> "Embedder":
+        """Load a backbone (and optionally a LoRA adapter) by name or path."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        resolved: ResolvedModel = resolve_model(model)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        tok = AutoTokenizer.from_pretrained(resolved.directory)
+        lm = AutoModelForCausalLM.from_pretrained(resolved.directory, dtype=torch.float32)
+        adapter_dir = resolve_adapter(adapter, resolved.name)
+        if adapter_dir is not None:
+            from peft import PeftModel
+
+            # merge: inference then runs at the backbone's speed, with identical outputs.
+            lm = PeftModel.from_pretrained(lm, str(adapter_dir)).merge_and_unload()
+        if device == "cpu":
+            torch.set_num_threads(os.cpu_count() or 1)
+        return cls(lm, tok, config, resolved.identity(), adapter_identity(adapter_dir), device, bf16)
+
+    @property
+    def causal_lm(self) -> torch.nn.Module:
+        """The underlying transformers causal LM (unwrapped from peft if needed)."""
+        m = self.model
+        return m.get_base_model() if hasattr(m, "get_base_model") else m
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.causal_lm.get_output_embeddings().weight.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.causal_lm.get_output_embeddings().weight.shape[1])
+
+    def _pick_pad_id(self) -> int:
+        tok = self.tokenizer
+        for cand in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id):
+            if cand is not None:
+                return int(cand)
+        return 0  # padded positions are masked out, any id works
+
+    def _special_prefix(self) -> list[int]:
+        # Whatever the tokenizer puts before a text by default (e.g. Llama's BOS).
+        with_sp = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        without = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        n = len(with_sp) - len(without)
+        return list(with_sp[:n]) if n > 0 and with_sp[n:] == without else []
+
+    # ------------------------------------------------------------ tokenisation
+    def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text inside the prompt template; only the text is truncated."""
+        body = self.tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=self.config.max_length)
+        return [self._prefix + ids + self._suffix for ids in body["input_ids"]]
+
+    def literal_token_ids(self, text: str) -> list[int]:
+        """The text's own tokens (T_s in the paper), deduplicated, special tokens dropped.
+
+        Tokenised with a leading space so that the first word gets the same word-initial
+        form (e.g. ``Ġgame``) as it would inside a sentence.
+        """
+        ids = self.tokenizer(" " + text.strip(), add_special_tokens=False)["input_ids"]
+        special = set(self.tokenizer.all_special_ids)
+        return list(dict.fromkeys(i for i in ids if i not in special))
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """Vocabulary spellings of token ids (byte-level BPE forms such as ``Ġgame``)."""
+        if self._vocab_tokens is None:
+            self._vocab_tokens = self.tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
+        return [self._vocab_tokens[int(i)] if int(i) < len(self._vocab_tokens) else f"<{int(i)}>" for i in ids]
+
+    # --------------------------------------------------------------- encoding
+    def _forward_pooled(self, batch_ids: list[list[int]]) -> torch.Tensor:
+        lengths = torch.tensor([len(x) for x in batch_ids])
+        width = int(lengths.max())
+        ids = torch.full((len(batch_ids), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch_ids), width), dtype=torch.long)
+        for i, row in enumerate(batch_ids):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        body = self.causal_lm.base_model  # the transformer without the LM head
+        with torch.autocast(device_type=self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.bf16):
+            hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden = hidden.float()
+        if self.config.pooling == "last":
+            return hidden[torch.arange(len(batch_ids), device=hidden.device), (lengths - 1).to(hidden.device)]
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1)
+
+    def iter_batches(self, texts: Sequence[str]) -> Iterable[tuple[np.ndarray, torch.Tensor, int]]:
+        """Yield (positions, pooled embeddings, n_tokens) per batch, longest texts first.
+
+        Sorting by length keeps padding (wasted compute) small.
+        """
+        all_ids = self.prompt_ids(texts)
+        order = np.argsort([-len(x) for x in all_ids], kind="stable")
+        bs = self.config.batch_size
+        for start in range(0, len(order), bs):
+            pos = order[start : start + bs]
+            batch = [all_ids[i] for i in pos]
+            yield pos, self._forward_pooled(batch), sum(len(x) for x in batch)
+
+    @torch.inference_mode()
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Pooled embeddings h, shape (n, d), float32, in input order (not normalised)."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for pos, h, _ in self.iter_batches(texts):
+            out[pos] = h.cpu().numpy()
+        return out
+
+    def logits(self, h: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Aligned-token logits W_lm h, shape (n, V), float32 (Eq. 15's e_t^T h)."""
+        h = torch.as_tensor(h, dtype=torch.float32, device=self.device)
+        w = self.causal_lm.get_output_embeddings().weight
+        return h @ w.float().T
+
+    @torch.inference_mode()
+    def top_tokens(self, h: torch.Tensor | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k aligned tokens of embeddings: (ids int32 (n, k), logits float32 (n, k)), best first."""
+        k = min(k, self.vocab_size)
+        vals, ids = torch.topk(self.logits(h), k, dim=-1)
+        return ids.cpu().numpy().astype(np.int32), vals.cpu().numpy().astype(np.float32)
+
+    def aligned_tokens(self, text: str, k: int = 10) -> list[tuple[str, float]]:
+        """The top-k aligned tokens of one text with their logits (the papers' tables)."""
+        ids, vals = self.top_tokens(self.embed([text]), k)
+        return list(zip(self.token_strings(ids[0]), vals[0].tolist()))
+
+    def describe(self) -> dict:
+        """What an index manifest records about the embedder."""
+        return {"model": self.identity, "adapter": self.adapter, "embedding": self.config.to_dict()}
+
+
+

@@ -1,0 +1,170 @@
+"""Build an index directory: stream a corpus, embed it, keep top-K aligned tokens, invert.
+
+The index is written into a hidden temporary directory beside the target and renamed
+into place only when complete, so an interrupted build never leaves a directory that
+loads as an index.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from embedder.encoder import Embedder
+from indexer.corpus import CorpusSpec, Document
+from indexer.dense import DenseIndex
+from indexer.inverted_index import InvertedIndex
+from indexer.manifest import MANIFEST, Manifest
+
+log = logging.getLogger(__name__)
+
+DOC_IDS = "doc_ids.json"
+# Chosen by the K sweep recorded in BENCHMARKS.md (benchmarks/sweep_sparse.py).
+DEFAULT_TOP_K = 512
+
+
+def _chunks(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    chunk: list[Document] = []
+    for d in docs:
+        chunk.append(d)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _count_lines(path: Path) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def build_index(
+    corpus: CorpusSpec | str | os.PathLike[str],
+    index_dir: str | os.PathLike[str],
+    embedder: Embedder,
+    top_k: int = DEFAULT_TOP_K,
+    dense: bool = False,
+    dense_kind: str = "Flat",
+    overwrite: bool = False,
+    chunk_size: int = 1024,
+    progress: bool = True,
+) -> Manifest:
+    """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written."""
+    spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(Path(corpus))
+    target = Path(index_dir)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    if top_k < 1:
+        raise ValueError("top_k must be positive")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.building-"))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; an index is meant to be shared
+    try:
+        manifest = _build_into(spec, tmp, embedder, top_k, dense, dense_kind, chunk_size, progress)
+        _swap_into_place(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _swap_into_place(tmp: Path, target: Path) -> None:
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
+def _build_into(
+    spec: CorpusSpec, out: Path, embedder: Embedder, top_k: int, dense: bool, dense_kind: str, chunk_size: int, progress: bool
+) -> Manifest:
+    ids: list[str] = []
+    fwd_tokens: list[np.ndarray] = []
+    fwd_weights: list[np.ndarray] = []
+    embeddings: list[np.ndarray] = []
+    n_tokens = 0
+    encode_seconds = 0.0
+    start = time.perf_counter()
+    bar = tqdm(total=_count_lines(spec.file), unit="doc", desc=f"indexing {spec.path.name}", disable=not progress)
+    k = min(top_k, embedder.vocab_size)
+    with torch.inference_mode():
+        for chunk in _chunks(spec, chunk_size):
+            texts = [d.text for d in chunk]
+            tok = np.zeros((len(texts), k), np.int32)
+            wts = np.zeros((len(texts), k), np.float32)
+            emb = np.zeros((len(texts), embedder.dim), np.float32) if dense else None
+            t0 = time.perf_counter()
+            for pos, h, ntok in embedder.iter_batches(texts):
+                tok[pos], wts[pos] = embedder.top_tokens(h, k)
+                if emb is not None:
+                    emb[pos] = h.cpu().numpy()
+                n_tokens += ntok
+                bar.update(len(pos))
+                elapsed = encode_seconds + time.perf_counter() - t0
+                bar.set_postfix(tok_per_s=f"{n_tokens / max(elapsed, 1e-9):.0f}")
+            encode_seconds += time.perf_counter() - t0
+            ids.extend(d.doc_id for d in chunk)
+            fwd_tokens.append(tok)
+            fwd_weights.append(wts)
+            if emb is not None:
+                embeddings.append(emb)
+    bar.close()
+    if not ids:
+        raise ValueError(f"{spec.file}: no documents to index")
+    t0 = time.perf_counter()
+    inv = InvertedIndex.from_forward(np.concatenate(fwd_tokens), np.concatenate(fwd_weights), embedder.vocab_size)
+    inv.save(out)
+    invert_seconds = time.perf_counter() - t0
+    (out / DOC_IDS).write_text(json.dumps(ids), encoding="utf-8")
+    dense_info = None
+    if dense:
+        DenseIndex.build(np.concatenate(embeddings), dense_kind).save(out)
+        dense_info = {"kind": dense_kind, "dim": embedder.dim, "normalised": True, "metric": "inner_product"}
+    total = time.perf_counter() - start
+    manifest = Manifest(
+        model=embedder.identity,
+        adapter=embedder.adapter,
+        embedding=embedder.config.to_dict(),
+        sparse={"top_k": k, "vocab_size": embedder.vocab_size, "weight": "logit"},
+        n_docs=len(ids),
+        corpus=spec.describe(),
+        dense=dense_info,
+        build={
+            "seconds": round(total, 3),
+            "encode_seconds": round(encode_seconds, 3),
+            "invert_seconds": round(invert_seconds, 3),
+            "docs_per_s": round(len(ids) / encode_seconds, 2),
+            "tokens_per_s": round(n_tokens / encode_seconds, 1),
+            "n_tokens": n_tokens,
+            "device": embedder.device,
+            "torch_threads": torch.get_num_threads(),
+        },
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    manifest.write(out)  # written last: a directory without a manifest is not an index
+    return manifest
+
+
+def index_size_bytes(index_dir: Path) -> int:
+    """Bytes on disk of everything in an index directory."""
+    return sum(p.stat().st_size for p in Path(index_dir).iterdir() if p.is_file())
+
+
+__all__ = ["build_index", "DEFAULT_TOP_K", "DOC_IDS", "MANIFEST", "index_size_bytes"]

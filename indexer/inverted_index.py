@@ -1,0 +1,79 @@
+"""The aligned-token inverted index: CSR postings per vocabulary token, memory-mappable."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from indexer import kernels
+
+_FILES = ("indptr", "docs", "weights")
+
+
+@dataclass
+class InvertedIndex:
+    """Postings of token t: doc numbers ``docs[indptr[t]:indptr[t+1]]`` with ``weights``."""
+
+    indptr: np.ndarray  # int64, (vocab_size + 1,)
+    docs: np.ndarray  # int32, (nnz,), ascending within each posting list
+    weights: np.ndarray  # float32, (nnz,)
+    n_docs: int
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.indptr.nbytes + self.docs.nbytes + self.weights.nbytes)
+
+    @classmethod
+    def from_forward(cls, token_ids: np.ndarray, weights: np.ndarray, vocab_size: int) -> "InvertedIndex":
+        """Invert per-document top-K vectors (rows = documents in order) into postings.
+
+        A stable sort by token keeps the doc numbers ascending inside each posting list,
+        which :func:`kernels.contributions` relies on.
+        """
+        n_docs, k = token_ids.shape
+        flat_t = token_ids.reshape(-1).astype(np.int64)
+        if flat_t.size and (flat_t.min() < 0 or flat_t.max() >= vocab_size):
+            raise ValueError("token id outside the vocabulary")
+        order = np.argsort(flat_t, kind="stable")
+        docs = (order // max(k, 1)).astype(np.int32)
+        indptr = np.zeros(vocab_size + 1, dtype=np.int64)
+        np.cumsum(np.bincount(flat_t, minlength=vocab_size), out=indptr[1:])
+        return cls(indptr, docs, weights.reshape(-1)[order].astype(np.float32), n_docs)
+
+    def save(self, directory: Path) -> None:
+        for name in _FILES:
+            np.save(directory / f"postings_{name}.npy", getattr(self, name))
+
+    @classmethod
+    def load(cls, directory: Path, n_docs: int, mmap: bool = True) -> "InvertedIndex":
+        arrays = [np.load(directory / f"postings_{name}.npy", mmap_mode="r" if mmap else None) for name in _FILES]
+        return cls(*arrays, n_docs=n_docs)
+
+    def search(self, q_tokens: np.ndarray, q_weights: np.ndarray | None = None, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k (doc numbers, scores) of one query, best first."""
+        q_tokens = np.asarray(q_tokens, dtype=np.int64)
+        q_weights = np.ones(len(q_tokens), np.float32) if q_weights is None else np.asarray(q_weights, np.float32)
+        return kernels.search_one(self.indptr, self.docs, self.weights, q_tokens, q_weights, self.n_docs, k)
+
+    def batch_search(self, queries: list[tuple[np.ndarray, np.ndarray]], k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k of many (tokens, weights) queries in parallel; padded with -1 / -inf."""
+        lengths = np.array([len(t) for t, _ in queries], dtype=np.int64)
+        q_indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        q_tokens = np.concatenate([np.asarray(t, np.int64) for t, _ in queries]) if queries else np.zeros(0, np.int64)
+        q_weights = np.concatenate([np.asarray(w, np.float32) for _, w in queries]) if queries else np.zeros(0, np.float32)
+        return kernels.search_many(self.indptr, self.docs, self.weights, q_indptr, q_tokens, q_weights, self.n_docs, k)
+
+    def contributions(self, q_tokens: np.ndarray, doc: int) -> np.ndarray:
+        """The document's weight for each query token (0 where the document lacks it)."""
+        return kernels.contributions(self.indptr, self.docs, self.weights, np.asarray(q_tokens, np.int64), doc)
+
+    def doc_vectors(self):
+        """Documents x tokens sparse matrix (scipy CSR), e.g. for export."""
+        import scipy.sparse as sp
+
+        return sp.csr_matrix((self.weights, self.docs, self.indptr), shape=(self.vocab_size, self.n_docs)).T.tocsr()

@@ -1,0 +1,145 @@
+"""Scoring kernels of the inverted index: Numba (fast) beside NumPy/SciPy (reference).
+
+The index is CSR by token: the postings of token t are ``docs[indptr[t]:indptr[t+1]]``
+(ascending doc numbers) with ``weights`` alongside. A query is a set of token ids with
+weights; score(q, d) = sum over matched tokens of q_weight * d_weight (Eq. 16 of
+text-is-worth-several-tokens uses q_weight = 1). Ties are broken by the lower doc number
+so that every implementation returns the same ranking.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+import scipy.sparse as sp
+
+
+@nb.njit(cache=True, inline="always")
+def _worse(s_a: float, d_a: int, s_b: float, d_b: int) -> bool:
+    """Is (s_a, d_a) ranked below (s_b, d_b)?"""
+    return s_a < s_b or (s_a == s_b and d_a > d_b)
+
+
+@nb.njit(cache=True)
+def _sift_down(hs: np.ndarray, hd: np.ndarray, i: int, n: int) -> None:
+    # min-heap on rank: the root is the worst of the kept candidates
+    while True:
+        left = 2 * i + 1
+        if left >= n:
+            return
+        child = left
+        right = left + 1
+        if right < n and _worse(hs[right], hd[right], hs[left], hd[left]):
+            child = right
+        if _worse(hs[child], hd[child], hs[i], hd[i]):
+            hs[i], hs[child] = hs[child], hs[i]
+            hd[i], hd[child] = hd[child], hd[i]
+            i = child
+        else:
+            return
+
+
+@nb.njit(cache=True)
+def _top_k(scores: np.ndarray, touched: np.ndarray, n_touched: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Partial selection of the k best touched docs with a size-k heap: O(n log k)."""
+    k = min(k, n_touched)
+    hs = np.empty(k, dtype=np.float32)
+    hd = np.empty(k, dtype=np.int32)
+    for j in range(k):
+        hs[j] = scores[touched[j]]
+        hd[j] = touched[j]
+    for j in range(k // 2 - 1, -1, -1):
+        _sift_down(hs, hd, j, k)
+    for j in range(k, n_touched):
+        d = touched[j]
+        if k > 0 and _worse(hs[0], hd[0], scores[d], d):
+            hs[0] = scores[d]
+            hd[0] = d
+            _sift_down(hs, hd, 0, k)
+    # heap-sort in place: repeatedly move the worst to the end -> best first
+    for end in range(k - 1, 0, -1):
+        hs[0], hs[end] = hs[end], hs[0]
+        hd[0], hd[end] = hd[end], hd[0]
+        _sift_down(hs, hd, 0, end)
+    return hd, hs
+
+
+@nb.njit(cache=True)
+def _score_one(indptr, docs, weights, q_tokens, q_weights, scores, seen, touched, k):
+    n_touched = 0
+    for j in range(q_tokens.shape[0]):
+        t = q_tokens[j]
+        if t < 0 or t >= indptr.shape[0] - 1:
+            continue
+        qw = q_weights[j]
+        for p in range(indptr[t], indptr[t + 1]):
+            d = docs[p]
+            if not seen[d]:
+                seen[d] = True
+                touched[n_touched] = d
+                n_touched += 1
+            scores[d] += qw * weights[p]
+    top_d, top_s = _top_k(scores, touched, n_touched, k)
+    for j in range(n_touched):  # reset only what was touched: O(touched), not O(n_docs)
+        scores[touched[j]] = 0.0
+        seen[touched[j]] = False
+    return top_d, top_s
+
+
+@nb.njit(cache=True)
+def search_one(indptr, docs, weights, q_tokens, q_weights, n_docs, k):
+    """Top-k (doc numbers int32, scores float32) of one query, best first."""
+    scores = np.zeros(n_docs, dtype=np.float32)
+    seen = np.zeros(n_docs, dtype=np.bool_)
+    touched = np.empty(n_docs, dtype=np.int32)
+    return _score_one(indptr, docs, weights, q_tokens, q_weights, scores, seen, touched, k)
+
+
+@nb.njit(cache=True, parallel=True)
+def search_many(indptr, docs, weights, q_indptr, q_tokens, q_weights, n_docs, k):
+    """Top-k of many queries (CSR-packed: query i owns q_tokens[q_indptr[i]:q_indptr[i+1]]).
+
+    Returns (docs int32 (n_q, k), scores float32 (n_q, k)); rows with fewer than k
+    matching docs are padded with doc -1 and score -inf.
+    """
+    n_q = q_indptr.shape[0] - 1
+    out_d = np.full((n_q, k), -1, dtype=np.int32)
+    out_s = np.full((n_q, k), -np.inf, dtype=np.float32)
+    for i in nb.prange(n_q):
+        a, b = q_indptr[i], q_indptr[i + 1]
+        top_d, top_s = search_one(indptr, docs, weights, q_tokens[a:b], q_weights[a:b], n_docs, k)
+        out_d[i, : top_d.shape[0]] = top_d
+        out_s[i, : top_s.shape[0]] = top_s
+    return out_d, out_s
+
+
+@nb.njit(cache=True)
+def contributions(indptr, docs, weights, q_tokens, doc):
+    """Weight of each query token in one document's vector (0 where absent): binary search
+    in each posting list, which is sorted by doc number."""
+    out = np.zeros(q_tokens.shape[0], dtype=np.float32)
+    for j in range(q_tokens.shape[0]):
+        t = q_tokens[j]
+        if t < 0 or t >= indptr.shape[0] - 1:
+            continue
+        lo, hi = indptr[t], indptr[t + 1]
+        p = lo + np.searchsorted(docs[lo:hi], doc)
+        if p < hi and docs[p] == doc:
+            out[j] = weights[p]
+    return out
+
+
+# --------------------------------------------------------------------- reference
+def reference_search(
+    indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, q_tokens: np.ndarray, q_weights: np.ndarray, n_docs: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Brute-force SciPy version of :func:`search_one`: full matrix-vector product, full sort."""
+    vocab = indptr.shape[0] - 1
+    term_doc = sp.csr_matrix((weights, docs, indptr), shape=(vocab, n_docs))
+    q = np.zeros(vocab, dtype=np.float64)
+    valid = (q_tokens >= 0) & (q_tokens < vocab)
+    np.add.at(q, q_tokens[valid], q_weights[valid])
+    scores = np.asarray(term_doc.T @ q).ravel().astype(np.float32)
+    matched = np.asarray((term_doc.T != 0) @ (q != 0)).ravel() > 0
+    cand = np.flatnonzero(matched)
+    order = np.lexsort((cand, -scores[cand]))[:k]  # score desc, then doc number asc
+    return cand[order].astype(np.int32), scores[cand[order]]

@@ -1,0 +1,4 @@
+"""Search an aligned-token index: ``Retriever.load(index_dir).search(query)``."""
+from retriever.retriever import Hit, Retriever
+
+__all__ = ["Hit", "Retriever"]

@@ -1,0 +1,52 @@
+"""``search-index``: query an index built by ``build-index`` from the shell."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from embedder.models import ModelNotAvailable
+from indexer.manifest import IndexFormatError
+from retriever.query import DEFAULT_EXPANSION_M
+from retriever.retriever import MODES, Retriever
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="search-index", description=__doc__)
+    p.add_argument("--index", required=True, type=Path)
+    p.add_argument("queries", nargs="*", help="queries (default: one per line on standard input)")
+    p.add_argument("-k", type=int, default=10, help="hits per query")
+    p.add_argument("--mode", choices=MODES, default="sparse")
+    p.add_argument("--expansion-m", type=int, default=DEFAULT_EXPANSION_M, help="aligned tokens added to each query")
+    p.add_argument("--model", help="must match the index's model; default: the one in its manifest")
+    p.add_argument("--tokens", type=int, default=5, help="matched tokens shown per hit (text output)")
+    p.add_argument("--json", action="store_true", help="one JSON object per query on standard output")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
+    try:
+        retriever = Retriever.load(args.index, model=args.model, expansion_m=args.expansion_m)
+        results = retriever.batch_search(queries, k=args.k, mode=args.mode)
+    except (IndexFormatError, ModelNotAvailable, ValueError, FileNotFoundError) as exc:
+        print(f"search-index: error: {exc}", file=sys.stderr)
+        return 2
+    for q, hits in zip(queries, results):
+        if args.json:
+            print(json.dumps({"query": q, "hits": [asdict(h) for h in hits]}, ensure_ascii=False))
+            continue
+        print(f"query: {q}")
+        for rank, h in enumerate(hits, 1):
+            toks = ", ".join(f"{t} {w:.1f}" for t, w in list(h.matched_tokens.items())[: args.tokens])
+            print(f"  {rank:2d}. {h.doc_id:<20} {h.score:9.3f}  {toks}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

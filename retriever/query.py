@@ -1,0 +1,57 @@
+"""Query side of aligned-token retrieval (text-is-worth-several-tokens Eq. 16).
+
+A query becomes its literal tokens T_q united with the top-M aligned tokens of its
+embedding; every token weighs 1, so a document's score is the sum of its own weights over
+the matched tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from embedder.encoder import Embedder
+
+# Chosen by the M sweep recorded in BENCHMARKS.md (benchmarks/sweep_sparse.py).
+DEFAULT_EXPANSION_M = 64
+
+
+@dataclass
+class EncodedQuery:
+    text: str
+    tokens: np.ndarray  # int64 token ids, literal first, then expansion
+    weights: np.ndarray  # float32, one per token
+    n_literal: int  # how many of `tokens` are the query's own tokens
+    embedding: np.ndarray  # pooled embedding h (float32, d)
+
+
+def literal_ids(embedder: Embedder, text: str, forms: str) -> list[int]:
+    """The query's own tokens. ``forms``: "space" (word-initial forms, ``Ġgame``), "bare"
+    (each word tokenised alone, ``game``), or "both"."""
+    if forms not in ("space", "bare", "both"):
+        raise ValueError("forms must be 'space', 'bare' or 'both'")
+    ids: list[int] = []
+    if forms in ("space", "both"):
+        ids += embedder.literal_token_ids(text)
+    if forms in ("bare", "both"):
+        special = set(embedder.tokenizer.all_special_ids)
+        words = text.split()
+        if words:
+            for row in embedder.tokenizer(words, add_special_tokens=False)["input_ids"]:
+                ids += [i for i in row if i not in special]
+    return list(dict.fromkeys(ids))
+
+
+def encode_queries(
+    embedder: Embedder, queries: Sequence[str], m: int = DEFAULT_EXPANSION_M, literal: str = "both"
+) -> list[EncodedQuery]:
+    """Encode queries into weighted token sets (and keep their embeddings for dense search)."""
+    h = embedder.embed(list(queries))
+    top_ids, _ = embedder.top_tokens(h, m) if m > 0 else (np.zeros((len(queries), 0), np.int32), None)
+    out = []
+    for i, q in enumerate(queries):
+        lit = literal_ids(embedder, q, literal)
+        toks = list(dict.fromkeys(lit + top_ids[i].tolist()))
+        out.append(EncodedQuery(q, np.asarray(toks, np.int64), np.ones(len(toks), np.float32), len(lit), h[i]))
+    return out
