@@ -149,6 +149,8 @@ class Embedder:
     # ------------------------------------------------------------ tokenisation
     def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text inside the prompt template; only the text is truncated."""
+        if not texts:  # fast tokenizers fail on an empty batch
+            return []
         body = self.tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=self.config.max_length)
         return [self._prefix + ids + self._suffix for ids in body["input_ids"]]
 
@@ -186,6 +188,14 @@ class Embedder:
             return hidden[torch.arange(len(batch_ids), device=hidden.device), (lengths - 1).to(hidden.device)]
         m = mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(1) / m.sum(1)
+
+    def pooled(self, batch_ids: list[list[int]]) -> torch.Tensor:
+        """Pooled h (n, d) float32 of prompt token ids (from :meth:`prompt_ids`), in the given order.
+
+        Not under inference_mode, so gradients flow where the caller enables them
+        (Text2Token training pools exactly as indexing does through this method).
+        """
+        return self._forward_pooled(batch_ids)
 
     def iter_batches(self, texts: Sequence[str]) -> Iterable[tuple[np.ndarray, torch.Tensor, int]]:
         """Yield (positions, pooled embeddings, n_tokens) per batch, longest texts first.

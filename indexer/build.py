@@ -22,7 +22,9 @@ from tqdm.auto import tqdm
 
 from embedder.encoder import Embedder
 from indexer.corpus import CorpusSpec, Document
-from indexer.dense import DenseIndex
+from embedder.embedfilter import embedfilter_projection
+from indexer.dense import EMBEDFILTER_NAME, DenseIndex
+from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
 from indexer.inverted_index import InvertedIndex
 from indexer.manifest import MANIFEST, Manifest
 
@@ -62,8 +64,15 @@ def build_index(
     overwrite: bool = False,
     chunk_size: int = 1024,
     progress: bool = True,
+    embedfilter_tau: int | None = None,
+    lexical: str | None = None,
 ) -> Manifest:
-    """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written."""
+    """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written.
+
+    Channels besides the aligned-token postings: ``dense`` (FAISS over the pooled embeddings),
+    ``embedfilter_tau`` (a second dense index of EmbedFilter-projected embeddings, see
+    embedder/embedfilter.py) and ``lexical`` ("words" or "tokens": BM25 postings).
+    """
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(Path(corpus))
     target = Path(index_dir)
     if target.exists() and not overwrite:
@@ -74,7 +83,7 @@ def build_index(
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.building-"))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; an index is meant to be shared
     try:
-        manifest = _build_into(spec, tmp, embedder, top_k, dense, dense_kind, chunk_size, progress)
+        manifest = _build_into(spec, tmp, embedder, top_k, dense, dense_kind, chunk_size, progress, embedfilter_tau, lexical)
         _swap_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -93,8 +102,19 @@ def _swap_into_place(tmp: Path, target: Path) -> None:
 
 
 def _build_into(
-    spec: CorpusSpec, out: Path, embedder: Embedder, top_k: int, dense: bool, dense_kind: str, chunk_size: int, progress: bool
+    spec: CorpusSpec,
+    out: Path,
+    embedder: Embedder,
+    top_k: int,
+    dense: bool,
+    dense_kind: str,
+    chunk_size: int,
+    progress: bool,
+    embedfilter_tau: int | None,
+    lexical: str | None,
 ) -> Manifest:
+    keep_embeddings = dense or embedfilter_tau is not None
+    bm25 = BM25Builder(make_analyzer(lexical, embedder.tokenizer)) if lexical else None
     ids: list[str] = []
     fwd_tokens: list[np.ndarray] = []
     fwd_weights: list[np.ndarray] = []
@@ -109,7 +129,7 @@ def _build_into(
             texts = [d.text for d in chunk]
             tok = np.zeros((len(texts), k), np.int32)
             wts = np.zeros((len(texts), k), np.float32)
-            emb = np.zeros((len(texts), embedder.dim), np.float32) if dense else None
+            emb = np.zeros((len(texts), embedder.dim), np.float32) if keep_embeddings else None
             t0 = time.perf_counter()
             for pos, h, ntok in embedder.iter_batches(texts):
                 tok[pos], wts[pos] = embedder.top_tokens(h, k)
@@ -120,6 +140,9 @@ def _build_into(
                 elapsed = encode_seconds + time.perf_counter() - t0
                 bar.set_postfix(tok_per_s=f"{n_tokens / max(elapsed, 1e-9):.0f}")
             encode_seconds += time.perf_counter() - t0
+            if bm25 is not None:
+                for text in texts:
+                    bm25.add(text)
             ids.extend(d.doc_id for d in chunk)
             fwd_tokens.append(tok)
             fwd_weights.append(wts)
@@ -133,10 +156,20 @@ def _build_into(
     inv.save(out)
     invert_seconds = time.perf_counter() - t0
     (out / DOC_IDS).write_text(json.dumps(ids), encoding="utf-8")
-    dense_info = None
+    dense_info = ef_info = lexical_info = None
+    all_emb = np.concatenate(embeddings) if keep_embeddings else None
     if dense:
-        DenseIndex.build(np.concatenate(embeddings), dense_kind).save(out)
+        DenseIndex.build(all_emb, dense_kind).save(out)
         dense_info = {"kind": dense_kind, "dim": embedder.dim, "normalised": True, "metric": "inner_product"}
+    if embedfilter_tau is not None:
+        w_u = embedder.causal_lm.get_output_embeddings().weight.detach().float().cpu().numpy()
+        proj, left, right = embedfilter_projection(w_u, embedfilter_tau)
+        DenseIndex.build(all_emb, dense_kind, projection=proj).save(out, EMBEDFILTER_NAME)
+        ef_info = {"tau": embedfilter_tau, "left": left, "right": right, "dim": right - left, "kind": dense_kind, "normalised": True}
+    if bm25 is not None:
+        lex = bm25.finish()
+        lex.save(out / LEXICAL_DIR)
+        lexical_info = {"analyzer": lex.analyzer, "k1": lex.k1, "b": lex.b, "n_terms": len(lex.vocab)}
     total = time.perf_counter() - start
     manifest = Manifest(
         model=embedder.identity,
@@ -146,6 +179,8 @@ def _build_into(
         n_docs=len(ids),
         corpus=spec.describe(),
         dense=dense_info,
+        embedfilter=ef_info,
+        lexical=lexical_info,
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),

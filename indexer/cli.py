@@ -21,6 +21,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="aligned tokens kept per document")
     p.add_argument("--dense", action="store_true", help="also store dense embeddings in a FAISS index")
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string for the dense index (Flat, HNSW32, ...)")
+    p.add_argument("--embedfilter", type=int, metavar="TAU", help="also store EmbedFilter dense vectors (d // TAU dims)")
+    p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
     p.add_argument("--max-length", type=int, default=EmbedderConfig.max_length, help="text tokens kept per document")
     p.add_argument("--batch-size", type=int, default=EmbedderConfig.batch_size)
     p.add_argument("--pooling", choices=["last", "mean"], default="last")
@@ -33,6 +35,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--on-empty", choices=["skip", "error"], default="skip", help="documents with empty text")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")
+    p.add_argument("--export-pyserini", type=Path, metavar="DIR", help="also export a Pyserini impact index (JsonVectorCollection + Lucene) to DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -46,9 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         spec = CorpusSpec(args.corpus, args.format, args.id_field, args.text_field, args.title_field or None, args.on_empty)
         if args.index.exists() and not args.overwrite:
             raise FileExistsError(f"{args.index} exists; pass --overwrite to replace it")
+        if args.export_pyserini and args.export_pyserini.exists() and not args.overwrite:
+            raise FileExistsError(f"{args.export_pyserini} exists; pass --overwrite to replace it")
         config = EmbedderConfig(args.prompt, args.pooling, args.attention, args.max_length, args.batch_size)
         embedder = Embedder.load(args.model, adapter=args.adapter, config=config, device=args.device)
-        m = build_index(spec, args.index, embedder, args.top_k, args.dense, args.dense_kind, overwrite=args.overwrite, progress=not args.quiet)
+        m = build_index(
+            spec, args.index, embedder, args.top_k, args.dense, args.dense_kind,
+            overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=args.embedfilter, lexical=args.lexical,
+        )
     except (CorpusError, ModelNotAvailable, FileExistsError, ValueError) as exc:
         print(f"build-index: error: {exc}", file=sys.stderr)
         return 2
@@ -58,6 +66,18 @@ def main(argv: list[str] | None = None) -> int:
         f"({m.build['docs_per_s']:.1f} docs/s, {m.build['tokens_per_s']:.0f} tokens/s); "
         f"{size / m.n_docs:.0f} bytes/doc; skipped {m.corpus.get('n_empty_skipped', 0)} empty"
     )
+    if args.export_pyserini:
+        from indexer.export_pyserini import ExportError, describe, export_pyserini, vocabulary_strings
+
+        try:
+            info = export_pyserini(
+                args.index, args.export_pyserini, tokens=vocabulary_strings(embedder.tokenizer, embedder.vocab_size),
+                overwrite=args.overwrite, progress=not args.quiet,
+            )
+        except (ExportError, FileExistsError, ValueError) as exc:
+            print(f"build-index: error: Pyserini export: {exc}", file=sys.stderr)
+            return 2
+        print(describe(info, args.export_pyserini))
     return 0
 
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-DENSE_FILE = "dense.faiss"
+DENSE_NAME = "dense"
+EMBEDFILTER_NAME = "dense_ef"
+DENSE_FILE = f"{DENSE_NAME}.faiss"
 
 
 def normalise(x: np.ndarray) -> np.ndarray:
@@ -18,32 +20,41 @@ def normalise(x: np.ndarray) -> np.ndarray:
 
 
 class DenseIndex:
-    def __init__(self, index) -> None:
+    """A FAISS index of (optionally projected) embeddings; ``projection`` (d, k) is applied
+    to documents at build time and to queries at search time (EmbedFilter)."""
+
+    def __init__(self, index, projection: np.ndarray | None = None) -> None:
         self.index = index
+        self.projection = projection
 
     @classmethod
-    def build(cls, embeddings: np.ndarray, kind: str = "Flat") -> "DenseIndex":
+    def build(cls, embeddings: np.ndarray, kind: str = "Flat", projection: np.ndarray | None = None) -> "DenseIndex":
         import faiss
 
-        x = normalise(embeddings)
+        x = normalise(embeddings @ projection if projection is not None else embeddings)
         index = faiss.index_factory(x.shape[1], kind, faiss.METRIC_INNER_PRODUCT)
         if not index.is_trained:
             index.train(x)
         index.add(x)
-        return cls(index)
+        return cls(index, projection)
 
-    def save(self, directory: Path) -> None:
+    def save(self, directory: Path, name: str = DENSE_NAME) -> None:
         import faiss
 
-        faiss.write_index(self.index, str(directory / DENSE_FILE))
+        faiss.write_index(self.index, str(directory / f"{name}.faiss"))
+        if self.projection is not None:
+            np.save(directory / f"{name}_projection.npy", self.projection)
 
     @classmethod
-    def load(cls, directory: Path) -> "DenseIndex":
+    def load(cls, directory: Path, name: str = DENSE_NAME) -> "DenseIndex":
         import faiss
 
-        return cls(faiss.read_index(str(directory / DENSE_FILE)))
+        proj_file = directory / f"{name}_projection.npy"
+        projection = np.load(proj_file) if proj_file.exists() else None
+        return cls(faiss.read_index(str(directory / f"{name}.faiss")), projection)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(doc numbers int64 (n, k), cosine scores float32 (n, k)); -1 pads missing hits."""
-        scores, docs = self.index.search(normalise(queries), k)
+        q = queries @ self.projection if self.projection is not None else queries
+        scores, docs = self.index.search(normalise(q), k)
         return docs, scores

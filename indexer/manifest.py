@@ -31,6 +31,8 @@ class Manifest:
     n_docs: int
     corpus: dict = field(default_factory=dict)
     dense: dict | None = None  # {"kind", "dim", "normalised", "metric"} when stored
+    embedfilter: dict | None = None  # {"tau", "left", "right", "dim", "kind"} when stored
+    lexical: dict | None = None  # {"analyzer", "k1", "b", "n_terms"} when stored
     build: dict = field(default_factory=dict)  # timings and throughput
     created: str = ""
     format_version: int = FORMAT_VERSION

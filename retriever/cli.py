@@ -11,7 +11,7 @@ from pathlib import Path
 from embedder.models import ModelNotAvailable
 from indexer.manifest import IndexFormatError
 from retriever.query import DEFAULT_EXPANSION_M
-from retriever.retriever import MODES, Retriever
+from retriever.retriever import DEFAULT_QUERY_WEIGHTING, MODES, QUERY_WEIGHTINGS, Retriever
 
 
 def parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, default=10, help="hits per query")
     p.add_argument("--mode", choices=MODES, default="sparse")
     p.add_argument("--expansion-m", type=int, default=DEFAULT_EXPANSION_M, help="aligned tokens added to each query")
+    p.add_argument("--query-weighting", choices=QUERY_WEIGHTINGS, default=DEFAULT_QUERY_WEIGHTING, help="weight of each query token")
     p.add_argument("--model", help="must match the index's model; default: the one in its manifest")
     p.add_argument("--tokens", type=int, default=5, help="matched tokens shown per hit (text output)")
     p.add_argument("--json", action="store_true", help="one JSON object per query on standard output")
@@ -32,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
     try:
-        retriever = Retriever.load(args.index, model=args.model, expansion_m=args.expansion_m)
+        retriever = Retriever.load(
+            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting
+        )
         results = retriever.batch_search(queries, k=args.k, mode=args.mode)
     except (IndexFormatError, ModelNotAvailable, ValueError, FileNotFoundError) as exc:
         print(f"search-index: error: {exc}", file=sys.stderr)

@@ -1,4 +1,12 @@
-"""``Retriever``: the Python entry point. Load an index, search it with text queries."""
+"""``Retriever``: the Python entry point. Load an index, search it with text queries.
+
+Modes (channels of one index directory):
+- "sparse": aligned tokens (text-is-worth-several-tokens Eq. 15-16), Numba inverted index;
+- "dense": cosine over the pooled embeddings (FAISS; needs ``--dense``);
+- "dense-ef": cosine over EmbedFilter-projected embeddings (needs ``--embedfilter TAU``);
+- "bm25": the lexical channel, BM25 on this engine's own index (needs ``--lexical``);
+- "hybrid": fusion of the channels present (see retriever/fusion.py).
+"""
 from __future__ import annotations
 
 import json
@@ -11,22 +19,37 @@ import numpy as np
 
 from embedder.encoder import Embedder, EmbedderConfig
 from indexer.build import DOC_IDS
-from indexer.dense import DenseIndex
+from indexer.dense import EMBEDFILTER_NAME, DenseIndex
 from indexer.inverted_index import InvertedIndex
+from indexer.lexical import LEXICAL_DIR, BM25Index, make_analyzer
 from indexer.manifest import IndexFormatError, Manifest
+from retriever.fusion import fuse
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries
 
-MODES = ("sparse", "dense")
+MODES = ("sparse", "dense", "dense-ef", "bm25", "hybrid")
+QUERY_WEIGHTINGS = ("one", "idf")
+# Query tokens weighted by their IDF in the aligned-token index: measured better than the
+# paper's weight 1 on every collection of the sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py).
+DEFAULT_QUERY_WEIGHTING = "idf"
+# Hybrid defaults: min-max + weighted sum. Weights chosen by cross-validation over query
+# folds (benchmarks/tune_fusion.py), recorded in BENCHMARKS.md.
+DEFAULT_FUSION = {"method": "minmax", "weights": {"sparse": 1.0, "dense": 1.0, "dense-ef": 0.0, "bm25": 1.0}}
+FUSION_DEPTH = 100  # hits taken from each channel before fusing
 
 
 @dataclass
 class Hit:
-    """One search result. ``matched_tokens`` maps each matched token to its contribution
-    to the score (empty for dense hits), largest first."""
+    """One search result.
+
+    ``matched_tokens``: each matched aligned token (or, for "bm25", each matched term) with
+    its contribution to the channel score, largest first. ``channels``: for hybrid hits,
+    each channel's weighted, normalised share of ``score``.
+    """
 
     doc_id: str
     score: float
     matched_tokens: dict[str, float] = field(default_factory=dict)
+    channels: dict[str, float] = field(default_factory=dict)
 
 
 class Retriever:
@@ -43,18 +66,43 @@ class Retriever:
         embedder: Embedder,
         expansion_m: int = DEFAULT_EXPANSION_M,
         literal: str = "both",
+        query_weighting: str = DEFAULT_QUERY_WEIGHTING,
+        fusion: dict | None = None,
         mmap: bool = True,
+        backend: str = "numba",
+        lucene_index: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``backend``: "numba" (this index's postings) or "lucene": sparse search goes to the
+        Pyserini/Lucene impact export at ``lucene_index`` (``build-index --export-pyserini``),
+        scores in the same units (integer scores / scales, see retriever/lucene_backend.py)."""
+        if query_weighting not in QUERY_WEIGHTINGS:
+            raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}")
         self.index_dir = Path(index_dir)
         self.manifest = manifest
         self.embedder = embedder
         self.expansion_m = expansion_m
         self.literal = literal
+        self.query_weighting = query_weighting
+        self.fusion = fusion or DEFAULT_FUSION
         self.doc_ids: list[str] = json.loads((self.index_dir / DOC_IDS).read_text(encoding="utf-8"))
         if len(self.doc_ids) != manifest.n_docs:
             raise IndexFormatError(f"{self.index_dir / DOC_IDS}: {len(self.doc_ids)} ids, manifest says {manifest.n_docs}")
         self.sparse = InvertedIndex.load(self.index_dir, manifest.n_docs, mmap=mmap)
+        if backend not in ("numba", "lucene") or (backend == "lucene") != (lucene_index is not None):
+            raise ValueError("backend must be 'numba', or 'lucene' with lucene_index=<export directory>")
+        self.backend = backend
+        self.lucene = None
+        if backend == "lucene":
+            from retriever.lucene_backend import LuceneBackend
+
+            self.lucene = LuceneBackend(self.index_dir, lucene_index)
+        df = np.diff(np.asarray(self.sparse.indptr))
+        # smoothed IDF of each token among the documents' aligned tokens
+        self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
         self.dense = DenseIndex.load(self.index_dir) if manifest.dense else None
+        self.dense_ef = DenseIndex.load(self.index_dir, EMBEDFILTER_NAME) if manifest.embedfilter else None
+        self.lexical = BM25Index.load(self.index_dir / LEXICAL_DIR, manifest.n_docs) if manifest.lexical else None
+        self._analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
 
     @classmethod
     def load(
@@ -79,10 +127,20 @@ class Retriever:
         manifest.check_model(embedder.identity, embedder.adapter)
         return cls(index_dir, manifest, embedder, **kwargs)
 
+    @property
+    def modes(self) -> list[str]:
+        """The modes this index supports."""
+        have = {"sparse": True, "dense": self.dense is not None, "dense-ef": self.dense_ef is not None, "bm25": self.lexical is not None}
+        return [m for m in MODES if m == "hybrid" or have[m]]
+
     # ------------------------------------------------------------------ search
     def encode(self, queries: Sequence[str]) -> list[EncodedQuery]:
         """Encode queries once (e.g. to time search alone, or to reuse across modes)."""
-        return encode_queries(self.embedder, queries, self.expansion_m, self.literal)
+        encoded = encode_queries(self.embedder, queries, self.expansion_m, self.literal)
+        if self.query_weighting == "idf":
+            for q in encoded:
+                q.weights = self.token_idf[np.clip(q.tokens, 0, len(self.token_idf) - 1)]
+        return encoded
 
     def search(self, query: str, k: int = 10, mode: str = "sparse") -> list[Hit]:
         """Top-k hits for one query."""
@@ -90,31 +148,61 @@ class Retriever:
 
     def batch_search(self, queries: Sequence[str], k: int = 10, mode: str = "sparse") -> list[list[Hit]]:
         """Top-k hits for each query."""
-        return self.search_encoded(self.encode(queries), k=k, mode=mode)
+        self._check_mode(mode)
+        encoded = self.encode(queries) if mode != "bm25" else [EncodedQuery(q, *_EMPTY) for q in queries]
+        return self.search_encoded(encoded, k=k, mode=mode)
 
     def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str = "sparse") -> list[list[Hit]]:
         """Search pre-encoded queries (see :meth:`encode`)."""
+        self._check_mode(mode)
+        if mode == "hybrid":
+            return [self._hybrid(q, k) for q in encoded]
+        return [self._to_hits(q, mode, *self._channel(q, mode, k)) for q in encoded]
+
+    def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-        if mode == "dense":
-            return self._dense(encoded, k)
-        docs, scores = self.sparse.batch_search([(q.tokens, q.weights) for q in encoded], k)
-        return [self._explain(q, d, s) for q, d, s in zip(encoded, docs, scores)]
+        if mode not in self.modes:
+            flag = {"dense": "--dense", "dense-ef": "--embedfilter TAU", "bm25": "--lexical words"}[mode]
+            raise ValueError(f"{self.index_dir}: mode {mode!r} needs an index built with {flag}")
 
-    def _dense(self, encoded: Sequence[EncodedQuery], k: int) -> list[list[Hit]]:
-        if self.dense is None:
-            raise ValueError(f"{self.index_dir}: no dense vectors stored (build with --dense)")
-        docs, scores = self.dense.search(np.stack([q.embedding for q in encoded]), k)
-        return [[Hit(self.doc_ids[d], float(s)) for d, s in zip(row_d, row_s) if d >= 0] for row_d, row_s in zip(docs, scores)]
+    def _channel(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """One channel's (doc numbers, scores), best first, -1 padded."""
+        if mode == "sparse":
+            return (self.lucene or self.sparse).search(q.tokens, q.weights, k)
+        if mode in ("dense", "dense-ef"):
+            index = self.dense if mode == "dense" else self.dense_ef
+            docs, scores = index.search(q.embedding[None, :], k)
+            return docs[0], scores[0]
+        terms, weights, _ = self.lexical.encode_query(self._analyze(q.text))
+        return self.lexical.postings.search(terms, weights, k)
 
-    def _explain(self, q: EncodedQuery, docs: np.ndarray, scores: np.ndarray) -> list[Hit]:
+    def _matched(self, q: EncodedQuery, mode: str, doc: int) -> dict[str, float]:
+        if mode == "sparse":
+            contrib = (self.lucene or self.sparse).contributions(q.tokens, doc) * q.weights
+            names = self.embedder.token_strings(q.tokens)
+        elif mode == "bm25":
+            terms, weights, names = self.lexical.encode_query(self._analyze(q.text))
+            contrib = self.lexical.postings.contributions(terms, doc) * weights
+        else:
+            return {}
+        nz = np.flatnonzero(contrib)
+        nz = nz[np.argsort(-contrib[nz], kind="stable")]
+        return {names[j]: float(contrib[j]) for j in nz}
+
+    def _to_hits(self, q: EncodedQuery, mode: str, docs: np.ndarray, scores: np.ndarray) -> list[Hit]:
+        return [Hit(self.doc_ids[d], float(s), self._matched(q, mode, int(d))) for d, s in zip(docs, scores) if d >= 0]
+
+    def _hybrid(self, q: EncodedQuery, k: int) -> list[Hit]:
+        weights = self.fusion["weights"]
+        channels = {m: self._channel(q, m, FUSION_DEPTH) for m in self.modes if m != "hybrid" and weights.get(m, 0) > 0}
         hits = []
-        for d, s in zip(docs, scores):
-            if d < 0:
-                break
-            contrib = self.sparse.contributions(q.tokens, int(d)) * q.weights
-            nz = np.flatnonzero(contrib)
-            nz = nz[np.argsort(-contrib[nz], kind="stable")]
-            names = self.embedder.token_strings(q.tokens[nz])
-            hits.append(Hit(self.doc_ids[d], float(s), {n: float(contrib[j]) for n, j in zip(names, nz)}))
+        for f in fuse(channels, weights, k, self.fusion.get("method", "minmax")):
+            matched = self._matched(q, "sparse", f.doc)
+            if "bm25" in channels:
+                matched.update({f"bm25:{t}": w for t, w in self._matched(q, "bm25", f.doc).items()})
+            hits.append(Hit(self.doc_ids[f.doc], f.score, matched, f.contributions))
         return hits
+
+
+_EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float32), 0, np.zeros(0, np.float32))

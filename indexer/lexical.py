@@ -1,0 +1,148 @@
+"""The lexical channel: BM25 computed by this engine's own inverted index (no JVM).
+
+BM25 fits the same kernel as aligned tokens: a document's weight for a term is its full
+BM25 term score, precomputed at index time, and a query term weighs its count in the query;
+the sum over matched terms is then exactly BM25. Scoring follows Lucene's BM25Similarity
+(what Pyserini uses): idf = ln(1 + (N - df + 0.5) / (df + 0.5)), tf part
+tf / (tf + k1 (1 - b + b dl / avgdl)), with Anserini's defaults k1 = 0.9, b = 0.4.
+
+Two analysers: "words" (Lucene's English analyser in spirit: lowercase, Unicode word
+tokens, Lucene's English stop words, Porter stemming via PyStemmer) and "tokens" (the
+backbone's own tokenizer, lowercased input).
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from indexer.inverted_index import InvertedIndex
+
+# org.apache.lucene.analysis.en.EnglishAnalyzer.ENGLISH_STOP_WORDS_SET
+LUCENE_STOPWORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
+    "this to was will with".split()
+)
+_WORD = re.compile(r"\w+", re.UNICODE)
+LEXICAL_DIR = "lexical"
+
+
+class WordAnalyzer:
+    """lowercase -> \\w+ tokens -> drop possessive 's and stop words -> Porter stem."""
+
+    name = "words"
+
+    def __init__(self) -> None:
+        import Stemmer
+
+        self._stem = Stemmer.Stemmer("porter").stemWord
+
+    def __call__(self, text: str) -> list[str]:
+        out = []
+        for w in _WORD.findall(text.lower().replace("'s ", " ")):
+            if w not in LUCENE_STOPWORDS:
+                out.append(self._stem(w))
+        return out
+
+
+class BackboneTokenAnalyzer:
+    """The backbone tokenizer's sub-word tokens of the lowercased text."""
+
+    name = "tokens"
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[str]:
+        return self.tokenizer.tokenize(" " + text.lower())
+
+
+@dataclass
+class BM25Index:
+    """BM25 over a term vocabulary of its own, stored as an :class:`InvertedIndex`."""
+
+    postings: InvertedIndex
+    vocab: dict[str, int]
+    k1: float
+    b: float
+    analyzer: str
+
+    @classmethod
+    def build(cls, texts: Iterable[str], analyze, k1: float = 0.9, b: float = 0.4) -> "BM25Index":
+        builder = BM25Builder(analyze, k1, b)
+        for text in texts:
+            builder.add(text)
+        return builder.finish()
+
+    def encode_query(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Known query terms with their counts as weights (Lucene's bag-of-words boosts)."""
+        counts = Counter(t for t in terms if t in self.vocab)
+        names = list(counts)
+        return (
+            np.asarray([self.vocab[t] for t in names], np.int64),
+            np.asarray([counts[t] for t in names], np.float32),
+            names,
+        )
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.postings.save(directory)
+        meta = {"k1": self.k1, "b": self.b, "analyzer": self.analyzer, "vocab": self.vocab}
+        (directory / "bm25.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, directory: Path, n_docs: int) -> "BM25Index":
+        meta = json.loads((directory / "bm25.json").read_text(encoding="utf-8"))
+        return cls(InvertedIndex.load(directory, n_docs), meta["vocab"], meta["k1"], meta["b"], meta["analyzer"])
+
+
+class BM25Builder:
+    """Accumulates term counts document by document (a corpus is streamed, never held)."""
+
+    def __init__(self, analyze, k1: float = 0.9, b: float = 0.4) -> None:
+        self.analyze, self.k1, self.b = analyze, k1, b
+        self.vocab: dict[str, int] = {}
+        self._docs: list[np.ndarray] = []
+        self._terms: list[np.ndarray] = []
+        self._tfs: list[np.ndarray] = []
+        self._lengths: list[int] = []
+
+    def add(self, text: str) -> None:
+        terms = self.analyze(text)
+        counts = Counter(terms)
+        d = len(self._lengths)
+        self._lengths.append(len(terms))
+        self._docs.append(np.full(len(counts), d, np.int64))
+        self._terms.append(np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in counts), np.int64, len(counts)))
+        self._tfs.append(np.fromiter(counts.values(), np.float64, len(counts)))
+
+    def finish(self) -> BM25Index:
+        n_docs, n_terms = len(self._lengths), len(self.vocab)
+        cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt)  # noqa: E731
+        doc, term, tf = cat(self._docs, np.int64), cat(self._terms, np.int64), cat(self._tfs, np.float64)
+        dl = np.asarray(self._lengths, np.float64)
+        df = np.bincount(term, minlength=n_terms).astype(np.float64)
+        idf = np.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+        norm = self.k1 * (1.0 - self.b + self.b * dl / max(float(dl.mean()) if n_docs else 1.0, 1e-9))
+        weight = idf[term] * tf / (tf + norm[doc])
+        order = np.lexsort((doc, term))  # by term, then doc: posting lists sorted by doc
+        indptr = np.zeros(n_terms + 1, np.int64)
+        np.cumsum(np.bincount(term, minlength=n_terms), out=indptr[1:])
+        postings = InvertedIndex(indptr, doc[order].astype(np.int32), weight[order].astype(np.float32), n_docs)
+        return BM25Index(postings, self.vocab, self.k1, self.b, getattr(self.analyze, "name", "custom"))
+
+
+def make_analyzer(name: str, tokenizer=None):
+    """"words" (stemmed words) or "tokens" (the backbone tokenizer's sub-words)."""
+    if name == "words":
+        return WordAnalyzer()
+    if name == "tokens":
+        if tokenizer is None:
+            raise ValueError("the 'tokens' analyser needs the backbone tokenizer")
+        return BackboneTokenAnalyzer(tokenizer)
+    raise ValueError(f"unknown lexical analyser {name!r} (words, tokens)")

@@ -1,0 +1,161 @@
+"""``build-index`` and ``search-index`` through their ``main(argv)``, with the tiny model on disk."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from indexer import cli as build_cli
+from indexer.manifest import MANIFEST, Manifest
+from retriever import cli as search_cli
+from retriever.retriever import Retriever
+
+
+def build(corpus: Path, index: Path, model: Path, *extra: str) -> int:
+    return build_cli.main(
+        ["--corpus", str(corpus), "--index", str(index), "--model", str(model), "--adapter", "none", "--top-k", "16", "--quiet", *extra]
+    )
+
+
+@pytest.fixture
+def index(toy_corpus, tiny_model_dir, tmp_path, capsys) -> Path:
+    path = tmp_path / "index"
+    assert build(toy_corpus, path, tiny_model_dir, "--dense") == 0
+    capsys.readouterr()
+    return path
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_build_index_reports_what_it_did(toy_corpus, tiny_model_dir, tmp_path, capsys):
+    assert build(toy_corpus, tmp_path / "index", tiny_model_dir, "--pooling", "mean", "--max-length", "32", "--batch-size", "8") == 0
+    out = capsys.readouterr().out
+    assert f"indexed 40 documents into {tmp_path / 'index'}" in out and "skipped 0 empty" in out
+    m = Manifest.read(tmp_path / "index")
+    assert m.n_docs == 40 and m.sparse["top_k"] == 16 and m.dense is None
+    assert m.model["name"] == str(tiny_model_dir.resolve())
+    assert (m.embedding["pooling"], m.embedding["max_length"], m.embedding["batch_size"]) == ("mean", 32, 8)
+
+
+def test_search_index_json(index, capsys):
+    assert search_cli.main(["--index", str(index), "--json", "-k", "3", "cat and dog", "computer memory"]) == 0
+    rows = json_lines(capsys.readouterr().out)
+    assert [r["query"] for r in rows] == ["cat and dog", "computer memory"]
+    expected = Retriever.load(index).batch_search(["cat and dog", "computer memory"], k=3)
+    for row, hits in zip(rows, expected):
+        assert 0 < len(row["hits"]) <= 3
+        assert [h["doc_id"] for h in row["hits"]] == [h.doc_id for h in hits]
+        for h in row["hits"]:
+            assert {"doc_id", "score", "matched_tokens"} <= set(h)
+            assert sum(h["matched_tokens"].values()) == pytest.approx(h["score"], rel=1e-5)
+
+
+def test_search_index_text_output(index, capsys):
+    assert search_cli.main(["--index", str(index), "-k", "2", "--tokens", "3", "parrot"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "query: parrot"
+    assert len(lines) == 3 and lines[1].lstrip().startswith("1. ") and lines[2].lstrip().startswith("2. ")
+    hit = Retriever.load(index).search("parrot", k=1)[0]
+    assert hit.doc_id in lines[1]
+
+
+def test_search_index_reads_queries_from_stdin(index, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("cat\n\n  \nsnow on the mountain\n"))
+    assert search_cli.main(["--index", str(index), "--json"]) == 0
+    assert [r["query"] for r in json_lines(capsys.readouterr().out)] == ["cat", "snow on the mountain"]
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert search_cli.main(["--index", str(index), "--json"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_search_index_dense_mode(index, capsys):
+    assert search_cli.main(["--index", str(index), "--json", "--mode", "dense", "-k", "4", "lake"]) == 0
+    (row,) = json_lines(capsys.readouterr().out)
+    assert len(row["hits"]) == 4 and all(h["matched_tokens"] == {} for h in row["hits"])
+
+
+# ------------------------------------------------------------------ errors
+def expect_error(capsys, rc: int, *phrases: str) -> str:
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.out == ""
+    for p in phrases:
+        assert p in captured.err, (p, captured.err)
+    return captured.err
+
+
+def test_build_index_bad_corpus(tmp_path, tiny_model_dir, capsys):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('{"_id": "1", "text": "fine"}\n{"_id": "2", "text": "fine too"}\n{"_id": "3"}\n', encoding="utf-8")
+    rc = build(corpus, tmp_path / "index", tiny_model_dir)
+    expect_error(capsys, rc, "build-index: error:", f"{corpus}:3:", "'text/contents'", "missing text")
+    assert not (tmp_path / "index").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
+
+
+def test_build_index_missing_corpus(tmp_path, tiny_model_dir, capsys):
+    rc = build(tmp_path / "nowhere.jsonl", tmp_path / "index", tiny_model_dir)
+    expect_error(capsys, rc, "build-index: error:", "nowhere.jsonl", "no such file")
+
+
+def test_build_index_refuses_to_overwrite(index, toy_corpus, tiny_model_dir, capsys):
+    before = (index / MANIFEST).read_bytes()
+    expect_error(capsys, build(toy_corpus, index, tiny_model_dir), "build-index: error:", "exists; pass --overwrite")
+    assert (index / MANIFEST).read_bytes() == before
+    assert build(toy_corpus, index, tiny_model_dir, "--overwrite") == 0
+
+
+def test_build_index_unknown_model(toy_corpus, tmp_path, capsys):
+    rc = build_cli.main(["--corpus", str(toy_corpus), "--index", str(tmp_path / "i"), "--model", "no-such-model", "--quiet"])
+    expect_error(capsys, rc, "build-index: error:", "no-such-model", "smollm2-135m")
+    assert not (tmp_path / "i").exists()
+
+
+def test_build_index_bad_adapter(toy_corpus, tiny_model_dir, tmp_path, capsys):
+    rc = build_cli.main(
+        ["--corpus", str(toy_corpus), "--index", str(tmp_path / "i"), "--model", str(tiny_model_dir), "--adapter", str(tmp_path)]
+    )
+    expect_error(capsys, rc, "build-index: error:", "adapter_config.json")
+
+
+def test_search_index_not_an_index(tmp_path, capsys):
+    expect_error(capsys, search_cli.main(["--index", str(tmp_path), "q"]), "search-index: error:", "not an index")
+
+
+def test_search_index_dense_without_dense_vectors(toy_corpus, tiny_model_dir, tmp_path, capsys):
+    assert build(toy_corpus, tmp_path / "sparse-only", tiny_model_dir) == 0
+    capsys.readouterr()
+    rc = search_cli.main(["--index", str(tmp_path / "sparse-only"), "--mode", "dense", "q"])
+    expect_error(capsys, rc, "search-index: error:", "sparse-only: mode 'dense' needs an index built with --dense")
+
+
+def test_search_index_other_model_refused(index, other_model_dir, capsys):
+    rc = search_cli.main(["--index", str(index), "--model", str(other_model_dir), "q"])
+    expect_error(capsys, rc, "search-index: error:", "index built with model")
+
+
+def test_search_index_other_format_version(index, capsys):
+    data = json.loads((index / MANIFEST).read_text())
+    data["format_version"] = 0
+    (index / MANIFEST).write_text(json.dumps(data))
+    expect_error(capsys, search_cli.main(["--index", str(index), "q"]), "search-index: error:", "format_version")
+
+
+@pytest.mark.parametrize(
+    "main, argv",
+    [
+        (build_cli.main, ["--index", "x"]),  # --corpus missing
+        (build_cli.main, ["--corpus", "c", "--index", "x", "--pooling", "max"]),
+        (search_cli.main, ["q"]),  # --index missing
+        (search_cli.main, ["--index", "x", "--mode", "telepathy", "q"]),
+    ],
+)
+def test_usage_errors_exit_2(main, argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "usage:" in capsys.readouterr().err

@@ -1,0 +1,215 @@
+"""The Numba scoring kernels against the brute-force SciPy reference on random indexes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from indexer import kernels
+from indexer.inverted_index import InvertedIndex
+
+
+def random_index(rng: np.random.Generator, weights: str) -> InvertedIndex:
+    """A random CSR index whose posting lists have any length, including empty ones.
+
+    weights: "int" (1..3, so many exact ties) or "float" (normal, negatives included:
+    low-ranked logits can be negative).
+    """
+    vocab = int(rng.integers(1, 60))
+    n_docs = int(rng.integers(1, 50))
+    density = rng.uniform(0.0, 0.4)
+    mask = rng.random((vocab, n_docs)) < density
+    if weights == "int":
+        vals = rng.integers(1, 4, size=mask.shape).astype(np.float32)
+    else:
+        vals = rng.normal(size=mask.shape).astype(np.float32)
+        vals[vals == 0] = 0.5  # an explicit zero weight would mean "present" to one side only
+    m = sp.csr_matrix(np.where(mask, vals, 0.0).astype(np.float32))
+    m.sort_indices()
+    return InvertedIndex(m.indptr.astype(np.int64), m.indices.astype(np.int32), m.data.astype(np.float32), n_docs)
+
+
+def random_query(rng: np.random.Generator, vocab: int, weights: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids with duplicates and out-of-vocabulary ids (both kernels must skip those)."""
+    n = int(rng.integers(0, 12))
+    tokens = rng.integers(-2, vocab + 2, size=n).astype(np.int64)
+    if n > 2:
+        tokens[1] = tokens[0]  # always at least one duplicate
+    if weights == "ones":
+        w = np.ones(n, np.float32)
+    elif weights == "int":
+        w = rng.integers(1, 3, size=n).astype(np.float32)
+    else:
+        w = rng.uniform(0.1, 2.0, size=n).astype(np.float32)
+    return tokens, w
+
+
+def dense_scores(index: InvertedIndex, tokens: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Every document's score, straight from the definition (float64)."""
+    mat = index.doc_vectors().toarray().astype(np.float64)  # docs x vocab
+    out = np.zeros(index.n_docs)
+    for t, qw in zip(tokens, w):
+        if 0 <= t < index.vocab_size:
+            out += qw * mat[:, t]
+    return out
+
+
+def search(index: InvertedIndex, tokens: np.ndarray, w: np.ndarray, k: int):
+    return kernels.search_one(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k)
+
+
+def reference(index: InvertedIndex, tokens: np.ndarray, w: np.ndarray, k: int):
+    return kernels.reference_search(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k)
+
+
+@pytest.mark.parametrize("weights", ["int", "float"])
+def test_search_one_matches_reference(weights):
+    rng = np.random.default_rng(12345 if weights == "int" else 54321)
+    n_compared = n_short = n_ties = 0
+    for _ in range(300):
+        index = random_index(rng, weights)
+        tokens, w = random_query(rng, index.vocab_size, "int" if weights == "int" else rng.choice(["ones", "float"]))
+        for k in (1, 3, 10, index.n_docs + 5):
+            got_d, got_s = search(index, tokens, w, k)
+            ref_d, ref_s = reference(index, tokens, w, k)
+            assert got_d.dtype == np.int32 and got_s.dtype == np.float32
+            assert len(got_d) == len(ref_d) <= k
+            n_short += len(ref_d) < k
+            if weights == "int":
+                # integer weights: sums are exact, so the ranking (ties included) must be identical
+                np.testing.assert_array_equal(got_d, ref_d)
+                np.testing.assert_array_equal(got_s, ref_s)
+                n_ties += int(np.any(np.diff(ref_s) == 0))
+            else:
+                tol = 1e-5 * max(1.0, float(np.abs(ref_s).max(initial=0)))
+                np.testing.assert_allclose(got_s, ref_s, rtol=1e-5, atol=tol)
+                # a different doc at a rank is only allowed where float rounding decides a near-tie
+                full = dense_scores(index, tokens, w)
+                for r in np.flatnonzero(got_d != ref_d):
+                    assert abs(full[got_d[r]] - ref_s[r]) <= 2 * tol
+                assert len(set(got_d.tolist())) == len(got_d)
+            n_compared += 1
+    # the random cases did exercise what they claim to
+    assert n_compared == 1200 and n_short > 100
+    if weights == "int":
+        assert n_ties > 100
+
+
+def test_reference_matches_definition():
+    """The reference itself: scores are sums of document weights, every matched doc listed."""
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        index = random_index(rng, "float")
+        tokens, w = random_query(rng, index.vocab_size, "float")
+        ref_d, ref_s = reference(index, tokens, w, index.n_docs)
+        full = dense_scores(index, tokens, w)
+        mat = index.doc_vectors().toarray()
+        valid = tokens[(tokens >= 0) & (tokens < index.vocab_size)]
+        matched = np.flatnonzero((mat[:, valid] != 0).any(axis=1)) if len(valid) else np.array([], int)
+        assert sorted(ref_d.tolist()) == matched.tolist()
+        np.testing.assert_allclose(ref_s, full[ref_d], rtol=1e-5, atol=1e-5)
+
+
+def test_ties_go_to_lower_doc_number():
+    # docs 0..4; token 0 is in docs 1, 2, 4 with weight 2; token 1 in docs 0 and 3 with weight 1
+    index = InvertedIndex.from_forward(
+        np.array([[1], [0], [0], [1], [0]], np.int32), np.array([[1], [2], [2], [1], [2]], np.float32), vocab_size=3
+    )
+    q = np.array([0, 1], np.int64)
+    d, s = search(index, q, np.ones(2, np.float32), 10)
+    assert d.tolist() == [1, 2, 4, 0, 3]
+    assert s.tolist() == [2, 2, 2, 1, 1]
+    d, s = search(index, q, np.ones(2, np.float32), 2)
+    assert d.tolist() == [1, 2]
+
+
+def test_duplicate_query_tokens_count_twice():
+    index = InvertedIndex.from_forward(np.array([[0, 1], [1, 2]], np.int32), np.array([[3, 1], [1, 5]], np.float32), 3)
+    d, s = search(index, np.array([1, 1, 2], np.int64), np.ones(3, np.float32), 5)
+    assert d.tolist() == [1, 0]
+    assert s.tolist() == [7.0, 2.0]
+
+
+def test_empty_query_unknown_tokens_and_k_zero():
+    rng = np.random.default_rng(3)
+    index = random_index(rng, "int")
+    for tokens in (np.zeros(0, np.int64), np.array([-1, index.vocab_size, index.vocab_size + 10], np.int64)):
+        d, s = search(index, tokens, np.ones(len(tokens), np.float32), 5)
+        assert len(d) == len(s) == 0
+    d, s = search(index, np.arange(index.vocab_size, dtype=np.int64), np.ones(index.vocab_size, np.float32), 0)
+    assert len(d) == 0
+
+
+def test_search_many_equals_search_one():
+    rng = np.random.default_rng(99)
+    for _ in range(40):
+        index = random_index(rng, "float")
+        queries = [random_query(rng, index.vocab_size, "float") for _ in range(int(rng.integers(1, 9)))]
+        k = int(rng.integers(1, index.n_docs + 4))
+        docs, scores = index.batch_search(queries, k)
+        assert docs.shape == scores.shape == (len(queries), k)
+        for i, (t, w) in enumerate(queries):
+            d1, s1 = index.search(t, w, k)
+            n = len(d1)
+            np.testing.assert_array_equal(docs[i, :n], d1)
+            np.testing.assert_array_equal(scores[i, :n], s1)
+            assert np.all(docs[i, n:] == -1) and np.all(np.isneginf(scores[i, n:]))
+
+
+def test_search_many_no_queries():
+    index = random_index(np.random.default_rng(0), "int")
+    docs, scores = index.batch_search([], 4)
+    assert docs.shape == scores.shape == (0, 4)
+
+
+def test_default_query_weights_are_one():
+    rng = np.random.default_rng(5)
+    index = random_index(rng, "float")
+    t, _ = random_query(rng, index.vocab_size, "ones")
+    d_default, s_default = index.search(t, None, 7)
+    d_ones, s_ones = index.search(t, np.ones(len(t), np.float32), 7)
+    np.testing.assert_array_equal(d_default, d_ones)
+    np.testing.assert_array_equal(s_default, s_ones)
+
+
+def test_contributions_equal_matrix_entries():
+    rng = np.random.default_rng(11)
+    for _ in range(60):
+        index = random_index(rng, "float")
+        mat = index.doc_vectors().toarray()
+        tokens, _ = random_query(rng, index.vocab_size, "ones")
+        for doc in range(index.n_docs):
+            got = index.contributions(tokens, doc)
+            want = np.array([mat[doc, t] if 0 <= t < index.vocab_size else 0.0 for t in tokens], np.float32)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_contributions_sum_to_score():
+    rng = np.random.default_rng(13)
+    for _ in range(60):
+        index = random_index(rng, "int")
+        tokens, w = random_query(rng, index.vocab_size, "int")
+        for d, s in zip(*index.search(tokens, w, index.n_docs)):
+            assert float((index.contributions(tokens, int(d)) * w).sum()) == float(s)
+
+
+def test_from_forward_inverts_exactly():
+    rng = np.random.default_rng(17)
+    for _ in range(30):
+        vocab, n_docs = int(rng.integers(5, 80)), int(rng.integers(1, 40))
+        k = int(rng.integers(1, min(vocab, 12) + 1))
+        tokens = np.stack([rng.choice(vocab, size=k, replace=False) for _ in range(n_docs)]).astype(np.int32)
+        weights = rng.normal(size=(n_docs, k)).astype(np.float32)
+        index = InvertedIndex.from_forward(tokens, weights, vocab)
+        assert index.vocab_size == vocab and index.n_docs == n_docs and len(index.docs) == n_docs * k
+        want = np.zeros((n_docs, vocab), np.float32)
+        np.put_along_axis(want, tokens.astype(np.int64), weights, axis=1)
+        np.testing.assert_array_equal(index.doc_vectors().toarray(), want)
+        for t in range(vocab):  # contributions() binary-searches: postings must be ascending
+            post = index.docs[index.indptr[t] : index.indptr[t + 1]]
+            assert np.all(np.diff(post) > 0)
+
+
+def test_from_forward_rejects_out_of_vocabulary_tokens():
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        InvertedIndex.from_forward(np.array([[0, 5]], np.int32), np.ones((1, 2), np.float32), vocab_size=5)
