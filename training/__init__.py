@@ -1,0 +1,14 @@
+"""Text2Token training (../shared/papers/text2token.txt): turn a backbone and an unlabeled
+corpus into an embedder whose pooled embedding, read through the frozen LM head, predicts
+the text's key tokens. The result is a LoRA adapter folder that ``build-index --adapter``,
+``Retriever`` and ``Embedder.load(model, adapter=DIR)`` load by path.
+
+Modules: config (recipes), targets_data (Eq. 12-17), targets_model (Eq. 18-19),
+target_cache (sparse cached targets), loss (Eq. 11), trainer (LoRA, stages, checkpoints),
+adapter_io (the adapter folder), diagnostics (aligned tokens, Hit@K/LAR/GAR, PC variation),
+sts (Spearman on STS pairs), cli (console scripts).
+"""
+
+from training.config import CPU_RECIPE, RECIPES, DataTargetConfig, ModelTargetConfig, Recipe, Stage
+
+__all__ = ["CPU_RECIPE", "RECIPES", "DataTargetConfig", "ModelTargetConfig", "Recipe", "Stage"]

