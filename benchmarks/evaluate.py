@@ -1,0 +1,124 @@
+"""Effectiveness with ranx: metrics, paired significance tests, TREC run files.
+
+ranx compiles its metrics with Numba on first call (40-60 s cold on 2 cores); with
+``NUMBA_CACHE_DIR`` persistent (see :mod:`benchmarks`) later runs only load the cache.
+:func:`warm_up` pays that cost on a toy example so that it is measured on its own.
+"""
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Mapping
+
+import benchmarks  # noqa: F401  (cache locations before ranx / ir_datasets / numba load)
+
+Run = dict[str, dict[str, float]]  # query id -> doc id -> score
+NO_HIT = "\x00no-hit"  # placeholder doc id that no qrels can name
+Qrels = dict[str, dict[str, int]]
+
+
+def metric_names(depth: int) -> list[str]:
+    """The reported metrics, as ranx names. MAP is cut at the run depth."""
+    return ["ndcg@10", "recall@100", "mrr@10", f"map@{depth}"]
+
+
+def _ranx():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import ranx
+    return ranx
+
+
+def warm_up(depth: int = 100) -> float:
+    """Compile (or load from cache) ranx's kernels on a toy example; returns the seconds."""
+    t0 = time.perf_counter()
+    ranx = _ranx()
+    qrels = ranx.Qrels({"q1": {"d1": 1, "d2": 2}, "q2": {"d3": 1}})
+    a = ranx.Run({"q1": {"d1": 0.5, "d2": 0.9, "d4": 0.1}, "q2": {"d3": 0.2, "d1": 0.3}}, name="a")
+    b = ranx.Run({"q1": {"d1": 0.9, "d2": 0.5}, "q2": {"d3": 0.4}}, name="b")
+    with warnings.catch_warnings():  # ranx's kernels warn about an unsafe uint64 cast
+        warnings.simplefilter("ignore")
+        ranx.evaluate(qrels, a, metric_names(depth), make_comparable=True)
+        ranx.compare(qrels, [a, b], metric_names(depth), max_p=0.05, make_comparable=True)
+    return time.perf_counter() - t0
+
+
+def evaluate_run(qrels: Qrels, run: Run, metrics: list[str]) -> dict[str, float]:
+    """Mean of each metric over the judged queries (a query missing from the run scores 0)."""
+    ranx = _ranx()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scores = ranx.evaluate(ranx.Qrels(qrels), ranx.Run(_complete(run, qrels)), metrics, make_comparable=True)
+    if isinstance(scores, float) or not isinstance(scores, Mapping):
+        scores = {metrics[0]: scores}
+    return {m: round(float(v), 6) for m, v in scores.items()}
+
+
+def compare_runs(qrels: Qrels, runs: Mapping[str, Run], metrics: list[str], max_p: float = 0.05, stat_test: str = "student") -> dict:
+    """Paired significance tests between every pair of systems (ranx.compare).
+
+    Returns {"stat_test", "max_p", "metrics", "systems", "p_values": {a: {b: {metric: p}}}}.
+    A p-value is None where it is undefined (identical per-query scores).
+    """
+    ranx = _ranx()
+    rx_runs = [ranx.Run(_complete(run, qrels), name=name) for name, run in runs.items()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = ranx.compare(ranx.Qrels(qrels), rx_runs, metrics, max_p=max_p, stat_test=stat_test, make_comparable=True)
+    d = report.to_dict()
+    p_values = {
+        a: {b: {m: _clean_p(p) for m, p in per.items()} for b, per in d[a]["comparisons"].items()} for a in d["model_names"]
+    }
+    return {"stat_test": d["stat_test"], "max_p": max_p, "metrics": list(metrics), "systems": list(d["model_names"]), "p_values": p_values}
+
+
+def _clean_p(p) -> float | None:
+    p = float(p)
+    return None if math.isnan(p) else round(p, 6)
+
+
+def _complete(run: Run, qrels: Qrels) -> Run:
+    # Every judged query present (possibly empty): ranx then scores a missing answer as 0
+    # instead of silently averaging over fewer queries.
+    out = {q: dict(run.get(q, {})) for q in qrels} | {q: v for q, v in run.items() if q not in qrels}
+    if out and not any(out.values()):
+        # ranx cannot build a run without a single hit; one unjudged placeholder hit
+        # changes no metric (it is not relevant) and keeps the all-zero answer computable.
+        out[next(iter(out))] = {NO_HIT: 0.0}
+    return out
+
+
+def write_trec(run: Run, path: Path, tag: str) -> Path:
+    """Write a run in TREC format (``qid Q0 docid rank score tag``), best first.
+
+    A ``.gz`` suffix writes it gzip-compressed. Written beside then renamed into place.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(tmp, "wt", encoding="utf-8") as f:
+        for qid in sorted(run, key=_natural):
+            ranked = sorted(run[qid].items(), key=lambda kv: (-kv[1], kv[0]))
+            for rank, (did, score) in enumerate(ranked, start=1):
+                f.write(f"{qid} Q0 {did} {rank} {score:.9g} {tag}\n")  # .9g: float32 round-trips
+    os.replace(tmp, path)
+    return path
+
+
+def read_trec(path: Path) -> Run:
+    """Read a TREC run file (plain or .gz)."""
+    opener = gzip.open if Path(path).suffix == ".gz" else open
+    run: Run = {}
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            qid, _, did, _, score, _ = line.split()
+            run.setdefault(qid, {})[did] = float(score)
+    return run
+
+
+def _natural(qid: str):
+    return (0, int(qid), "") if qid.isdigit() else (1, 0, qid)

@@ -1,0 +1,219 @@
+"""Run systems over datasets: index, warm up, time every query, evaluate, write results.
+
+Timing protocol (single process, this machine):
+
+* loading a system (model weights, JVM start) and its first query (Numba compilation,
+  JIT warm-up) are timed apart and never counted as query time;
+* every query is then encoded alone (timed); all pre-encoded queries are searched once
+  untimed (a warm pass: Lucene's JIT needs many calls to settle), then searched again one
+  at a time, timed: *search* latency is that search of the pre-encoded query, *end to
+  end* is encoding + search of that query;
+* ranx's own compilation is paid by a warm-up on a toy example, also timed apart.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import benchmarks
+from benchmarks import evaluate
+from benchmarks.datasets import Dataset
+from benchmarks.systems import Settings, System, load_timed, make, set_threads
+from benchmarks.timing import Stopwatch, latency_stats
+
+log = logging.getLogger(__name__)
+
+RESULTS_KIND = "beir-eval"
+RESULTS_FORMAT = 1
+RESULTS_FILE = "results.json"
+# Queries run once before timing: the first compiles Numba kernels; a few more let the
+# JVM's JIT (Lucene) and oneDNN (torch) settle. Timed apart, reported as warm-up.
+WARMUP_QUERIES = 3
+
+
+# ------------------------------------------------------------------ provenance
+def machine_info() -> dict:
+    """CPU model, cores, RAM, OS, Python: the machine a number was measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = round(int(line.split()[1]) / 1024**2, 1)
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gib": ram,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+    }
+
+
+def git_commit(root: Path = benchmarks.REPO_ROOT) -> dict:
+    """The checkout's commit and whether tracked files differ from it (read-only git calls)."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "--no-optional-locks", *args], cwd=root, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"sha": sha, "dirty": bool(status) if status is not None else None}
+
+
+def _load_avg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ------------------------------------------------------------------------- run
+def run_suite(
+    datasets: list[Dataset],
+    system_names: list[str],
+    settings: Settings,
+    out_dir: Path,
+    depth: int = 100,
+    compare: bool = False,
+    runs_gzip: bool = False,
+    command: str | None = None,
+    extra_settings: dict | None = None,
+) -> dict:
+    """Run every system on every dataset; write runs, results JSON and a markdown report."""
+    start = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = evaluate.metric_names(depth)
+    results: dict = {
+        "kind": RESULTS_KIND,
+        "format_version": RESULTS_FORMAT,
+        "command": command or "beir-eval " + shlex.join(sys.argv[1:]),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": machine_info(),
+        "load_avg_start": _load_avg(),
+        "settings": {"depth": depth, "metrics": metrics, "compare": compare, "warmup_queries": WARMUP_QUERIES, **(extra_settings or {})},
+        "warmup": {},
+        "systems": {},
+        "datasets": [],
+    }
+
+    shared: dict = {}
+    # Instantiating checks that each system can run here (packages, model files) before any long work.
+    systems: list[System] = [make(name, settings, shared) for name in system_names]
+
+    results["warmup"]["ranx_seconds"] = round(evaluate.warm_up(depth), 3)
+    results["warmup"]["numba_cache_dir"] = os.environ.get("NUMBA_CACHE_DIR")
+
+    for s in systems:
+        seconds = load_timed(s)
+        results["systems"][s.name] = {"description": s.description, "load_seconds": round(seconds, 3)}
+        log.info("loaded %s in %.1f s", s.name, seconds)
+    if settings.threads:
+        set_threads(settings.threads)  # after loading: Embedder.load sizes torch's pool itself
+    results["settings"]["threads"] = settings.threads
+    for s in systems:
+        results["systems"][s.name]["params"] = s.params()
+
+    try:
+        for ds in datasets:
+            results["datasets"].append(_run_dataset(ds, systems, out_dir, depth, metrics, compare, runs_gzip))
+            for s in systems:  # some parameters are only known once an index exists
+                results["systems"][s.name]["params"] = s.params()
+            _write(results, out_dir, start)  # partial results survive a later failure
+    finally:
+        for s in systems:
+            s.close()
+    return _write(results, out_dir, start)
+
+
+def _write(results: dict, out_dir: Path, start: float) -> dict:
+    from benchmarks.report import render_run
+    from indexer.manifest import write_json_atomic
+
+    results["wall_seconds"] = round(time.perf_counter() - start, 1)
+    results["load_avg_end"] = _load_avg()
+    write_json_atomic(out_dir / RESULTS_FILE, results)
+    md = render_run(results, heading_level=1)
+    tmp = out_dir / ".report.md.tmp"
+    tmp.write_text(md, encoding="utf-8")
+    os.replace(tmp, out_dir / "report.md")
+    return results
+
+
+def _run_dataset(
+    ds: Dataset, systems: list[System], out_dir: Path, depth: int, metrics: list[str], compare: bool, runs_gzip: bool
+) -> dict:
+    qids = list(ds.queries)
+    texts = [ds.queries[q] for q in qids]
+    entry = {**ds.describe(), "results": {}}
+    runs: dict[str, dict] = {}
+    print(f"\n== {ds.name}: {len(ds.docs)} docs, {len(qids)} queries", file=sys.stderr, flush=True)
+    for s in systems:
+        with Stopwatch() as build:
+            stats = s.index(ds)
+        with Stopwatch() as warm:
+            s.warm_up(texts[:WARMUP_QUERIES], depth)
+        encoded, enc_secs = s.encode(texts)
+        with Stopwatch() as warm_pass:
+            s.search_all(encoded, depth)  # steady state: Lucene's JIT needs more than a few calls
+        all_hits, search_secs = s.search_all(encoded, depth)
+        # canonical order (score desc, then id) so the TREC file and ranx see the same ranking
+        run = {qid: dict(sorted(((d, float(sc)) for d, sc in hits), key=lambda kv: (-kv[1], kv[0]))) for qid, hits in zip(qids, all_hits)}
+        runs[s.name] = run
+        scores = evaluate.evaluate_run(ds.qrels, run, metrics)
+        suffix = ".trec.gz" if runs_gzip else ".trec"
+        run_file = evaluate.write_trec(run, out_dir / "runs" / ds.name / f"{s.name}{suffix}", tag=s.name)
+        e2e = [a + b for a, b in zip(enc_secs, search_secs)]
+        entry["results"][s.name] = {
+            "metrics": scores,
+            "index": stats.to_dict(),
+            "index_wall_seconds": round(build.seconds, 3),
+            "warmup_seconds": round(warm.seconds, 3),
+            "warm_pass_seconds": round(warm_pass.seconds, 3),
+            "latency": {
+                "search": latency_stats(search_secs),
+                "encode": latency_stats(enc_secs),
+                "end_to_end": latency_stats(e2e),
+            },
+            "run_file": str(run_file.relative_to(out_dir)),
+        }
+        lat = entry["results"][s.name]["latency"]
+        print(
+            f"   {s.name:<15} nDCG@10 {scores['ndcg@10']:.4f}  R@100 {scores['recall@100']:.4f}  "
+            f"search p50 {lat['search']['p50_ms']:.2f} ms  e2e p50 {lat['end_to_end']['p50_ms']:.2f} ms  "
+            f"index {stats.to_dict()['docs_per_s']:.1f} docs/s",
+            file=sys.stderr,
+            flush=True,
+        )
+    if compare and len(runs) > 1:
+        entry["comparison"] = evaluate.compare_runs(ds.qrels, runs, metrics)
+    return entry
+
+
+def load_results(path: Path) -> dict:
+    """Read a results JSON file (and check it is one)."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if data.get("kind") != RESULTS_KIND:
+        raise ValueError(f"{path}: field 'kind': not a beir-eval results file")
+    return data

