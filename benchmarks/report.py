@@ -167,7 +167,8 @@ def render_run(res: dict, heading_level: int = 2, plots: list[tuple[str, str]] |
         "JVM JIT, oneDNN) that is timed apart, and after one untimed pass of all pre-encoded queries through the index (steady state). "
         "*Search* = the pre-encoded query through the index (top-k ids and scores); "
         "*end to end* = query encoding + search. QPS = queries / summed latency. Index docs/s = documents / build seconds "
-        "(the sparse and dense channels of this project share one build: the corpus is encoded once).\n"
+        "(the sparse and dense channels of this project share one build: the corpus is encoded once). "
+        "Encode tokens/s = prompt tokens (template + text) through the backbone per encoding second (this project's systems).\n"
     )
     rows = []
     for name, info in res["systems"].items():
@@ -229,6 +230,7 @@ def _render_dataset(ds: dict, metrics: list[str], h: str) -> str:
             [
                 f"`{name}`",
                 _fmt(ix["docs_per_s"], 1),
+                _int(ix.get("tokens_per_s")) if ix.get("tokens_per_s") else "–",
                 _int(ix["bytes_per_doc"]),
                 _ms(lat["search"]["p50_ms"]),
                 _ms(lat["search"]["p95_ms"]),
@@ -241,7 +243,7 @@ def _render_dataset(ds: dict, metrics: list[str], h: str) -> str:
         )
     out.append(
         _table(
-            ["System", "Index docs/s", "Index bytes/doc", "Search p50 ms", "Search p95 ms", "Search QPS", "E2E p50 ms", "E2E p95 ms", "E2E QPS", "Warm-up s"],
+            ["System", "Index docs/s", "Encode tokens/s", "Index bytes/doc", "Search p50 ms", "Search p95 ms", "Search QPS", "E2E p50 ms", "E2E p95 ms", "E2E QPS", "Warm-up s"],
             rows,
         )
         + "\n"

@@ -31,8 +31,8 @@ QUERY_WEIGHTINGS = ("one", "idf")
 # Query tokens weighted by their IDF in the aligned-token index: measured better than the
 # paper's weight 1 on every collection of the sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py).
 DEFAULT_QUERY_WEIGHTING = "idf"
-# Hybrid defaults: min-max + weighted sum. Weights chosen by cross-validation over query
-# folds (benchmarks/tune_fusion.py), recorded in BENCHMARKS.md.
+# Hybrid defaults: min-max + weighted sum with equal weights over the channels present.
+# Not tuned yet: choosing them on held-out query folds is open work (issue 5).
 DEFAULT_FUSION = {"method": "minmax", "weights": {"sparse": 1.0, "dense": 1.0, "dense-ef": 0.0, "bm25": 1.0}}
 FUSION_DEPTH = 100  # hits taken from each channel before fusing
 

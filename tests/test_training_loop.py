@@ -85,6 +85,10 @@ def test_saved_adapter_reloads_to_identical_embeddings(make_embedder, tiny_model
     record = json.loads((adapter / "text2token.json").read_text())
     assert record["recipe"]["stages"] == [{"target": "data", "steps": 3}, {"target": "model", "steps": 3}]
     assert record["embedding"]["pooling"] == "last"
+    # The snapshot after stage 1 is an adapter of its own, recorded at the end of that stage.
+    stage1 = json.loads((tmp_path / "run" / "adapter-stage1" / "text2token.json").read_text())
+    assert stage1["steps"] == 3 and list(stage1["stage_losses"]) == ["1"]
+    assert not (tmp_path / "run" / "adapter-stage2").exists()  # the last stage is the adapter itself
 
     # Same batching as the trainer's embedder: another padding width changes float sums in the last bit.
     cfg = EmbedderConfig(max_length=64, batch_size=tr.embedder.config.batch_size)

@@ -360,6 +360,11 @@ class Text2TokenTrainer:
             last_of_stage = step + 1 == bounds[k + 1]
             if (step + 1) % r.save_every == 0 or last_of_stage:
                 self._save_checkpoint(step + 1, optimizer, scheduler, history)
+            if last_of_stage and k + 1 < len(r.stages):
+                # A snapshot per finished stage, so that each stage's effect can be measured
+                # from one run. Saved as bf16 without rounding the live weights, so that
+                # training goes on exactly as without the snapshot.
+                save_adapter(self.peft_model, self.run_dir / f"{ADAPTER}-stage{k + 1}", self.record(history))
         if bar is not None:
             bar.close()
         self.peft_model.eval()
