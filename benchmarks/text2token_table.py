@@ -1,0 +1,106 @@
+"""What Text2Token training changes: STS-B Spearman and nDCG@10 of the sparse and dense
+channels, per embedder variant (raw backbone, after stage 1, after stage 2).
+
+    python -m benchmarks.text2token_table --pairs ../shared/data/stsb/test.tsv \\
+        --variant raw=none:benchmarks/results/text2token/raw \\
+        --variant stage1=runs/smollm2-cpu/adapter-stage1:benchmarks/results/text2token/stage1 \\
+        --variant stage2=runs/smollm2-cpu/adapter:benchmarks/results/text2token/stage2
+
+Each ``--variant NAME=ADAPTER[:RESULTS]`` names an adapter (``none`` = the raw backbone, or a
+folder) and the ``beir-eval`` output folder holding that adapter's sparse/dense run; STS-B is
+computed here. Writes a ``{"kind": "table"}`` file that ``beir-eval report`` renders.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+CHANNELS = ("sparse", "dense")
+
+
+def _parse_variant(spec: str) -> tuple[str, str, Path | None]:
+    name, eq, rest = spec.partition("=")
+    if not eq or not name or not rest:
+        raise argparse.ArgumentTypeError(f"--variant expects NAME=ADAPTER[:RESULTS_DIR], got {spec!r}")
+    adapter, colon, results = rest.partition(":")
+    return name, adapter, Path(results) if colon else None
+
+
+def _ndcg_by_dataset(results_dir: Path, adapter_dir: Path | None) -> dict[str, dict[str, float]]:
+    """nDCG@10 per dataset and channel from one beir-eval results.json, checking the adapter it used."""
+    path = results_dir / "results.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    expect = str(adapter_dir) if adapter_dir else None
+    for channel in CHANNELS:
+        params = data["systems"].get(channel, {}).get("params", {})
+        used = (params.get("adapter") or {}).get("path")
+        if channel in data["systems"] and used != expect:
+            raise ValueError(f"{path}: field 'systems.{channel}.params.adapter': ran with {used!r}, expected {expect!r}")
+    return {
+        ds["name"]: {c: ds["results"][c]["metrics"]["ndcg@10"] for c in CHANNELS if c in ds["results"]}
+        for ds in data["datasets"]
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", type=Path, required=True, help="STS-B style TSV (sentence1, sentence2, score)")
+    p.add_argument("--variant", type=_parse_variant, action="append", required=True, help="NAME=ADAPTER[:BEIR_EVAL_OUT_DIR]")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/text2token.json"))
+    args = p.parse_args(argv)
+    from embedder.adapters import resolve_adapter
+    from training.cli import load_embedder
+    from training.sts import read_pairs, sts_spearman
+
+    pairs = read_pairs(args.pairs)
+    per_variant = []
+    for name, adapter, results_dir in args.variant:
+        # A variant without a results folder gets its STS-B figure only (nDCG cells "–").
+        ndcg = _ndcg_by_dataset(results_dir, resolve_adapter(adapter, args.model)) if results_dir else {}
+        t0 = time.perf_counter()
+        sts = sts_spearman(load_embedder(args.model, adapter), pairs)["spearman"]
+        print(f"{name}: STS-B spearman {sts:.4f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        per_variant.append((name, adapter, sts, ndcg))
+    datasets = sorted({d for *_, nd in per_variant for d in nd})
+    columns = ["variant", "adapter", "STS-B ρ"] + [f"{d} {c}" for d in datasets for c in CHANNELS] + [f"mean {c}" for c in CHANNELS]
+    rows = []
+    for name, adapter, sts, nd in per_variant:
+        cells = [nd.get(d, {}).get(c) for d in datasets for c in CHANNELS]
+        means = [sum(nd[d][c] for d in datasets) / len(datasets) if all(c in nd.get(d, {}) for d in datasets) else None for c in CHANNELS]
+        rows.append([name, adapter, round(sts, 4)] + [round(x, 4) if x is not None else "–" for x in cells + means])
+    from datetime import datetime, timezone
+
+    from benchmarks.suite import git_commit, machine_info
+
+    table = {
+        "kind": "table",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": machine_info(),
+        "title": "Text2Token: the embedder before and after training (STS-B test Spearman, nDCG@10)",
+        "command": "python -m benchmarks.text2token_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "description": (
+            f"Backbone {args.model}. STS-B: Spearman correlation of cosine similarity with the gold scores on "
+            f"{args.pairs} ({len(pairs.scores)} pairs). nDCG@10 from the beir-eval runs named in the command (sparse = "
+            "aligned tokens, dense = cosine of pooled embeddings; the engine's default K, M and query weighting). "
+            "Training reads the documents of the collections, never their queries or judgments."
+        ),
+        "columns": columns,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(f".{args.out.name}.tmp")
+    tmp.write_text(json.dumps(table, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
