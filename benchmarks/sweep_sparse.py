@@ -90,8 +90,15 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append([folder.name, "sparse", k, m, forms, weighting, round(ndcg(run), 4)])
                         print(rows[-1], file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    from datetime import datetime, timezone
+
+    from benchmarks.suite import git_commit, machine_info
+
     result = {
         "kind": "table",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": machine_info(),
         "title": "Aligned-token parameter sweep (raw backbone, nDCG@10)",
         "command": "python -m benchmarks.sweep_sparse " + " ".join(f"--data {d}" for d in args.data),
         "description": (

@@ -327,3 +327,24 @@ def test_engine_systems_match_the_retriever(tmp_path: Path, make_corpus, tiny_em
         assert scores == pytest.approx([h.score for hits in want for h in hits], rel=1e-5)
         assert max(scores) > 0
         assert len(secs) == len(texts)
+
+
+def test_text2token_table_reads_ndcg_and_refuses_a_run_of_another_adapter(tmp_path):
+    import argparse
+
+    from benchmarks.text2token_table import _ndcg_by_dataset, _parse_variant
+
+    assert _parse_variant("raw=none:out/raw") == ("raw", "none", Path("out/raw"))
+    assert _parse_variant("stage1=runs/a/adapter-stage1") == ("stage1", "runs/a/adapter-stage1", None)
+    with pytest.raises(argparse.ArgumentTypeError):
+        _parse_variant("no-equals-sign")
+    adapter = tmp_path / "adapter"
+    run = {
+        "kind": "beir-eval",
+        "systems": {c: {"params": {"adapter": {"path": str(adapter), "sha256": "x"}}} for c in ("sparse", "dense")},
+        "datasets": [{"name": "cisi", "results": {c: {"metrics": {"ndcg@10": v}} for c, v in (("sparse", 0.25), ("dense", 0.2))}}],
+    }
+    (tmp_path / "results.json").write_text(json.dumps(run))
+    assert _ndcg_by_dataset(tmp_path, adapter) == {"cisi": {"sparse": 0.25, "dense": 0.2}}
+    with pytest.raises(ValueError, match="systems.sparse.params.adapter"):
+        _ndcg_by_dataset(tmp_path, None)  # the run used an adapter, the variant says raw backbone
