@@ -50,7 +50,6 @@ unique. ``token_map.json`` keeps both forms.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -68,7 +67,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from indexer.build import DOC_IDS
+from embedder.models import file_sha256
+from indexer.build import DOC_IDS, _swap_into_place
 from indexer.inverted_index import InvertedIndex
 from indexer.manifest import IndexFormatError, Manifest, write_json_atomic
 
@@ -330,14 +330,6 @@ def build_lucene_index(collection_dir: Path, index_dir: Path, threads: int = 1, 
 
 
 # ------------------------------------------------------------------ export
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _tokenizer_strings(manifest: Manifest) -> list[str | None]:
     """Vocabulary strings from the tokenizer of the model the index was built with."""
     from transformers import AutoTokenizer
@@ -434,16 +426,6 @@ def export_pyserini(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return info
-
-
-def _swap_into_place(tmp: Path, target: Path) -> None:
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
 
 
 def _version(dist: str) -> str | None:
