@@ -51,6 +51,12 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true", help="add paired significance tests between systems (ranx.compare)")
     p.add_argument("--runs-gzip", action="store_true", help="write the TREC runs gzip-compressed (.trec.gz)")
     p.add_argument("--index-dir", type=Path, default=None, help="build (and keep) indexes here (default: a temporary folder, removed)")
+    p.add_argument(
+        "--embedding-cache",
+        type=Path,
+        default=None,
+        help="reuse this project's document embeddings across runs from this folder (build times and tokens/s of cached runs are not measurements)",
+    )
     p.add_argument("--out", type=Path, required=True, help="output folder: results.json, report.md, runs/")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
@@ -129,6 +135,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
         device=args.device,
         progress=not args.no_progress,
         threads=args.threads,
+        embedding_cache=args.embedding_cache,
     )
     extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names}
     try:

@@ -116,22 +116,38 @@ def _shared_cpu(res: dict) -> str | None:
     return None
 
 
+def _model_bits(p: dict) -> list[str]:
+    model = p.get("model") or {}
+    adapter = p.get("adapter")
+    bits = [f"model {model.get('name')} (sha256 {str(model.get('sha256', ''))[:12]})"]
+    bits.append(f"adapter {adapter.get('path')} ({str(adapter.get('sha256', ''))[:12]})" if adapter else f"adapter: none (raw backbone; --adapter {p.get('adapter_arg')})")
+    emb = p.get("embedding") or {}
+    bits.append(f"pooling {emb.get('pooling')}, attention {emb.get('attention')}, max_length {emb.get('max_length')}")
+    return bits
+
+
 def _params_summary(name: str, p: dict) -> str:
     """The parameters that matter, in one line (all of them are in the JSON)."""
-    if "top_k" in p or p.get("mode") == "dense":
-        model = p.get("model") or {}
-        adapter = p.get("adapter")
-        bits = [f"model {model.get('name')} (sha256 {str(model.get('sha256', ''))[:12]})"]
-        bits.append(f"adapter {adapter.get('path')} ({str(adapter.get('sha256', ''))[:12]})" if adapter else f"adapter: none (raw backbone; --adapter {p.get('adapter_arg')})")
-        emb = p.get("embedding") or {}
-        bits.append(f"pooling {emb.get('pooling')}, attention {emb.get('attention')}, max_length {emb.get('max_length')}")
-        if p.get("mode") == "sparse":
+    mode = p.get("mode")
+    kind = (p.get("index_options") or {}).get("dense_kind", p.get("dense_kind"))
+    faiss = f"cosine, FAISS {kind}" + (" (exact)" if kind == "Flat" else "")
+    if mode == "bm25":
+        lex = p.get("lexical") or {}
+        return f"analyser {lex.get('analyzer')}; BM25 k1={lex.get('k1')}, b={lex.get('b')}; {lex.get('scoring')}"
+    if mode in ("sparse", "dense", "dense-ef", "hybrid") or "top_k" in p:
+        bits = _model_bits(p)
+        if mode in ("sparse", "hybrid") or (mode is None and "top_k" in p):
             bits.append(f"top_k (K) {p.get('top_k')}, expansion_m (M) {p.get('expansion_m')}, literal {p.get('literal')}")
             if p.get("query_weighting"):
                 bits.append(f"query token weights: {p['query_weighting']}")
-        else:
-            kind = (p.get("index_options") or {}).get("dense_kind", p.get("dense_kind"))
-            bits.append(f"cosine, FAISS {kind}" + (" (exact)" if kind == "Flat" else ""))
+        if mode in ("dense", "dense-ef"):
+            bits.append(faiss)
+        if mode == "dense-ef":
+            bits.append(f"EmbedFilter τ={p.get('embedfilter_tau')}")
+        if mode == "hybrid":
+            f = p.get("fusion") or {}
+            used = ", ".join(f"{c} {w:g}" for c, w in (f.get("weights") or {}).items() if w)
+            bits.append(f"fusion {f.get('method')} ({used})" + (f", k={f['rrf_k']}" if f.get("rrf_k") else ""))
         return "; ".join(bits)
     if "k1" in p:
         return f"Pyserini {p.get('pyserini')} on Java {p.get('java')}; BM25 k1={p.get('k1')}, b={p.get('b')}; {p.get('analyzer')}"

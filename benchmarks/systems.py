@@ -61,6 +61,9 @@ class Settings:
     device: str | None = None
     progress: bool = True
     threads: int | None = None  # torch / FAISS threads after loading (None: the libraries' own choice)
+    embedding_cache: Path | None = None  # reuse document embeddings across runs (embedder/cache.py)
+    embedfilter_tau: int | None = None  # the "dense-ef" channel's τ (None: embedder.embedfilter.DEFAULT_TAU)
+    lexical: str = "words"  # the "bm25" channel's analyser: "words" or "tokens"
 
 
 @dataclass
@@ -209,6 +212,10 @@ class AlignedTokensEngine:
             from embedder.encoder import Embedder
 
             self.embedder = Embedder.load(self.model, adapter=self.settings.adapter, device=self.settings.device)
+            if self.settings.embedding_cache is not None:
+                from embedder.cache import CachedEmbedder
+
+                self.embedder = CachedEmbedder(self.embedder, self.settings.embedding_cache)
 
     def params(self) -> dict:
         e, r = self.embedder, self.retriever
@@ -238,6 +245,7 @@ class AlignedTokensEngine:
         from retriever.retriever import Retriever
 
         self.load()
+        hits_before = getattr(self.embedder, "hits", 0)
         folder = self.settings.work_dir / ds.name
         corpus = ds.write_corpus(folder / "corpus.jsonl")
         index_dir = folder / "aligned-tokens"
@@ -261,6 +269,8 @@ class AlignedTokensEngine:
             "total_bytes": index_size_bytes(index_dir),
             "files": {str(p.relative_to(index_dir)): p.stat().st_size for p in sorted(index_dir.rglob("*")) if p.is_file()},
             "index_dir": str(index_dir),
+            # encoding served from embedder/cache.py: build time and tokens/s are not measured
+            "embeddings_cached": getattr(self.embedder, "hits", 0) > hits_before,
         }
         return self.build_stats
 
@@ -327,6 +337,7 @@ _CHANNEL_FILES: dict[str, Callable[[str], bool]] = {
     "sparse": lambda name: name.startswith("postings_"),
     "dense": lambda name: name.startswith("dense.") or name.startswith("dense_projection"),
     "dense-ef": lambda name: name.startswith("dense_ef"),
+    "bm25": lambda name: name.startswith("lexical/"),
 }
 _SHARED_FILES = ("doc_ids.json", "manifest.json")
 
@@ -353,13 +364,20 @@ class AlignedTokensSystem(System):
         p = self.engine.params()
         p["mode"] = self.mode
         p["timed_search"] = self.engine.timed_call(self.mode)
-        if self.mode == "dense":
+        if self.mode in ("dense", "dense-ef", "bm25"):
             for key in ("top_k", "expansion_m", "literal", "query_weighting", "fusion"):
                 p.pop(key, None)
+        if self.mode in ("dense", "dense-ef"):
             p["metric"] = "cosine (inner product of L2-normalised pooled embeddings)"
+        if self.mode == "dense-ef":
+            p["embedfilter_tau"] = self.engine.build_options.get("embedfilter_tau")
         elif self.mode == "sparse":
             p.pop("fusion", None)
             p["scoring"] = "sum over matched query tokens of query weight x document logit weight"
+        elif self.mode == "bm25":
+            for key in ("adapter", "adapter_arg", "embedding", "device"):
+                p.pop(key, None)
+            p["lexical"] = {"analyzer": self.engine.build_options.get("lexical"), "k1": 0.9, "b": 0.4, "scoring": "Lucene BM25Similarity, Numba inverted index"}
         return p
 
     def index(self, ds: Dataset) -> IndexStats:
@@ -373,6 +391,7 @@ class AlignedTokensSystem(System):
             "total_index_bytes": b["total_bytes"],
             "encode_seconds": b["manifest_build"].get("encode_seconds"),
             "tokens_per_s": b["manifest_build"].get("tokens_per_s"),
+            "embeddings_cached": b["embeddings_cached"],
         }
         return IndexStats(b["n_docs"], b["seconds"], size, details)
 
@@ -392,6 +411,51 @@ class AlignedTokensSparse(AlignedTokensSystem):
 class AlignedTokensDense(AlignedTokensSystem):
     mode = "dense"
     build_options = {"dense": True}
+
+
+def _embedfilter_tau(settings: Settings) -> int:
+    from embedder.embedfilter import DEFAULT_TAU
+
+    return settings.embedfilter_tau if settings.embedfilter_tau is not None else DEFAULT_TAU
+
+
+@register("dense-ef", "this project: the pooled embedding projected by EmbedFilter (LM-head spectrum), cosine (FAISS)")
+class AlignedTokensDenseEF(AlignedTokensSystem):
+    mode = "dense-ef"
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        self.build_options = {"embedfilter_tau": _embedfilter_tau(settings)}
+        super().__init__(settings, shared)
+
+
+@register("bm25", "this project: BM25 (k1=0.9, b=0.4) on its own Numba inverted index, no JVM")
+class LexicalBM25(AlignedTokensSystem):
+    mode = "bm25"
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        self.build_options = {"lexical": settings.lexical}
+        super().__init__(settings, shared)
+
+    def encode(self, queries: list[str]) -> tuple[list, list[float]]:
+        # BM25 needs no model: the query is analysed (tokenised, stemmed) inside search.
+        from retriever.query import EncodedQuery
+
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.float32), 0, np.zeros(0, np.float32))
+        return [EncodedQuery(q, *empty) for q in queries], [0.0] * len(queries)
+
+
+@register("hybrid", "this project: fusion of the sparse aligned-token, dense and BM25 channels (Retriever mode hybrid)")
+class AlignedTokensHybrid(AlignedTokensSystem):
+    mode = "hybrid"
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        from retriever.retriever import DEFAULT_FUSION
+
+        options: dict = {"dense": True, "lexical": settings.lexical}
+        if DEFAULT_FUSION["weights"].get("dense-ef", 0) > 0:
+            options["embedfilter_tau"] = _embedfilter_tau(settings)
+        self.build_options = options
+        super().__init__(settings, shared)
 
 
 # ------------------------------------------- the sparse channel on integer weights (issue 6)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+# The paper's most used ratio (its ablations and whitening comparison use τ = 2); our own
+# measurements for this backbone are in BENCHMARKS.md (benchmarks/embedfilter_sweep.py).
+DEFAULT_TAU = 2
+
 
 def embedfilter_projection(w_u: np.ndarray, tau: int) -> tuple[np.ndarray, int, int]:
     """The (d, k) projection V[:, l:r] for ratio ``tau``, with l and r (singular values descending).

@@ -30,6 +30,10 @@ class EmbedderConfig:
     pooling: "last" (the template's final token) or "mean" (masked mean over all tokens).
     attention: "causal" (as pretrained) or "bidirectional" (every token sees every token).
     max_length: text tokens kept; the template is added on top and never truncated.
+    fold_all_caps: lowercase a text that has letters but no lower-case letter. Byte-level
+    BPE vocabularies hold common words in lower/title case only, so an ALL-CAPS text (every
+    NPL query, old bibliographic records) falls apart into rare pieces that neither the
+    model nor the aligned-token index has seen in the documents.
     """
 
     prompt: str = PROMPT_EOL
@@ -37,6 +41,7 @@ class EmbedderConfig:
     attention: str = "causal"
     max_length: int = 256
     batch_size: int = 16
+    fold_all_caps: bool = True
 
     def __post_init__(self) -> None:
         if PLACEHOLDER not in self.prompt:
@@ -58,6 +63,11 @@ def set_bidirectional(model: torch.nn.Module, bidirectional: bool) -> None:
     for module in model.modules():
         if hasattr(module, "is_causal"):
             module.is_causal = not bidirectional  # read by the SDPA kernel
+
+
+def is_all_caps(text: str) -> bool:
+    """True when ``text`` has cased letters and none of them is lower case."""
+    return text != text.lower() and text == text.upper()
 
 
 class Embedder:
@@ -147,11 +157,17 @@ class Embedder:
         return list(with_sp[:n]) if n > 0 and with_sp[n:] == without else []
 
     # ------------------------------------------------------------ tokenisation
+    def normalise(self, text: str) -> str:
+        """The text as the model reads it (all-caps folded when the config asks for it)."""
+        if self.config.fold_all_caps and is_all_caps(text):
+            return text.lower()
+        return text
+
     def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text inside the prompt template; only the text is truncated."""
         if not texts:  # fast tokenizers fail on an empty batch
             return []
-        body = self.tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=self.config.max_length)
+        body = self.tokenizer([self.normalise(t) for t in texts], add_special_tokens=False, truncation=True, max_length=self.config.max_length)
         return [self._prefix + ids + self._suffix for ids in body["input_ids"]]
 
     def literal_token_ids(self, text: str) -> list[int]:
@@ -160,7 +176,7 @@ class Embedder:
         Tokenised with a leading space so that the first word gets the same word-initial
         form (e.g. ``Ġgame``) as it would inside a sentence.
         """
-        ids = self.tokenizer(" " + text.strip(), add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(" " + self.normalise(text).strip(), add_special_tokens=False)["input_ids"]
         special = set(self.tokenizer.all_special_ids)
         return list(dict.fromkeys(i for i in ids if i not in special))
 

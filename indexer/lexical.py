@@ -28,12 +28,14 @@ LUCENE_STOPWORDS = frozenset(
     "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
     "this to was will with".split()
 )
-_WORD = re.compile(r"\w+", re.UNICODE)
+# a word, with an apostrophe inside it kept (don't, cat's), as Lucene's StandardTokenizer does
+_WORD = re.compile(r"\w+(?:'\w+)*", re.UNICODE)
 LEXICAL_DIR = "lexical"
 
 
 class WordAnalyzer:
-    """lowercase -> \\w+ tokens -> drop possessive 's and stop words -> Porter stem."""
+    """lowercase -> words -> drop a trailing possessive 's, stop words -> Porter stem
+    (words of one or two letters are left unstemmed, as Lucene's PorterStemmer does)."""
 
     name = "words"
 
@@ -44,9 +46,11 @@ class WordAnalyzer:
 
     def __call__(self, text: str) -> list[str]:
         out = []
-        for w in _WORD.findall(text.lower().replace("'s ", " ")):
-            if w not in LUCENE_STOPWORDS:
-                out.append(self._stem(w))
+        for w in _WORD.findall(text.lower()):
+            if w.endswith("'s"):
+                w = w[:-2]
+            if w and w not in LUCENE_STOPWORDS:
+                out.append(self._stem(w) if len(w) > 2 else w)
         return out
 
 

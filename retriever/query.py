@@ -39,7 +39,7 @@ def literal_ids(embedder: Embedder, text: str, forms: str) -> list[int]:
         ids += embedder.literal_token_ids(text)
     if forms in ("bare", "both"):
         special = set(embedder.tokenizer.all_special_ids)
-        words = text.split()
+        words = embedder.normalise(text).split()
         if words:
             for row in embedder.tokenizer(words, add_special_tokens=False)["input_ids"]:
                 ids += [i for i in row if i not in special]

@@ -121,7 +121,8 @@ class Retriever:
         index_dir = Path(index_dir)
         manifest = Manifest.read(index_dir)
         if embedder is None:
-            config = EmbedderConfig(**manifest.embedding)
+            # indexes built before all-caps folding existed were built without it
+            config = EmbedderConfig(**{"fold_all_caps": False, **manifest.embedding})
             adapter = (manifest.adapter or {}).get("path", "none")
             embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device)
         manifest.check_model(embedder.identity, embedder.adapter)
