@@ -39,6 +39,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter", default="default", help="default | none | DIR (LoRA adapter for the backbone)")
     p.add_argument("--top-k", type=int, default=None, help="K aligned tokens kept per document (default: the engine's DEFAULT_TOP_K)")
     p.add_argument("--expansion-m", type=int, default=None, help="M expansion tokens per query (default: the engine's DEFAULT_EXPANSION_M)")
+    p.add_argument("--embedfilter-tau", type=int, default=None, help="τ of the dense-ef system (default: embedder.embedfilter.DEFAULT_TAU)")
+    p.add_argument("--lexical", choices=("words", "tokens"), default="words", help="analyser of the bm25/hybrid lexical channel (default words)")
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string of the dense channel (default Flat: exact)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads for the run (default: the libraries' choice, all cores)")
@@ -136,6 +138,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
         progress=not args.no_progress,
         threads=args.threads,
         embedding_cache=args.embedding_cache,
+        embedfilter_tau=args.embedfilter_tau,
+        lexical=args.lexical,
     )
     extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names}
     try:
