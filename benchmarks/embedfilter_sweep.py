@@ -13,16 +13,14 @@ Writes a ``{"kind": "table"}`` results file that ``beir-eval report`` renders.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations first)
+from benchmarks.tables import write_table
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -63,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     taus = [int(t) for t in args.taus.split(",")]
     pairs = read_pairs(args.pairs)
     collections = [d for spec in (args.data or ["shared"]) for d in dsets.resolve(spec, "test")]
-    started = time.time()
     rows, details = [], {}
     for spec in args.variant:
         name, _, adapter = spec.partition("=")
@@ -97,26 +94,22 @@ def main(argv: list[str] | None = None) -> int:
             details[f"{name}/tau={tau}"] = {"adapter": embedder.adapter, "left": left, "right": right, "sts_spearman": rho, "ndcg@10": ndcg}
             print(f"{name} tau={tau}: STS-B {rho:.4f}  mean nDCG@10 {mean:.4f}  {ndcg}", file=sys.stderr, flush=True)
         del embedder, cached
-    out = {
-        "kind": "table",
-        "title": "EmbedFilter: filtering ratio τ (STS-B and dense retrieval)",
-        "command": "python -m benchmarks.embedfilter_sweep " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "description": (
+    write_table(
+        args.out,
+        title="EmbedFilter: filtering ratio τ (STS-B and dense retrieval)",
+        command="python -m benchmarks.embedfilter_sweep " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        description=(
             f"Dense channel with EmbedFilter (embedfilter paper §4): keep d/τ right singular vectors of the LM head "
             f"from the middle of its spectrum. STS-B: Spearman ρ of cosine vs gold on {args.pairs.name} "
             f"({len(pairs.scores)} pairs). nDCG@10: exact cosine search of each collection's test queries. "
             "τ = 1 keeps all dimensions (equal to the plain dense channel). `raw` = backbone without adapter; "
-            "`trained` = the shipped Text2Token adapter. Computed "
-            f"{time.strftime('%Y-%m-%d', time.gmtime(started))} on {os.cpu_count()} CPU cores."
+            "`trained` = the shipped Text2Token adapter."
         ),
-        "columns": ["embedder", "τ", "dim", "kept l:r", "STS-B ρ", *[f"{d.name} nDCG@10" for d in collections], "mean nDCG@10"],
-        "rows": rows,
-        "details": details,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, args.out)
+        columns=["embedder", "τ", "dim", "kept l:r", "STS-B ρ", *[f"{d.name} nDCG@10" for d in collections], "mean nDCG@10"],
+        rows=rows,
+        details=details,
+        plot={"kind": "line", "x": "τ", "y": ["STS-B ρ", "mean nDCG@10"], "series": "embedder", "title": "EmbedFilter: τ vs STS-B and dense nDCG@10"},
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
 import shlex
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations first)
+from benchmarks.tables import write_table
 
 RRF_KS = (10, 30, 60, 100)
 METRIC = "ndcg@10"
@@ -143,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{folder}: no run for system {system!r}")
 
     grid = settings_grid(len(channels), args.step)
-    started = time.time()
     names, matrices, singles, baseline, query_counts = [], {}, {}, {}, {}
     for folder in run_dirs:
         ds = dsets.resolve(folder.name, "test")[0]
@@ -199,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     details["default_label"] = grid[default].label(channels)
     columns = ["collection", "queries"] + ([f"{args.baseline}"] if baseline else []) + channels
     columns += [f"hybrid {args.folds}-fold CV", "hybrid LOCO", "hybrid default (in-sample)", "LOCO − best single"]
-    out = {
-        "kind": "table",
-        "title": "Hybrid fusion chosen on held-out queries",
-        "command": "python -m benchmarks.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "description": (
+    write_table(
+        args.out,
+        title="Hybrid fusion chosen on held-out queries",
+        command="python -m benchmarks.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        description=(
             f"nDCG@10. Channels fused: {', '.join(channels)} (runs of depth 100 from `{args.runs}`). Settings searched: "
             f"{len(grid)} (min-max weighted sums on a {args.step:g} simplex grid; RRF with k in {list(RRF_KS)} over every "
             f"subset of two or more channels). *{args.folds}-fold CV*: each query scored with the setting best on the other "
@@ -211,16 +208,13 @@ def main(argv: list[str] | None = None) -> int:
             "their nDCG@10) — what a shipped default does on an unseen collection. *Default*: the setting best on all "
             f"collections, `{grid[default].label(channels)}`, recorded as `retriever.retriever.DEFAULT_FUSION`; its numbers "
             "here are in-sample. *LOCO − best single*: against the best single channel of that collection, chosen in "
-            f"hindsight (a bar held-out fusion must clear). Computed {time.strftime('%Y-%m-%d', time.gmtime(started))}."
+            "hindsight (a bar held-out fusion must clear)."
         ),
-        "columns": columns,
-        "rows": table,
-        "details": details,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, args.out)
+        columns=columns,
+        rows=table,
+        details=details,
+        plot={"kind": "bar", "x": "collection", "y": [c for c in columns if c in (args.baseline, "hybrid LOCO", *channels)], "series": None, "title": "Hybrid (held-out weights) vs its channels and BM25"},
+    )
     for row in table:
         print("  ".join(str(c) for c in row))
     print(f"default: {details['default_label']}\nwrote {args.out}")

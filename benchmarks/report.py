@@ -202,7 +202,7 @@ def render_run(res: dict, heading_level: int = 2, plots: list[tuple[str, str]] |
         for caption, path in plots:
             out.append(f"![{caption}]({path})\n")
     out.append(
-        f"<details><summary>All parameters of this run (from the results JSON)</summary>\n\n```json\n"
+        "<details><summary>All parameters of this run (from the results JSON)</summary>\n\n```json\n"
         + json.dumps({n: i.get("params", {}) for n, i in res["systems"].items()}, indent=2, sort_keys=True)
         + "\n```\n</details>\n"
     )
@@ -404,16 +404,52 @@ def _check_table(path: Path, data: dict) -> None:
             raise ValueError(f"{path}: field 'rows'[{i}]: expected a list of {len(data['columns'])} cells")
 
 
-def render_table_section(path: Path, data: dict, rel_to: Path) -> str:
+def render_table_section(path: Path, data: dict, rel_to: Path, plot: str | None = None) -> str:
+    """Markdown for one table results file; ``plot``: path of its PNG, if it has one."""
     fmt = lambda c: _fmt(c) if isinstance(c, float) else str(c)  # noqa: E731
-    return "\n".join(
-        [
-            f"## {data['title']}\n",
-            f"Command: `{data['command']}`  (results file `{os.path.relpath(path, rel_to)}`)\n",
-            data["description"].strip() + "\n",
-            _table([str(c) for c in data["columns"]], [[fmt(c) for c in row] for row in data["rows"]]) + "\n",
-        ]
-    )
+    parts = [
+        f"## {data['title']}\n",
+        f"Command: `{data['command']}`  (results file `{os.path.relpath(path, rel_to)}`)\n",
+        data["description"].strip() + "\n",
+        _table([str(c) for c in data["columns"]], [[fmt(c) for c in row] for row in data["rows"]]) + "\n",
+    ]
+    if plot:
+        parts.append(f"![{data['plot'].get('title', data['title'])}]({plot})\n")
+    return "\n".join(parts)
+
+
+def _plot_table(data: dict):
+    """The plot a table asks for (benchmarks/tables.py): lines or grouped bars of y columns over x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec, cols = data["plot"], data["columns"]
+    xi, si = cols.index(spec["x"]), cols.index(spec["series"]) if spec.get("series") else None
+    rows = [r for r in data["rows"] if isinstance(r[cols.index(spec["y"][0])], (int, float))]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(r[si] if si is not None else None, []).append(r)
+    lines = [(g, y) for g in groups for y in spec["y"]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if spec.get("kind", "line") == "bar":
+        xs = list(dict.fromkeys(r[xi] for r in rows))
+        width = 0.8 / max(len(lines), 1)
+        for i, (g, y) in enumerate(lines):
+            by_x = {r[xi]: r[cols.index(y)] for r in groups[g]}
+            pos = [j + (i - (len(lines) - 1) / 2) * width for j in range(len(xs))]
+            ax.bar(pos, [by_x.get(x, float("nan")) for x in xs], width, label=y if g is None else f"{g}: {y}")
+        ax.set_xticks(range(len(xs)), [str(x) for x in xs])
+    else:
+        for g, y in lines:
+            ax.plot([r[xi] for r in groups[g]], [r[cols.index(y)] for r in groups[g]], marker="o", label=y if g is None else f"{g}: {y}")
+        ax.set_xlabel(spec["x"])
+    ax.set_title(spec.get("title", data["title"]))
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def _label(path: Path, results_dir: Path) -> str:
@@ -475,7 +511,13 @@ def generate(results_dir: Path = RESULTS_DIR, output: Path | None = None) -> tup
             if write_if_changed(own, render_run(res, heading_level=1).encode("utf-8")):
                 changed.append(own)
     for path, data in tables:
-        parts.append(render_table_section(path, data, base))
+        plot = None
+        if data.get("plot"):
+            png = results_dir / "plots" / f"{_label(path, results_dir).replace('/', '-')}.png"
+            if write_if_changed(png, _png_bytes(_plot_table(data))):
+                changed.append(png)
+            plot = os.path.relpath(png, base)
+        parts.append(render_table_section(path, data, base, plot))
     text = "\n".join(parts).rstrip() + "\n"
     if write_if_changed(output, text.encode("utf-8")):
         changed.append(output)

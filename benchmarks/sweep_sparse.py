@@ -89,30 +89,21 @@ def main(argv: list[str] | None = None) -> int:
                             run[q] = {ids[j]: float(x) for j, x in zip(d, s)} or {ids[0]: 0.0}
                         rows.append([folder.name, "sparse", k, m, forms, weighting, round(ndcg(run), 4)])
                         print(rows[-1], file=sys.stderr)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    from datetime import datetime, timezone
+    from benchmarks.tables import write_table
 
-    from benchmarks.suite import git_commit, machine_info
-
-    result = {
-        "kind": "table",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "machine": machine_info(),
-        "title": "Aligned-token parameter sweep (raw backbone, nDCG@10)",
-        "command": "python -m benchmarks.sweep_sparse " + " ".join(f"--data {d}" for d in args.data),
-        "description": (
+    write_table(
+        args.out,
+        title="Aligned-token parameter sweep (raw backbone, nDCG@10)",
+        command="python -m benchmarks.sweep_sparse " + " ".join(f"--data {d}" for d in args.data),
+        description=(
             "Documents keep their top-K aligned tokens (weight = logit); a query is its literal tokens "
             "(forms: 'space' = word-initial Ġ forms, 'bare' = each word tokenised alone, 'both') united with its top-M "
             "aligned tokens, each weighted 1 ('one', the paper's Eq. 16) or by the token's IDF in the aligned-token index "
             f"('idf'). Model {emb.identity['name']}, no adapter."
         ),
-        "columns": ["dataset", "system", "top_k", "expansion_m", "literal", "query weight", "nDCG@10"],
-        "rows": rows,
-    }
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, args.out)
+        columns=["dataset", "system", "top_k", "expansion_m", "literal", "query weight", "nDCG@10"],
+        rows=rows,
+    )
     return 0
 
 

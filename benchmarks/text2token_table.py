@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -74,30 +73,21 @@ def main(argv: list[str] | None = None) -> int:
         cells = [nd.get(d, {}).get(c) for d in datasets for c in CHANNELS]
         means = [sum(nd[d][c] for d in datasets) / len(datasets) if all(c in nd.get(d, {}) for d in datasets) else None for c in CHANNELS]
         rows.append([name, adapter, round(sts, 4)] + [round(x, 4) if x is not None else "–" for x in cells + means])
-    from datetime import datetime, timezone
+    from benchmarks.tables import write_table
 
-    from benchmarks.suite import git_commit, machine_info
-
-    table = {
-        "kind": "table",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "machine": machine_info(),
-        "title": "Text2Token: the embedder before and after training (STS-B test Spearman, nDCG@10)",
-        "command": "python -m benchmarks.text2token_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "description": (
+    write_table(
+        args.out,
+        title="Text2Token: the embedder before and after training (STS-B test Spearman, nDCG@10)",
+        command="python -m benchmarks.text2token_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        description=(
             f"Backbone {args.model}. STS-B: Spearman correlation of cosine similarity with the gold scores on "
             f"{args.pairs} ({len(pairs.scores)} pairs). nDCG@10 from the beir-eval runs named in the command (sparse = "
             "aligned tokens, dense = cosine of pooled embeddings; the engine's default K, M and query weighting). "
             "Training reads the documents of the collections, never their queries or judgments."
         ),
-        "columns": columns,
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(table, indent=1, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, args.out)
+        columns=columns,
+        rows=rows,
+    )
     print(f"wrote {args.out}")
     return 0
 

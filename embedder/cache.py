@@ -110,6 +110,7 @@ class CachedEmbedder:
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, keys=keys, h=h, n_tokens=n_tokens)
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
             os.replace(tmp, self.directory / f"{hashlib.sha256(keys.tobytes()).hexdigest()[:24]}.npz")
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

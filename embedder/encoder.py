@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np

@@ -23,7 +23,6 @@ import numpy as np
 
 from indexer.build import DOC_IDS
 from indexer.export_pyserini import (
-    LUCENE_DIR,
     check_export_matches,
     quantise_index,
     quantise_query,

@@ -157,12 +157,13 @@ class Retriever:
         encoded = self.encode(queries) if mode != "bm25" else [EncodedQuery(q, *_EMPTY) for q in queries]
         return self.search_encoded(encoded, k=k, mode=mode)
 
-    def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str = "sparse") -> list[list[Hit]]:
-        """Search pre-encoded queries (see :meth:`encode`)."""
+    def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str = "sparse", explain: bool = True) -> list[list[Hit]]:
+        """Search pre-encoded queries (see :meth:`encode`). ``explain=False`` leaves
+        ``Hit.matched_tokens`` empty (the per-hit token lookups cost more than the search)."""
         self._check_mode(mode)
         if mode == "hybrid":
-            return [self._hybrid(q, k) for q in encoded]
-        return [self._to_hits(q, mode, *self._channel(q, mode, k)) for q in encoded]
+            return [self._hybrid(q, k, explain) for q in encoded]
+        return [self._to_hits(q, mode, *self._channel(q, mode, k), explain=explain) for q in encoded]
 
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -195,14 +196,17 @@ class Retriever:
         nz = nz[np.argsort(-contrib[nz], kind="stable")]
         return {names[j]: float(contrib[j]) for j in nz}
 
-    def _to_hits(self, q: EncodedQuery, mode: str, docs: np.ndarray, scores: np.ndarray) -> list[Hit]:
-        return [Hit(self.doc_ids[d], float(s), self._matched(q, mode, int(d))) for d, s in zip(docs, scores) if d >= 0]
+    def _to_hits(self, q: EncodedQuery, mode: str, docs: np.ndarray, scores: np.ndarray, explain: bool = True) -> list[Hit]:
+        return [Hit(self.doc_ids[d], float(s), self._matched(q, mode, int(d)) if explain else {}) for d, s in zip(docs, scores) if d >= 0]
 
-    def _hybrid(self, q: EncodedQuery, k: int) -> list[Hit]:
+    def _hybrid(self, q: EncodedQuery, k: int, explain: bool = True) -> list[Hit]:
         weights = self.fusion["weights"]
         channels = {m: self._channel(q, m, FUSION_DEPTH) for m in self.modes if m != "hybrid" and weights.get(m, 0) > 0}
         hits = []
-        for f in fuse(channels, weights, k, self.fusion.get("method", "minmax")):
+        for f in fuse(channels, weights, k, self.fusion.get("method", "minmax"), self.fusion.get("rrf_k", 60)):
+            if not explain:
+                hits.append(Hit(self.doc_ids[f.doc], f.score, {}, f.contributions))
+                continue
             matched = self._matched(q, "sparse", f.doc)
             if "bm25" in channels:
                 matched.update({f"bm25:{t}": w for t, w in self._matched(q, "bm25", f.doc).items()})

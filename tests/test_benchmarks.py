@@ -241,6 +241,22 @@ def test_report_rejects_malformed_table(tmp_path: Path):
         report.generate(tmp_path, tmp_path / "B.md")
 
 
+def test_table_with_a_plot_is_written_and_drawn(tmp_path: Path):
+    from benchmarks.tables import write_table
+
+    rows = [["raw", 1, 0.6], ["raw", 2, 0.7], ["trained", 1, 0.65], ["trained", 2, 0.74]]
+    plot = {"kind": "line", "x": "τ", "y": ["STS-B"], "series": "embedder", "title": "τ sweep"}
+    write_table(tmp_path / "ef.json", "EF", "python -m x", "d", ["embedder", "τ", "STS-B"], rows, plot=plot)
+    data = json.loads((tmp_path / "ef.json").read_text())
+    assert data["rows"] == rows and data["plot"] == plot and data["date"] and "commit" in data
+    out_md = tmp_path / "B.md"
+    _, changed = report.generate(tmp_path, out_md)
+    assert (tmp_path / "plots" / "ef.png") in changed
+    assert "![τ sweep](plots/ef.png)" in out_md.read_text()
+    with pytest.raises(ValueError, match="unknown columns"):
+        write_table(tmp_path / "bad.json", "t", "c", "d", ["a", "b"], [[1, 2]], plot={"x": "a", "y": ["nope"]})
+
+
 # ------------------------------------------------------- the real systems, --quick
 def _real_systems_available() -> str | None:
     from embedder.models import DEFAULT_MODEL, ModelNotAvailable, resolve_model

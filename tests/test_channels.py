@@ -324,6 +324,16 @@ def test_hybrid_with_only_the_sparse_weight_ranks_like_sparse(all_channels, tiny
         assert all(set(h.channels) == {"sparse"} for h in hybrid)
 
 
+@pytest.mark.parametrize("mode", ["sparse", "bm25", "hybrid"])
+def test_search_without_explanations_returns_the_same_hits(all_channels, mode):
+    encoded = all_channels.encode(QUERIES)
+    full = all_channels.search_encoded(encoded, k=10, mode=mode)
+    bare = all_channels.search_encoded(encoded, k=10, mode=mode, explain=False)
+    for f, b in zip(full, bare):
+        assert [(h.doc_id, h.score, h.channels) for h in b] == [(h.doc_id, h.score, h.channels) for h in f]
+        assert all(h.matched_tokens == {} for h in b) and any(h.matched_tokens for h in f)
+
+
 def test_bm25_mode_needs_a_lexical_index(toy_corpus, tiny_embedder, tmp_path):
     build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=8, progress=False)
     r = Retriever.load(tmp_path / "index", embedder=tiny_embedder)

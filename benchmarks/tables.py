@@ -1,0 +1,57 @@
+"""Result tables written by the study scripts (sweeps, fusion CV, EmbedFilter), for ``beir-eval report``.
+
+A table file is ``{"kind": "table", "title", "command", "description", "columns", "rows"}``
+plus when and where it was measured (date, commit, machine), optional ``details`` (anything
+JSON) and an optional ``plot``: ``{"kind": "line" or "bar", "x": column, "y": [columns], "series": column
+or null, "title": str}`` that the report draws: one line (or bar group) per (series value, y column).
+"""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+def write_table(
+    path: Path,
+    title: str,
+    command: str,
+    description: str,
+    columns: list[str],
+    rows: list[list[Any]],
+    details: dict | None = None,
+    plot: dict | None = None,
+) -> Path:
+    """Write a table results file atomically (temporary file, then rename)."""
+    from benchmarks.suite import git_commit, machine_info
+
+    for i, row in enumerate(rows):
+        if len(row) != len(columns):
+            raise ValueError(f"row {i} has {len(row)} cells for {len(columns)} columns")
+    if plot is not None:
+        missing = [c for c in [plot.get("x"), *plot.get("y", []), plot.get("series")] if c is not None and c not in columns]
+        if missing or not plot.get("y"):
+            raise ValueError(f"plot names unknown columns {missing} (columns: {columns})")
+    data = {
+        "kind": "table",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": machine_info(),
+        "title": title,
+        "command": command,
+        "description": description,
+        "columns": columns,
+        "rows": rows,
+    }
+    if details is not None:
+        data["details"] = details
+    if plot is not None:
+        data["plot"] = plot
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
