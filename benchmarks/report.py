@@ -107,11 +107,12 @@ def _machine(m: dict) -> str:
 def _shared_cpu(res: dict) -> str | None:
     """A note when the load average says other jobs competed for the CPU.
 
-    The run itself keeps about one core busy, so a 1-minute load above that (at start or
-    end) means other work was running."""
+    The run itself keeps up to its thread count busy (all cores when not capped), so a
+    1-minute load more than half a core above that (at start or end) means other work ran."""
     cores = (res.get("machine") or {}).get("cores") or 1
+    own = min((res.get("settings") or {}).get("threads") or cores, cores)
     loads = [x[0] for x in (res.get("load_avg_start"), res.get("load_avg_end")) if x]
-    if loads and max(loads) > 1.5:
+    if loads and max(loads) > max(own, 1) + 0.5:
         return f"1-minute load average up to {max(loads):.1f} on {cores} cores"
     return None
 
