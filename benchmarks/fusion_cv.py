@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step", type=float, default=0.1, help="min-max weight grid step (default 0.1)")
+    p.add_argument("--title", default="Hybrid fusion chosen on held-out queries", help="section title in BENCHMARKS.md")
     p.add_argument("--out", type=Path, required=True, help="results JSON file to write")
     args = p.parse_args(argv)
 
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     columns += [f"hybrid {args.folds}-fold CV", "hybrid LOCO", "hybrid default (in-sample)", "LOCO − best single"]
     write_table(
         args.out,
-        title="Hybrid fusion chosen on held-out queries",
+        title=args.title,
         command="python -m benchmarks.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
         description=(
             f"nDCG@10. Channels fused: {', '.join(channels)} (runs of depth 100 from `{args.runs}`). Settings searched: "
