@@ -28,6 +28,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=["last", "mean"], default="last")
     p.add_argument("--attention", choices=["causal", "bidirectional"], default="causal")
     p.add_argument("--prompt", default=PROMPT_EOL, help="template with a [text] placeholder")
+    p.add_argument("--keep-case", action="store_true", help="embed ALL-CAPS texts as they are (default: lower-cased first)")
     p.add_argument("--format", choices=["beir", "jsonl", "tsv"], help="corpus format (guessed from the path)")
     p.add_argument("--id-field", help="JSONL id field (default _id, then id)")
     p.add_argument("--text-field", help="JSONL text field (default text, then contents)")
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             raise FileExistsError(f"{args.index} exists; pass --overwrite to replace it")
         if args.export_pyserini and args.export_pyserini.exists() and not args.overwrite:
             raise FileExistsError(f"{args.export_pyserini} exists; pass --overwrite to replace it")
-        config = EmbedderConfig(args.prompt, args.pooling, args.attention, args.max_length, args.batch_size)
+        config = EmbedderConfig(args.prompt, args.pooling, args.attention, args.max_length, args.batch_size, fold_all_caps=not args.keep_case)
         embedder = Embedder.load(args.model, adapter=args.adapter, config=config, device=args.device)
         m = build_index(
             spec, args.index, embedder, args.top_k, args.dense, args.dense_kind,

@@ -39,6 +39,15 @@ def test_build_index_reports_what_it_did(toy_corpus, tiny_model_dir, tmp_path, c
     assert m.n_docs == 40 and m.sparse["top_k"] == 16 and m.dense is None
     assert m.model["name"] == str(tiny_model_dir.resolve())
     assert (m.embedding["pooling"], m.embedding["max_length"], m.embedding["batch_size"]) == ("mean", 32, 8)
+    assert m.embedding["fold_all_caps"] is True
+
+
+def test_build_index_keep_case_is_recorded_and_reloaded(toy_corpus, tiny_model_dir, tmp_path, capsys):
+    assert build(toy_corpus, tmp_path / "index", tiny_model_dir, "--keep-case") == 0
+    assert Manifest.read(tmp_path / "index").embedding["fold_all_caps"] is False
+    from retriever.retriever import Retriever
+
+    assert Retriever.load(tmp_path / "index").embedder.config.fold_all_caps is False
 
 
 def test_search_index_json(index, capsys):
