@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             f"subset of two or more channels). *{args.folds}-fold CV*: each query scored with the setting best on the other "
             "folds of its collection. *LOCO*: each collection scored with the setting best on the other collections (mean of "
             "their nDCG@10) — what a shipped default does on an unseen collection. *Default*: the setting best on all "
-            f"collections, `{grid[default].label(channels)}`, recorded as `retriever.retriever.DEFAULT_FUSION`; its numbers "
+            f"collections, `{grid[default].label(channels)}` (the shipped `retriever.retriever.DEFAULT_FUSION` is the default of "
+            "the three-channel study: sparse, dense, bm25); its numbers "
             "here are in-sample. *LOCO − best single*: against the best single channel of that collection, chosen in "
             "hindsight (a bar held-out fusion must clear)."
         ),
