@@ -23,13 +23,11 @@ import benchmarks  # noqa: F401  (cache locations first)
 from benchmarks.tables import write_table
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def dense_run(docs: np.ndarray, queries: np.ndarray, doc_ids: list[str], query_ids: list[str], depth: int = 100) -> dict:
     """Exact cosine top-``depth`` of each query, as a ranx-style {qid: {doc_id: score}}."""
-    scores = _normalise(queries) @ _normalise(docs).T
+    from indexer.dense import normalise
+
+    scores = normalise(queries) @ normalise(docs).T
     k = min(depth, scores.shape[1])
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     return {q: {doc_ids[d]: float(scores[i, d]) for d in top[i]} for i, q in enumerate(query_ids)}
@@ -49,14 +47,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from ranx import Qrels, Run, evaluate
-    from scipy.stats import spearmanr
 
     from benchmarks import datasets as dsets
     from embedder.cache import CachedEmbedder
     from embedder.embedfilter import embedfilter_projection
     from embedder.encoder import Embedder
     from embedder.models import DEFAULT_MODEL
-    from training.sts import read_pairs
+    from training.sts import read_pairs, spearman_of_embeddings, unique_sentences
 
     taus = [int(t) for t in args.taus.split(",")]
     pairs = read_pairs(args.pairs)
@@ -70,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         cached = CachedEmbedder(embedder, args.embedding_cache) if args.embedding_cache else None
         embed = cached.embed_texts if cached else embedder.embed
         w_u = embedder.causal_lm.get_output_embeddings().weight.detach().float().cpu().numpy()
-        unique = list(dict.fromkeys(pairs.left + pairs.right))
-        where = {s: i for i, s in enumerate(unique)}
-        sts = embed(unique).astype(np.float64)
+        sts = embed(unique_sentences(pairs))
         encoded = {}
         for ds in collections:
             qids = list(ds.queries)
@@ -80,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {ds.name} embedded", file=sys.stderr, flush=True)
         for tau in taus:
             proj, left, right = embedfilter_projection(w_u, tau)
-            e = _normalise(sts @ proj.astype(np.float64))
-            cos = (e[[where[s] for s in pairs.left]] * e[[where[s] for s in pairs.right]]).sum(1)
-            rho = float(spearmanr(cos, pairs.scores).statistic)
+            rho = spearman_of_embeddings(sts @ proj, pairs)["spearman"]
             ndcg = {}
             for ds in collections:
                 docs, queries, doc_ids, qids = encoded[ds.name]

@@ -440,8 +440,7 @@ class LexicalBM25(AlignedTokensSystem):
         # BM25 needs no model: the query is analysed (tokenised, stemmed) inside search.
         from retriever.query import EncodedQuery
 
-        empty = (np.zeros(0, np.int64), np.zeros(0, np.float32), 0, np.zeros(0, np.float32))
-        return [EncodedQuery(q, *empty) for q in queries], [0.0] * len(queries)
+        return [EncodedQuery.text_only(q) for q in queries], [0.0] * len(queries)
 
 
 @register("hybrid", "this project: fusion of the sparse aligned-token, dense and BM25 channels (Retriever mode hybrid)")

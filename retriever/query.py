@@ -28,6 +28,11 @@ class EncodedQuery:
     n_literal: int  # how many of `tokens` are the query's own tokens
     embedding: np.ndarray  # pooled embedding h (float32, d)
 
+    @classmethod
+    def text_only(cls, text: str) -> "EncodedQuery":
+        """A query for channels that read only its text (BM25): no model call."""
+        return cls(text, np.zeros(0, np.int64), np.zeros(0, np.float32), 0, np.zeros(0, np.float32))
+
 
 def literal_ids(embedder: Embedder, text: str, forms: str) -> list[int]:
     """The query's own tokens. ``forms``: "space" (word-initial forms, ``Ġgame``), "bare"

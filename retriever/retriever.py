@@ -154,7 +154,7 @@ class Retriever:
     def batch_search(self, queries: Sequence[str], k: int = 10, mode: str = "sparse") -> list[list[Hit]]:
         """Top-k hits for each query."""
         self._check_mode(mode)
-        encoded = self.encode(queries) if mode != "bm25" else [EncodedQuery(q, *_EMPTY) for q in queries]
+        encoded = self.encode(queries) if mode != "bm25" else [EncodedQuery.text_only(q) for q in queries]
         return self.search_encoded(encoded, k=k, mode=mode)
 
     def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str = "sparse", explain: bool = True) -> list[list[Hit]]:
@@ -213,5 +213,3 @@ class Retriever:
             hits.append(Hit(self.doc_ids[f.doc], f.score, matched, f.contributions))
         return hits
 
-
-_EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float32), 0, np.zeros(0, np.float32))

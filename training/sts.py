@@ -65,14 +65,25 @@ def read_pairs(path: Path) -> Pairs:
     return Pairs(left, right, np.asarray(scores, dtype=np.float64))
 
 
+def unique_sentences(pairs: Pairs) -> list[str]:
+    """Each sentence of the pairs once, in first-seen order (what gets embedded)."""
+    return list(dict.fromkeys(pairs.left + pairs.right))
+
+
 def sts_spearman(embedder, pairs: Pairs) -> dict:
     """Spearman ρ between cos(embed(s1), embed(s2)) and the gold scores; each sentence embedded once."""
+    unique = unique_sentences(pairs)
+    return spearman_of_embeddings(embedder.embed(unique), pairs)
+
+
+def spearman_of_embeddings(emb: np.ndarray, pairs: Pairs) -> dict:
+    """As :func:`sts_spearman`, from the embeddings of :func:`unique_sentences` (row i = sentence i)."""
     from scipy.stats import spearmanr
 
-    unique = list(dict.fromkeys(pairs.left + pairs.right))
+    unique = unique_sentences(pairs)
     where = {s: i for i, s in enumerate(unique)}
-    emb = embedder.embed(unique).astype(np.float64)
-    emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    emb = np.asarray(emb, dtype=np.float64)
+    emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     a = emb[[where[s] for s in pairs.left]]
     b = emb[[where[s] for s in pairs.right]]
     cos = (a * b).sum(1)
