@@ -14,7 +14,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -23,10 +23,13 @@ from tqdm.auto import tqdm
 from embedder.encoder import Embedder
 from indexer.corpus import CorpusSpec, Document
 from embedder.embedfilter import embedfilter_projection
-from indexer.dense import EMBEDFILTER_NAME, DenseIndex
+from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
 from indexer.inverted_index import InvertedIndex
 from indexer.manifest import MANIFEST, Manifest
+
+if TYPE_CHECKING:
+    from embedder.sentence_encoder import SentenceEncoder
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +71,15 @@ def build_index(
     progress: bool = True,
     embedfilter_tau: int | None = None,
     lexical: str | None = None,
+    encoder: "SentenceEncoder | None" = None,
 ) -> Manifest:
     """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written.
 
     Channels besides the aligned-token postings: ``dense`` (FAISS over the pooled embeddings),
     ``embedfilter_tau`` (a second dense index of EmbedFilter-projected embeddings, see
-    embedder/embedfilter.py) and ``lexical`` ("words" or "tokens": BM25 postings).
+    embedder/embedfilter.py), ``lexical`` ("words" or "tokens": BM25 postings) and ``encoder``
+    (a sentence-transformers model, embedder/sentence_encoder.py: its normalised embeddings in
+    one more FAISS index, mode "encoder").
     """
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(Path(corpus))
     target = Path(index_dir)
@@ -85,7 +91,7 @@ def build_index(
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.building-"))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; an index is meant to be shared
     try:
-        manifest = _build_into(spec, tmp, embedder, top_k, dense, dense_kind, chunk_size, progress, embedfilter_tau, lexical)
+        manifest = _build_into(spec, tmp, embedder, top_k, dense, dense_kind, chunk_size, progress, embedfilter_tau, lexical, encoder)
         _swap_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -114,6 +120,7 @@ def _build_into(
     progress: bool,
     embedfilter_tau: int | None,
     lexical: str | None,
+    encoder: "SentenceEncoder | None" = None,
 ) -> Manifest:
     keep_embeddings = dense or embedfilter_tau is not None
     bm25 = BM25Builder(make_analyzer(lexical, embedder.tokenizer)) if lexical else None
@@ -121,6 +128,8 @@ def _build_into(
     fwd_tokens: list[np.ndarray] = []
     fwd_weights: list[np.ndarray] = []
     embeddings: list[np.ndarray] = []
+    encoder_embeddings: list[np.ndarray] = []
+    encoder_seconds = 0.0
     n_tokens = 0
     encode_seconds = 0.0
     start = time.perf_counter()
@@ -142,6 +151,10 @@ def _build_into(
                 elapsed = encode_seconds + time.perf_counter() - t0
                 bar.set_postfix(tok_per_s=f"{n_tokens / max(elapsed, 1e-9):.0f}")
             encode_seconds += time.perf_counter() - t0
+            if encoder is not None:
+                t0 = time.perf_counter()
+                encoder_embeddings.append(encoder.encode(texts))
+                encoder_seconds += time.perf_counter() - t0
             if bm25 is not None:
                 for text in texts:
                     bm25.add(text)
@@ -158,7 +171,7 @@ def _build_into(
     inv.save(out)
     invert_seconds = time.perf_counter() - t0
     (out / DOC_IDS).write_text(json.dumps(ids), encoding="utf-8")
-    dense_info = ef_info = lexical_info = None
+    dense_info = ef_info = lexical_info = encoder_info = None
     all_emb = np.concatenate(embeddings) if keep_embeddings else None
     if dense:
         DenseIndex.build(all_emb, dense_kind).save(out)
@@ -168,6 +181,9 @@ def _build_into(
         proj, left, right = embedfilter_projection(w_u, embedfilter_tau)
         DenseIndex.build(all_emb, dense_kind, projection=proj).save(out, EMBEDFILTER_NAME)
         ef_info = {"tau": embedfilter_tau, "left": left, "right": right, "dim": right - left, "kind": dense_kind, "normalised": True}
+    if encoder is not None:
+        DenseIndex.build(np.concatenate(encoder_embeddings), dense_kind).save(out, ENCODER_NAME)
+        encoder_info = {**encoder.describe(), "kind": dense_kind, "normalised": True, "metric": "inner_product"}
     if bm25 is not None:
         lex = bm25.finish()
         lex.save(out / LEXICAL_DIR)
@@ -183,6 +199,7 @@ def _build_into(
         dense=dense_info,
         embedfilter=ef_info,
         lexical=lexical_info,
+        encoder=encoder_info,
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),
@@ -190,6 +207,7 @@ def _build_into(
             "docs_per_s": round(len(ids) / encode_seconds, 2),
             "tokens_per_s": round(n_tokens / encode_seconds, 1),
             "n_tokens": n_tokens,
+            **({"encoder_seconds": round(encoder_seconds, 3)} if encoder is not None else {}),
             "device": embedder.device,
             "torch_threads": torch.get_num_threads(),
         },

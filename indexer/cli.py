@@ -23,6 +23,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string for the dense index (Flat, HNSW32, ...)")
     p.add_argument("--embedfilter", type=int, metavar="TAU", help="also store EmbedFilter dense vectors (d // TAU dims)")
     p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
+    p.add_argument(
+        "--encoder", metavar="NAME_OR_PATH",
+        help="also store a sentence-transformers encoder's embeddings (mode 'encoder'): 'minilm' (the packaged all-MiniLM-L6-v2), a local model directory or a cached hub id",
+    )
     p.add_argument("--max-length", type=int, default=EmbedderConfig.max_length, help="text tokens kept per document")
     p.add_argument("--batch-size", type=int, default=EmbedderConfig.batch_size)
     p.add_argument("--pooling", choices=["last", "mean"], default="last")
@@ -54,9 +58,15 @@ def main(argv: list[str] | None = None) -> int:
             raise FileExistsError(f"{args.export_pyserini} exists; pass --overwrite to replace it")
         config = EmbedderConfig(args.prompt, args.pooling, args.attention, args.max_length, args.batch_size, fold_all_caps=not args.keep_case)
         embedder = Embedder.load(args.model, adapter=args.adapter, config=config, device=args.device)
+        encoder = None
+        if args.encoder:
+            from embedder.sentence_encoder import SentenceEncoder
+
+            encoder = SentenceEncoder.load(args.encoder, device=args.device)
         m = build_index(
             spec, args.index, embedder, args.top_k, args.dense, args.dense_kind,
             overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=args.embedfilter, lexical=args.lexical,
+            encoder=encoder,
         )
     except (CorpusError, ModelNotAvailable, FileExistsError, ValueError) as exc:
         print(f"build-index: error: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ import numpy as np
 
 DENSE_NAME = "dense"
 EMBEDFILTER_NAME = "dense_ef"
+ENCODER_NAME = "encoder"  # an external sentence-transformers encoder's embeddings (build-index --encoder)
 DENSE_FILE = f"{DENSE_NAME}.faiss"
 
 

@@ -33,6 +33,7 @@ class Manifest:
     dense: dict | None = None  # {"kind", "dim", "normalised", "metric"} when stored
     embedfilter: dict | None = None  # {"tau", "left", "right", "dim", "kind"} when stored
     lexical: dict | None = None  # {"analyzer", "k1", "b", "n_terms"} when stored
+    encoder: dict | None = None  # {"name", "sha256", "dim", "max_seq_length", "kind", ...} when stored
     build: dict = field(default_factory=dict)  # timings and throughput
     created: str = ""
     format_version: int = FORMAT_VERSION
@@ -73,6 +74,20 @@ class Manifest:
             raise IndexFormatError(
                 f"index built with adapter {(self.adapter or {}).get('path', 'none')!r}, "
                 f"asked to use {(adapter_identity or {}).get('path', 'none')!r}"
+            )
+
+    def check_encoder(self, encoder_identity: dict | None) -> None:
+        """Refuse a sentence-transformers encoder other than the one the index's encoder
+        channel was built with (and any encoder for an index without that channel)."""
+        if self.encoder is None:
+            if encoder_identity is not None:
+                raise IndexFormatError(f"index has no encoder channel (built without --encoder), asked to use {encoder_identity.get('name')!r}")
+            return
+        if encoder_identity is None or encoder_identity.get("sha256") != self.encoder.get("sha256"):
+            theirs = encoder_identity or {}
+            raise IndexFormatError(
+                f"index built with encoder {self.encoder.get('name')!r} (sha256 {self.encoder.get('sha256', '')[:12]}), "
+                f"asked to use {theirs.get('name')!r} (sha256 {theirs.get('sha256', '')[:12]})"
             )
 
 

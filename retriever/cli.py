@@ -23,6 +23,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--expansion-m", type=int, default=DEFAULT_EXPANSION_M, help="aligned tokens added to each query")
     p.add_argument("--query-weighting", choices=QUERY_WEIGHTINGS, default=DEFAULT_QUERY_WEIGHTING, help="weight of each query token")
     p.add_argument("--model", help="must match the index's model; default: the one in its manifest")
+    p.add_argument("--encoder", help="must match the index's encoder channel; default: the one in its manifest (e.g. its model directory moved)")
     p.add_argument("--tokens", type=int, default=5, help="matched tokens shown per hit (text output)")
     p.add_argument("--json", action="store_true", help="one JSON object per query on standard output")
     return p
@@ -33,8 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
     try:
+        extra = {}
+        if args.encoder:
+            from embedder.sentence_encoder import SentenceEncoder
+
+            extra["encoder"] = SentenceEncoder.load(args.encoder)
         retriever = Retriever.load(
-            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting
+            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, **extra
         )
         results = retriever.batch_search(queries, k=args.k, mode=args.mode)
     except (IndexFormatError, ModelNotAvailable, ValueError, FileNotFoundError) as exc:

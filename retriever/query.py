@@ -26,11 +26,12 @@ class EncodedQuery:
     tokens: np.ndarray  # int64 token ids, literal first, then expansion
     weights: np.ndarray  # float32, one per token
     n_literal: int  # how many of `tokens` are the query's own tokens
-    embedding: np.ndarray  # pooled embedding h (float32, d)
+    embedding: np.ndarray  # pooled embedding h (float32, d); empty when the LLM was not run
+    encoder_embedding: np.ndarray | None = None  # the index's sentence-transformers encoder's (mode "encoder")
 
     @classmethod
     def text_only(cls, text: str) -> "EncodedQuery":
-        """A query for channels that read only its text (BM25): no model call."""
+        """A query for channels that read only its text (BM25): no LLM call."""
         return cls(text, np.zeros(0, np.int64), np.zeros(0, np.float32), 0, np.zeros(0, np.float32))
 
 

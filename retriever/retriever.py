@@ -5,6 +5,7 @@ Modes (channels of one index directory):
 - "dense": cosine over the pooled embeddings (FAISS; needs ``--dense``);
 - "dense-ef": cosine over EmbedFilter-projected embeddings (needs ``--embedfilter TAU``);
 - "bm25": the lexical channel, BM25 on this engine's own index (needs ``--lexical``);
+- "encoder": cosine over an external sentence-transformers encoder's embeddings (needs ``--encoder``);
 - "hybrid": fusion of the channels present (see retriever/fusion.py).
 """
 from __future__ import annotations
@@ -19,14 +20,15 @@ import numpy as np
 
 from embedder.encoder import Embedder, EmbedderConfig
 from indexer.build import DOC_IDS
-from indexer.dense import EMBEDFILTER_NAME, DenseIndex
+from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import LEXICAL_DIR, BM25Index, make_analyzer
 from indexer.manifest import IndexFormatError, Manifest
 from retriever.fusion import fuse
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries
 
-MODES = ("sparse", "dense", "dense-ef", "bm25", "hybrid")
+MODES = ("sparse", "dense", "dense-ef", "bm25", "encoder", "hybrid")
+LLM_MODES = ("sparse", "dense", "dense-ef")  # channels whose queries the backbone LLM encodes
 QUERY_WEIGHTINGS = ("one", "idf")
 # Query tokens weighted by their IDF in the aligned-token index: measured better than the
 # paper's weight 1 on every collection of the sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py).
@@ -38,6 +40,12 @@ DEFAULT_QUERY_WEIGHTING = "idf"
 # setting chosen on the other four beat the best single channel on 4 of 5 (not on NPL); RRF won
 # only 2 of the 25 within-collection folds (both on adi, 35 queries).
 DEFAULT_FUSION = {"method": "minmax", "weights": {"sparse": 0.2, "dense": 0.2, "dense-ef": 0.0, "bm25": 0.6}}
+# PLACEHOLDER, NOT MEASURED: the default for an index that has the encoder channel (build-index
+# --encoder) is issue 16's untuned starting point, the cheap hybrid a user would assemble (BM25 0.6,
+# encoder 0.4, per-query min-max). To be replaced by the leave-one-collection-out choice of
+# benchmarks/fusion_cv.py over bm25, encoder, sparse, dense (BENCHMARKS.md). Channels the index
+# lacks are skipped, as for DEFAULT_FUSION.
+DEFAULT_FUSION_WITH_ENCODER = {"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}}
 FUSION_DEPTH = 100  # hits taken from each channel before fusing
 
 
@@ -75,10 +83,15 @@ class Retriever:
         mmap: bool = True,
         backend: str = "numba",
         lucene_index: str | os.PathLike[str] | None = None,
+        encoder=None,
     ) -> None:
         """``backend``: "numba" (this index's postings) or "lucene": sparse search goes to the
         Pyserini/Lucene impact export at ``lucene_index`` (``build-index --export-pyserini``),
-        scores in the same units (integer scores / scales, see retriever/lucene_backend.py)."""
+        scores in the same units (integer scores / scales, see retriever/lucene_backend.py).
+        ``encoder``: the index's sentence-transformers encoder (embedder/sentence_encoder.py), if
+        already loaded; by default the one its manifest names is loaded. Another one is refused.
+        ``fusion``: the hybrid setting; default DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER
+        for an index with the encoder channel."""
         if query_weighting not in QUERY_WEIGHTINGS:
             raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}")
         self.index_dir = Path(index_dir)
@@ -87,7 +100,7 @@ class Retriever:
         self.expansion_m = expansion_m
         self.literal = literal
         self.query_weighting = query_weighting
-        self.fusion = fusion or DEFAULT_FUSION
+        self.fusion = fusion or (DEFAULT_FUSION_WITH_ENCODER if manifest.encoder else DEFAULT_FUSION)
         self.doc_ids: list[str] = json.loads((self.index_dir / DOC_IDS).read_text(encoding="utf-8"))
         if len(self.doc_ids) != manifest.n_docs:
             raise IndexFormatError(f"{self.index_dir / DOC_IDS}: {len(self.doc_ids)} ids, manifest says {manifest.n_docs}")
@@ -107,6 +120,13 @@ class Retriever:
         self.dense_ef = DenseIndex.load(self.index_dir, EMBEDFILTER_NAME) if manifest.embedfilter else None
         self.lexical = BM25Index.load(self.index_dir / LEXICAL_DIR, manifest.n_docs) if manifest.lexical else None
         self._analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
+        self.encoder_index = DenseIndex.load(self.index_dir, ENCODER_NAME) if manifest.encoder else None
+        if manifest.encoder and encoder is None:
+            from embedder.sentence_encoder import SentenceEncoder
+
+            encoder = SentenceEncoder.load(manifest.encoder["name"], device=getattr(embedder, "device", None))
+        manifest.check_encoder(encoder.identity if encoder is not None else None)
+        self.encoder = encoder
 
     @classmethod
     def load(
@@ -135,16 +155,43 @@ class Retriever:
     @property
     def modes(self) -> list[str]:
         """The modes this index supports."""
-        have = {"sparse": True, "dense": self.dense is not None, "dense-ef": self.dense_ef is not None, "bm25": self.lexical is not None}
+        have = {
+            "sparse": True,
+            "dense": self.dense is not None,
+            "dense-ef": self.dense_ef is not None,
+            "bm25": self.lexical is not None,
+            "encoder": self.encoder_index is not None,
+        }
         return [m for m in MODES if m == "hybrid" or have[m]]
 
     # ------------------------------------------------------------------ search
-    def encode(self, queries: Sequence[str]) -> list[EncodedQuery]:
-        """Encode queries once (e.g. to time search alone, or to reuse across modes)."""
-        encoded = encode_queries(self.embedder, queries, self.expansion_m, self.literal)
-        if self.query_weighting == "idf":
-            for q in encoded:
-                q.weights = self.token_idf[np.clip(q.tokens, 0, len(self.token_idf) - 1)]
+    def channels_of(self, mode: str | None = None) -> list[str]:
+        """The channels a search in ``mode`` reads: hybrid's are those of the index with a
+        positive fusion weight; ``None``: every channel of the index."""
+        if mode is None:
+            return [m for m in self.modes if m != "hybrid"]
+        if mode == "hybrid":
+            weights = self.fusion["weights"]
+            return [m for m in self.modes if m != "hybrid" and weights.get(m, 0) > 0]
+        return [mode]
+
+    def encode(self, queries: Sequence[str], mode: str | None = None) -> list[EncodedQuery]:
+        """Encode queries once (e.g. to time search alone, or to reuse across modes).
+
+        ``mode``: encode only what that mode's channels need: the LLM runs only for sparse,
+        dense and dense-ef, the sentence-transformers encoder only for "encoder" (a bm25 +
+        encoder hybrid never runs the LLM). ``None``: everything the index's channels need."""
+        channels = self.channels_of(mode)
+        if any(c in LLM_MODES for c in channels):
+            encoded = encode_queries(self.embedder, queries, self.expansion_m, self.literal)
+            if self.query_weighting == "idf":
+                for q in encoded:
+                    q.weights = self.token_idf[np.clip(q.tokens, 0, len(self.token_idf) - 1)]
+        else:
+            encoded = [EncodedQuery.text_only(q) for q in queries]
+        if "encoder" in channels and self.encoder is not None:
+            for q, e in zip(encoded, self.encoder.encode(list(queries))):
+                q.encoder_embedding = e
         return encoded
 
     def search(self, query: str, k: int = 10, mode: str = "sparse") -> list[Hit]:
@@ -154,7 +201,7 @@ class Retriever:
     def batch_search(self, queries: Sequence[str], k: int = 10, mode: str = "sparse") -> list[list[Hit]]:
         """Top-k hits for each query."""
         self._check_mode(mode)
-        encoded = self.encode(queries) if mode != "bm25" else [EncodedQuery.text_only(q) for q in queries]
+        encoded = self.encode(queries, mode)
         return self.search_encoded(encoded, k=k, mode=mode)
 
     def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str = "sparse", explain: bool = True) -> list[list[Hit]]:
@@ -169,11 +216,18 @@ class Retriever:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if mode not in self.modes:
-            flag = {"dense": "--dense", "dense-ef": "--embedfilter TAU", "bm25": "--lexical words"}[mode]
+            flag = {"dense": "--dense", "dense-ef": "--embedfilter TAU", "bm25": "--lexical words", "encoder": "--encoder NAME"}[mode]
             raise ValueError(f"{self.index_dir}: mode {mode!r} needs an index built with {flag}")
 
     def _channel(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
         """One channel's (doc numbers, scores), best first, -1 padded."""
+        if mode in LLM_MODES and q.embedding.size == 0:
+            raise ValueError(f"mode {mode!r}: the query was encoded without the LLM (Retriever.encode(queries, mode={mode!r}))")
+        if mode == "encoder":
+            if q.encoder_embedding is None:
+                raise ValueError("mode 'encoder': the query was encoded without the encoder (Retriever.encode(queries, mode='encoder'))")
+            docs, scores = self.encoder_index.search(q.encoder_embedding[None, :], k)
+            return docs[0], scores[0]
         if mode == "sparse":
             return (self.lucene or self.sparse).search(q.tokens, q.weights, k)
         if mode in ("dense", "dense-ef"):
@@ -201,13 +255,16 @@ class Retriever:
 
     def _hybrid(self, q: EncodedQuery, k: int, explain: bool = True) -> list[Hit]:
         weights = self.fusion["weights"]
-        channels = {m: self._channel(q, m, FUSION_DEPTH) for m in self.modes if m != "hybrid" and weights.get(m, 0) > 0}
+        used = self.channels_of("hybrid")  # channels the index lacks are skipped
+        if not used:
+            raise ValueError(f"{self.index_dir}: none of the fusion's channels {sorted(weights)} is in this index (modes {self.modes})")
+        channels = {m: self._channel(q, m, FUSION_DEPTH) for m in used}
         hits = []
         for f in fuse(channels, weights, k, self.fusion.get("method", "minmax"), self.fusion.get("rrf_k", 60)):
             if not explain:
                 hits.append(Hit(self.doc_ids[f.doc], f.score, {}, f.contributions))
                 continue
-            matched = self._matched(q, "sparse", f.doc)
+            matched = self._matched(q, "sparse", f.doc) if q.tokens.size else {}
             if "bm25" in channels:
                 matched.update({f"bm25:{t}": w for t, w in self._matched(q, "bm25", f.doc).items()})
             hits.append(Hit(self.doc_ids[f.doc], f.score, matched, f.contributions))
