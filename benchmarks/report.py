@@ -419,6 +419,32 @@ def render_table_section(path: Path, data: dict, rel_to: Path, plot: str | None 
     return "\n".join(parts)
 
 
+def _plot_per_query_diff(data: dict):
+    """One panel per system: each collection's per-query differences, sorted, over the query
+    quantile (below 0: queries the system loses against the reference)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    diffs = data["details"]["per_query_diff"]
+    fig, axes = plt.subplots(1, len(diffs), figsize=(5.5 * len(diffs), 4), squeeze=False, sharey=True)
+    for ax, (system, by_collection) in zip(axes[0], diffs.items()):
+        for collection, values in by_collection.items():
+            n = len(values)
+            xs = [(i + 0.5) / n for i in range(n)]
+            ax.plot(xs, sorted(values), label=f"{collection} (n={n})", lw=1.2)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_title(system, fontsize=9)
+        ax.set_xlabel("query quantile (sorted by difference)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("nDCG@10 difference")
+    fig.suptitle(data["plot"].get("title", data["title"]), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def _plot_table(data: dict):
     """The plot a table asks for (benchmarks/tables.py): lines or grouped bars of y columns over x."""
     import matplotlib
@@ -426,6 +452,8 @@ def _plot_table(data: dict):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if data["plot"].get("kind") == "per-query-diff":
+        return _plot_per_query_diff(data)
     spec, cols = data["plot"], data["columns"]
     xi, si = cols.index(spec["x"]), cols.index(spec["series"]) if spec.get("series") else None
     rows = [r for r in data["rows"] if isinstance(r[cols.index(spec["y"][0])], (int, float))]
@@ -479,7 +507,7 @@ def generate(results_dir: Path = RESULTS_DIR, output: Path | None = None) -> tup
         "## How to reproduce\n\n"
         "```\n"
         "pip install -e '.[bench,pyserini]'    # or: make venv\n"
-        "beir-eval --data ../shared/data --systems bm25-pyserini,minilm,sparse,dense --compare --out benchmarks/results/NAME\n"
+        "beir-eval --data ../shared/data --systems bm25-pyserini,minilm,bm25+minilm,sparse,dense --compare --out benchmarks/results/NAME\n"
         "beir-eval report                      # regenerates this file from benchmarks/results/\n"
         "```\n\n"
         "`--data` also takes a BEIR folder or an ir_datasets id (`beir/scifact/test`); `--quick` samples 20 queries and "

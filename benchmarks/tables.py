@@ -3,7 +3,9 @@
 A table file is ``{"kind": "table", "title", "command", "description", "columns", "rows"}``
 plus when and where it was measured (date, commit, machine), optional ``details`` (anything
 JSON) and an optional ``plot``: ``{"kind": "line" or "bar", "x": column, "y": [columns], "series": column
-or null, "title": str}`` that the report draws: one line (or bar group) per (series value, y column).
+or null, "title": str}`` that the report draws: one line (or bar group) per (series value, y column);
+or ``{"kind": "per-query-diff", "title": str}``: ``details["per_query_diff"]`` = {system: {collection:
+[per-query differences, sorted]}}, drawn as one panel per system, one line per collection.
 """
 from __future__ import annotations
 
@@ -30,7 +32,10 @@ def write_table(
     for i, row in enumerate(rows):
         if len(row) != len(columns):
             raise ValueError(f"row {i} has {len(row)} cells for {len(columns)} columns")
-    if plot is not None:
+    if plot is not None and plot.get("kind") == "per-query-diff":
+        if not isinstance((details or {}).get("per_query_diff"), dict) or not details["per_query_diff"]:
+            raise ValueError("a per-query-diff plot needs details['per_query_diff'] = {system: {collection: [differences]}}")
+    elif plot is not None:
         missing = [c for c in [plot.get("x"), *plot.get("y", []), plot.get("series")] if c is not None and c not in columns]
         if missing or not plot.get("y"):
             raise ValueError(f"plot names unknown columns {missing} (columns: {columns})")
