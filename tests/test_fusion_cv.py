@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.embedfilter_sweep import dense_run
-from benchmarks.fusion_cv import Setting, folds_of, fused_run, kfold_scores, settings_grid
+from benchmarks.fusion_cv import RRF_KS, Setting, folds_of, fused_run, kfold_scores, settings_grid
 from retriever.fusion import fuse
 
 
@@ -74,3 +74,77 @@ def test_dense_run_is_exact_cosine_top_k():
         best = np.argsort(-cos[i])[:5]
         assert set(run[q]) == {f"d{d}" for d in best}
         assert np.allclose([run[q][f"d{d}"] for d in best], cos[i, best])
+
+
+# ------------------------------------------------------------ channel subsets (issue 16)
+def test_channels_name_the_runs_they_read():
+    from benchmarks.fusion_cv import parse_channels
+
+    assert parse_channels("bm25=bm25-pyserini, encoder=minilm,sparse") == [("bm25", "bm25-pyserini"), ("encoder", "minilm"), ("sparse", "sparse")]
+    with pytest.raises(SystemExit, match="named twice"):
+        parse_channels("bm25,bm25=bm25-pyserini")
+
+
+def test_subset_mask_keeps_settings_that_weigh_only_the_subset():
+    from benchmarks.fusion_cv import subset_mask
+
+    channels = ["bm25", "encoder", "sparse", "dense"]
+    grid = settings_grid(4, 0.5)
+    mask = subset_mask(grid, channels, ["bm25", "encoder"])
+    kept = [s for s, m in zip(grid, mask) if m]
+    # min-max 0.5/0.5 over the pair, and RRF over the pair with each k
+    assert [s.method for s in kept].count("minmax") == 1 and [s.method for s in kept].count("rrf") == len(RRF_KS)
+    assert all(s.weights[2] == 0 and s.weights[3] == 0 for s in kept)
+
+
+def _synthetic_collection(name, rng, channels, grid, n_queries=12, n_docs=30):
+    from ranx import Qrels, Run
+
+    from benchmarks.fusion_cv import Collection, per_query
+
+    qids = [f"q{i}" for i in range(n_queries)]
+    qrels = {q: {f"d{d}": 1 for d in rng.choice(n_docs, 3, replace=False)} for q in qids}
+    runs = []
+    for _ in channels:
+        runs.append(Run({q: {f"d{d}": float(s) for d, s in zip(rng.choice(n_docs, 20, replace=False), rng.normal(size=20))} for q in qids}))
+    matrix = np.stack([per_query(Qrels(qrels), fused_run(runs, s), qids) for s in grid])
+    return Collection(name, qids, qrels, runs, matrix)
+
+
+def test_subset_study_scores_each_subset_held_out_against_the_reference(tmp_path):
+    from benchmarks.fusion_cv import SUBSET_COLUMNS, subset_study
+    from benchmarks.report import _plot_table
+    from benchmarks.tables import write_table
+
+    rng = np.random.default_rng(0)
+    channels = ["bm25", "encoder", "sparse"]
+    grid = settings_grid(3, 0.5)
+    collections = [_synthetic_collection(n, rng, channels, grid) for n in ("a", "b", "c")]
+    subsets = ["bm25+encoder", "bm25+encoder+sparse"]
+    rows, details = subset_study(collections, grid, channels, subsets, "bm25+encoder")
+    assert len(rows) == len(subsets) * (len(collections) + 1) and all(len(r) == len(SUBSET_COLUMNS) for r in rows)
+    by = {(r[0], r[1]): r for r in rows}
+    for c in ("a", "b", "c", "mean"):
+        assert by["bm25+encoder", c][4:6] == ["–", "–"]  # the reference is not tested against itself
+        delta = float(by["bm25+encoder+sparse", c][4])
+        assert delta == pytest.approx(by["bm25+encoder+sparse", c][3] - by["bm25+encoder", c][3], abs=2e-4)
+    for c in ("a", "b", "c"):
+        assert "sparse" not in by["bm25+encoder", c][-1]  # the reference's LOCO setting uses its channels only
+        assert details["subsets"]["bm25+encoder+sparse"]["per_collection"][c]["loco_setting"] == by["bm25+encoder+sparse", c][-1]
+    p_values = [details["subsets"]["bm25+encoder+sparse"]["per_collection"][c]["p_values"] for c in ("a", "b", "c")]
+    p_values.append(details["subsets"]["bm25+encoder+sparse"]["pooled_p_values"])
+    assert all(set(p) == {"ndcg@10", "recall@100"} for p in p_values)
+    assert any(isinstance(p["ndcg@10"], float) and 0 < p["ndcg@10"] <= 1 for p in p_values)  # ranx.compare ran
+    assert set(details["subsets"]["bm25+encoder"]["default"]["weights"]) == set(channels)
+    assert details["subsets"]["bm25+encoder"]["default"]["weights"]["sparse"] == 0
+    diffs = details["per_query_diff"]["bm25+encoder+sparse"]
+    assert list(diffs) == ["a", "b", "c"] and all(len(v) == 12 and v == sorted(v) for v in diffs.values())
+    # the subsets file and its per-query difference plot
+    path = write_table(tmp_path / "subsets.json", "t", "c", "d", SUBSET_COLUMNS, rows, details=details, plot={"kind": "per-query-diff", "title": "diff"})
+    import json
+
+    assert _plot_table(json.loads(path.read_text())) is not None
+    with pytest.raises(ValueError, match="per-query-diff plot needs"):
+        write_table(tmp_path / "bad.json", "t", "c", "d", SUBSET_COLUMNS, rows, details={}, plot={"kind": "per-query-diff"})
+    with pytest.raises(SystemExit, match="not in --channels"):
+        subset_study(collections, grid, channels, ["bm25+dense"], "bm25+dense")
