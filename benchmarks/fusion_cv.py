@@ -102,15 +102,21 @@ def fused_run(runs: list, setting: Setting):
 
 
 def per_query(qrels, run, query_ids: list[str], metric: str = METRIC) -> np.ndarray:
-    """``metric`` (nDCG@10 by default) of each query of ``query_ids`` (0 for a query the run does not answer)."""
-    from ranx import Run, evaluate
+    """``metric`` (nDCG@10 by default) of each query of ``query_ids``, in that order (0 for a
+    query the run does not answer).
 
+    ranx returns per-query scores in its own (sorted) query order, not the run's, so they are
+    read back by query id from ``Run.scores``."""
+    from ranx import Qrels, Run, evaluate
+
+    judged = qrels.to_dict() if hasattr(qrels, "to_dict") else qrels
     hits = run.to_dict() if hasattr(run, "to_dict") else run
     answered = {q: hits[q] for q in query_ids if hits.get(q)}
     scores = dict.fromkeys(query_ids, 0.0)
     if answered:
-        values = evaluate(qrels, Run(answered), metric, return_mean=False, make_comparable=True)
-        scores.update(zip(answered, np.atleast_1d(values).tolist()))
+        r = Run(answered)
+        evaluate(Qrels({q: judged[q] for q in answered}), r, metric, save_results_in_run=True)
+        scores.update({q: float(v) for q, v in r.scores[metric].items()})
     return np.asarray([scores[q] for q in query_ids], np.float64)
 
 

@@ -148,3 +148,22 @@ def test_subset_study_scores_each_subset_held_out_against_the_reference(tmp_path
         write_table(tmp_path / "bad.json", "t", "c", "d", SUBSET_COLUMNS, rows, details={}, plot={"kind": "per-query-diff"})
     with pytest.raises(SystemExit, match="not in --channels"):
         subset_study(collections, grid, channels, ["bm25+dense"], "bm25+dense")
+
+
+def test_per_query_scores_follow_the_given_query_order():
+    """ranx returns per-query scores in sorted id order ("1", "10", "2"...); per_query must not
+    hand them out in the caller's order (numeric ids, as in cisi), nor mind a dict of qrels."""
+    from ranx import Qrels, Run, evaluate
+
+    from benchmarks.fusion_cv import per_query
+
+    qids = [str(i) for i in range(1, 13)]
+    qrels = {q: {f"d{q}": 1} for q in qids}
+    # query i finds its document at rank i (query 12 finds nothing)
+    run = {q: {**{f"x{j}": 10.0 - j for j in range(int(q) - 1)}, f"d{q}": 10.0 - int(q)} for q in qids[:-1]}
+    run["12"] = {"x0": 1.0}
+    want = [evaluate(Qrels({q: qrels[q]}), Run({q: run[q]}), "ndcg@10") for q in qids]
+    for judged in (qrels, Qrels(qrels)):
+        got = per_query(judged, Run(run), qids)
+        assert np.allclose(got, want) and got[-1] == 0 and got[0] == 1
+    assert np.allclose(per_query(qrels, {q: run[q] for q in qids[:5]}, qids)[5:], 0)  # unanswered queries score 0
