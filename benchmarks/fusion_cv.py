@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         title=args.title,
         command="python -m benchmarks.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
         description=(
-            f"nDCG@10. Channels fused: {_describe_sources(sources)} (runs of depth 100 from {', '.join(f'`{r}`' for r in args.runs)}). Settings searched: "
+            f"nDCG@10. Channels fused: {_describe_sources(sources)}; runs of depth 100 from {', '.join(f'`{r}`' for r in args.runs)}. Settings searched: "
             f"{len(grid)} (min-max weighted sums on a {args.step:g} simplex grid; RRF with k in {list(RRF_KS)} over every "
             f"subset of two or more channels). *{args.folds}-fold CV*: each query scored with the setting best on the other "
             "folds of its collection. *LOCO*: each collection scored with the setting best on the other collections (mean of "
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             title=args.subsets_title,
             command="python -m benchmarks.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
             description=(
-                f"Channels: {_describe_sources(sources)} (runs of depth 100 from {', '.join(f'`{r}`' for r in args.runs)}). "
+                f"Channels: {_describe_sources(sources)}; runs of depth 100 from {', '.join(f'`{r}`' for r in args.runs)}. "
                 "Each subset is fused with the setting best (mean nDCG@10) on the *other* collections among the grid's settings "
                 f"that weigh only its channels (min-max weights on a {args.step:g} simplex, RRF), so every number is held out "
                 f"(LOCO). Δ and p: against `{reference}` on the same queries; p from ranx.compare (paired Student t-test), "
