@@ -32,7 +32,9 @@ def embedder_key(embedder: Embedder) -> str:
         "model": (embedder.identity or {}).get("sha256") or (embedder.identity or {}).get("name"),
         "adapter": (embedder.adapter or {}).get("sha256"),
         "config": config,
-        "bf16": embedder.bf16,
+        # the precision the network ran in: fp32 and int8 embeddings differ (BENCHMARKS.md, faithfulness)
+        "runtime": embedder.runtime_name or "torch-plain",
+        "dtype": embedder.dtype,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
@@ -14,7 +15,9 @@ import numpy as np
 import torch
 
 from embedder.adapters import adapter_identity, resolve_adapter
+from embedder.hardware import Capability, Precision, choose_precision, device_capability, openvino_available
 from embedder.models import DEFAULT_MODEL, ResolvedModel, resolve_model
+from embedder.runtime import Runtime, make_runtime
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,15 @@ class Embedder:
 
     Build one with :meth:`Embedder.load` (registry name, path, hub id) or directly from a
     model and tokenizer already in memory (tests use a tiny random Llama).
+
+    Two ways through the network:
+    - :meth:`embed` / :meth:`iter_batches` (indexing, queries) go through a *runtime*
+      (embedder/runtime.py: torch or OpenVINO, fp32 / bf16 / int8, the template prefix
+      computed once), chosen by :meth:`load` from the hardware (embedder/hardware.py).
+      A runtime snapshots the weights (prefix keys/values, an exported graph): an embedder
+      whose weights change (training) is built with ``runtime=None``.
+    - :meth:`pooled` is the differentiable torch path (training), fp32 or bf16 autocast (``bf16``).
+    With ``runtime=None`` both are the plain torch path (the fp32 reference when ``bf16`` is off).
     """
 
     def __init__(
@@ -84,7 +96,11 @@ class Embedder:
         identity: dict | None = None,
         adapter: dict | None = None,
         device: str = "cpu",
-        bf16: bool = True,
+        bf16: bool = False,
+        runtime: str | None = None,
+        dtype: str = "fp32",
+        precision: Precision | None = None,
+        capability: Capability | None = None,
     ) -> None:
         self.config = config or EmbedderConfig()
         self.model = model.eval().to(device)
@@ -92,7 +108,13 @@ class Embedder:
         self.identity = identity or {"name": "in-memory", "sha256": ""}
         self.adapter = adapter
         self.device = device
-        self.bf16 = bf16
+        self.bf16 = bf16  # autocast in the differentiable path (training) and in the runtime-less path
+        self.runtime_name = runtime
+        self.dtype = dtype if runtime else ("bf16-autocast" if bf16 else "fp32")
+        self.precision = precision
+        self.capability = capability
+        self._runtime: Runtime | None = None
+        self._runtime_lock = threading.Lock()
         set_bidirectional(self.causal_lm, self.config.attention == "bidirectional")
         self._pad_id = self._pick_pad_id()
         prefix, suffix = self.config.prompt.split(PLACEHOLDER, 1)
@@ -108,9 +130,17 @@ class Embedder:
         adapter: str | os.PathLike[str] | None = "default",
         config: EmbedderConfig | None = None,
         device: str | None = None,
-        bf16: bool = True,
+        bf16: bool = False,
+        dtype: str = "auto",
+        runtime: str | None = "auto",
     ) -> "Embedder":
-        """Load a backbone (and optionally a LoRA adapter) by name or path."""
+        """Load a backbone (and optionally a LoRA adapter) by name or path.
+
+        ``dtype`` (auto|fp32|bf16|int8) and ``runtime`` (auto|torch|openvino) pick how
+        :meth:`embed` runs (see embedder/hardware.py: ``auto`` is chosen from the detected
+        hardware). ``runtime=None``: the plain torch path with weights that may change
+        (training), fp32, or bf16 autocast with ``bf16=True``.
+        """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         resolved: ResolvedModel = resolve_model(model)
@@ -125,7 +155,16 @@ class Embedder:
             lm = PeftModel.from_pretrained(lm, str(adapter_dir)).merge_and_unload()
         if device == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)
-        return cls(lm, tok, config, resolved.identity(), adapter_identity(adapter_dir), device, bf16)
+        precision = capability = None
+        if runtime is not None:
+            capability = device_capability(device)
+            precision = choose_precision(dtype, runtime, capability, openvino_available())
+            log.info("encoder runtime %s %s (%s); %s", precision.runtime, precision.dtype, precision.reason, capability.describe())
+        return cls(
+            lm, tok, config, resolved.identity(), adapter_identity(adapter_dir), device, bf16,
+            runtime=precision.runtime if precision else None, dtype=precision.dtype if precision else "fp32",
+            precision=precision, capability=capability,
+        )
 
     @property
     def causal_lm(self) -> torch.nn.Module:
@@ -186,23 +225,50 @@ class Embedder:
         return [self._vocab_tokens[int(i)] if int(i) < len(self._vocab_tokens) else f"<{int(i)}>" for i in ids]
 
     # --------------------------------------------------------------- encoding
-    def _forward_pooled(self, batch_ids: list[list[int]]) -> torch.Tensor:
-        lengths = torch.tensor([len(x) for x in batch_ids])
-        width = int(lengths.max())
-        ids = torch.full((len(batch_ids), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch_ids), width), dtype=torch.long)
-        for i, row in enumerate(batch_ids):
-            ids[i, : len(row)] = torch.tensor(row)
+    def _pad(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Right-padded ids, mask (int64) and lengths of a batch of id lists."""
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        ids = np.full((len(rows), int(lengths.max())), self._pad_id, dtype=np.int64)
+        mask = np.zeros(ids.shape, dtype=np.int64)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
             mask[i, : len(row)] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        body = self.causal_lm.base_model  # the transformer without the LM head
-        with torch.autocast(device_type=self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.bf16):
-            hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
+        return ids, mask, lengths
+
+    def _pool(self, hidden: torch.Tensor, mask: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
         hidden = hidden.float()
         if self.config.pooling == "last":
-            return hidden[torch.arange(len(batch_ids), device=hidden.device), (lengths - 1).to(hidden.device)]
-        m = mask.unsqueeze(-1).to(hidden.dtype)
+            return hidden[torch.arange(len(lengths), device=hidden.device), torch.as_tensor(lengths - 1, device=hidden.device)]
+        m = torch.as_tensor(mask, device=hidden.device).unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(1) / m.sum(1)
+
+    def _forward_pooled(self, batch_ids: list[list[int]]) -> torch.Tensor:
+        ids, mask, lengths = self._pad(batch_ids)
+        body = self.causal_lm.base_model  # the transformer without the LM head
+        with torch.autocast(device_type=self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.bf16):
+            hidden = body(input_ids=torch.from_numpy(ids).to(self.device), attention_mask=torch.from_numpy(mask).to(self.device)).last_hidden_state
+        return self._pool(hidden, mask, lengths)
+
+    def runtime(self) -> Runtime | None:
+        """The inference runtime (built on first use; None for the plain torch path)."""
+        if self.runtime_name is None:
+            return None
+        with self._runtime_lock:  # two threads' first queries must not export twice
+            if self._runtime is None:
+                # The prefix is computed once only where it cannot depend on the text:
+                # causal attention, and last-token pooling (mean pooling needs its states).
+                cacheable = self.config.attention == "causal" and self.config.pooling == "last" and self._prefix
+                self._runtime = make_runtime(
+                    self.runtime_name, self.dtype, self.causal_lm.base_model, self.identity, self.adapter,
+                    list(self._prefix) if cacheable else None, self.device,
+                )
+        return self._runtime
+
+    def _runtime_pooled(self, batch_ids: list[list[int]]) -> torch.Tensor:
+        rt = self.runtime()
+        skip = rt.prefix_len
+        ids, mask, lengths = self._pad([row[skip:] for row in batch_ids])
+        return self._pool(rt.hidden(ids, mask), mask, lengths)
 
     def pooled(self, batch_ids: list[list[int]]) -> torch.Tensor:
         """Pooled h (n, d) float32 of prompt token ids (from :meth:`prompt_ids`), in the given order.
@@ -223,7 +289,8 @@ class Embedder:
         for start in range(0, len(order), bs):
             pos = order[start : start + bs]
             batch = [all_ids[i] for i in pos]
-            yield pos, self._forward_pooled(batch), sum(len(x) for x in batch)
+            h = self._runtime_pooled(batch) if self.runtime_name else self._forward_pooled(batch)
+            yield pos, h, sum(len(x) for x in batch)
 
     @torch.inference_mode()
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -253,7 +320,16 @@ class Embedder:
 
     def describe(self) -> dict:
         """What an index manifest records about the embedder."""
-        return {"model": self.identity, "adapter": self.adapter, "embedding": self.config.to_dict()}
+        return {"model": self.identity, "adapter": self.adapter, "embedding": self.config.to_dict(), "runtime": self.runtime_info()}
+
+    def runtime_info(self) -> dict:
+        """How the network runs (recorded in manifests): runtime, dtype, why, and the hardware."""
+        info: dict = {"name": self.runtime_name or "torch-plain", "dtype": self.dtype}
+        if self.precision is not None:
+            info["reason"] = self.precision.reason
+        if self.capability is not None:
+            info["capability"] = self.capability.to_dict()
+        return info
 
 
 

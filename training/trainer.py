@@ -148,7 +148,8 @@ class Text2TokenTrainer:
         )
 
     def _load_embedder(self) -> Embedder:
-        return Embedder.load(self.recipe.model, adapter="none", config=self.embedding_config(), bf16=self.recipe.bf16)
+        # runtime=None: the weights change under training, so no runtime may snapshot them.
+        return Embedder.load(self.recipe.model, adapter="none", config=self.embedding_config(), bf16=self.recipe.bf16, runtime=None)
 
     def prepare_targets(self) -> dict[str, SparseTargets]:
         """Compute (or load from the cache) the targets every stage needs, with the frozen backbone."""

@@ -1,0 +1,137 @@
+"""What the machine can do natively, and the precision the encoder runs in because of it.
+
+Machines differ in ways that change the fastest precision by 5x or more: a CPU with native
+bfloat16 (AVX512-BF16 or AMX) runs bf16 matrix products ~2-3x faster than fp32, while a CPU
+with only AVX2 emulates bf16 and runs it ~5x *slower* than fp32. So the precision is chosen
+from the detected capability (never assumed), printed by ``build-index`` and recorded in the
+manifest. The choice is a pure function of the capability so that it can be tested with the
+capability mocked.
+"""
+from __future__ import annotations
+
+import importlib.util
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DTYPES = ("auto", "fp32", "bf16", "int8")
+# CPU flags (as /proc/cpuinfo spells them) that matter for the encoder's matrix products.
+_FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+@dataclass(frozen=True)
+class Capability:
+    """The compute capability of the device an encoder runs on."""
+
+    device: str  # "cpu" or "cuda"
+    name: str  # CPU model name or GPU name
+    flags: tuple[str, ...] = field(default_factory=tuple)  # the flags of interest that are present
+    native_bf16: bool = False  # bf16 matrix products in hardware (AVX512-BF16 / AMX / a GPU that has them)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line for logs and benchmark headers."""
+        flags = " ".join(self.flags) or "no AVX2"
+        return f"{self.device}: {self.name} [{flags}] native bf16: {'yes' if self.native_bf16 else 'no'}"
+
+
+def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return name, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and value.strip():
+            name = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return name, flags
+
+
+def cpu_capability(cpuinfo: Path = Path("/proc/cpuinfo")) -> Capability:
+    """The CPU's capability, from /proc/cpuinfo (Linux) or, elsewhere, from what torch reports."""
+    name, flags = _cpuinfo(cpuinfo)
+    if not flags:  # not Linux: torch knows the vector ISA it dispatches to
+        try:
+            import torch
+
+            isa = torch.backends.cpu.get_cpu_capability().lower()  # "AVX2", "AVX512", "DEFAULT"...
+            flags = {"avx2"} if isa == "avx2" else {"avx2", "avx512f"} if isa == "avx512" else set()
+        except Exception:  # noqa: BLE001 - capability detection must never stop a build
+            flags = set()
+    present = tuple(f for f in _FLAGS_OF_INTEREST if f in flags)
+    return Capability("cpu", name, present, native_bf16=bool({"avx512_bf16", "amx_bf16"} & flags))
+
+
+def device_capability(device: str) -> Capability:
+    """Capability of ``device`` ("cpu", "cuda", "cuda:0"...)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return Capability("cuda", torch.cuda.get_device_name(device), (), native_bf16=torch.cuda.is_bf16_supported())
+    return cpu_capability()
+
+
+def openvino_available() -> bool:
+    """Whether the OpenVINO runtime (and NNCF, for int8 weights) can be imported."""
+    return importlib.util.find_spec("openvino") is not None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The runtime and dtype an encoder runs in, and why."""
+
+    runtime: str  # "torch" or "openvino"
+    dtype: str  # "fp32", "bf16" or "int8"
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def choose_precision(requested: str, runtime: str, cap: Capability, have_openvino: bool) -> Precision:
+    """Resolve ``requested`` (auto|fp32|bf16|int8) and ``runtime`` (auto|torch|openvino).
+
+    ``auto`` takes bf16 only where the hardware has it natively (emulated bf16 is ~5x slower
+    than fp32 on AVX2); elsewhere int8 weights with dynamic int8 activations in OpenVINO,
+    measured at cosine >= 0.998 to fp32 and the fastest on AVX2 (BENCHMARKS.md, "Encoder
+    runtimes"), and fp32 when OpenVINO is not installed. torch has no faithful int8 path here
+    (its dynamic quantisation is per-tensor: cosine 0.80 to fp32), so int8 needs OpenVINO.
+    """
+    if requested not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {requested!r}")
+    if runtime not in ("auto", "torch", "openvino"):
+        raise ValueError(f"runtime must be auto, torch or openvino, not {runtime!r}")
+    if runtime == "openvino" and not have_openvino:
+        raise ValueError("runtime 'openvino' asked for but the openvino package is not installed (pip install openvino nncf)")
+    if cap.device != "cpu":  # OpenVINO's CPU plugin is what we measured; GPUs run torch
+        if runtime == "openvino":
+            raise ValueError(f"runtime 'openvino' runs on the CPU only, not on {cap.device}")
+        if requested == "int8":
+            raise ValueError("dtype int8 is available on the CPU only (OpenVINO)")
+        dtype = requested if requested != "auto" else ("bf16" if cap.native_bf16 else "fp32")
+        return Precision("torch", dtype, f"{cap.device}: {'requested' if requested != 'auto' else 'native bf16' if cap.native_bf16 else 'no native bf16'}")
+    if requested == "int8":
+        if runtime == "torch":
+            raise ValueError("dtype int8 needs runtime openvino (torch's dynamic int8 is per-tensor and unfaithful)")
+        if not have_openvino:
+            raise ValueError("dtype int8 needs the openvino package (pip install openvino nncf)")
+        return Precision("openvino", "int8", "requested")
+    if requested in ("fp32", "bf16"):
+        chosen = runtime if runtime != "auto" else ("openvino" if have_openvino else "torch")
+        why = "requested" if requested == "fp32" or cap.native_bf16 else "requested (emulated on this CPU: slow)"
+        return Precision(chosen, requested, why)
+    if cap.native_bf16:
+        chosen = runtime if runtime != "auto" else ("openvino" if have_openvino else "torch")
+        return Precision(chosen, "bf16", "native bf16 on this CPU")
+    if runtime == "torch" or not have_openvino:
+        return Precision("torch", "fp32", "no native bf16" + ("" if have_openvino else "; openvino not installed (no int8)"))
+    return Precision("openvino", "int8", "no native bf16: int8 weights, dynamic int8 activations")
+
+
+__all__ = ["Capability", "Precision", "DTYPES", "cpu_capability", "device_capability", "choose_precision", "openvino_available"]

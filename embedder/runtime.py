@@ -1,0 +1,208 @@
+"""How the encoder's network runs: a runtime turns token ids into final hidden states.
+
+Two runtimes, chosen once per embedder (embedder/hardware.py) and recorded in manifests:
+
+- ``torch``: the transformers model itself, weights cast once to the chosen dtype (fp32 or
+  bf16; never autocast, which re-casts every weight matrix on every call). The reference.
+- ``openvino``: the same network exported once to an OpenVINO graph (the LoRA adapter already
+  merged, the template prefix baked in), fp32 / bf16, or int8 weights (per output channel,
+  NNCF) with dynamic int8 activations. No Python per operator: a one-query call costs the
+  arithmetic, not the interpreter. The exported graph is cached on disk like the safetensors
+  conversion, keyed by model + adapter + prefix + settings (``$ALIGNED_TOKENS_CACHE/runtimes``).
+
+Both hold the template's prefix keys/values (embedder/prefix_cache.py) when the attention is
+causal: a runtime's :attr:`prefix_len` says how many leading prompt tokens it already holds.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from embedder.models import cache_dir
+from embedder.prefix_cache import PlainBody, PrefixCachedBody, supports_prefix_cache
+
+log = logging.getLogger(__name__)
+
+# Bump when the export changes, so that cached graphs of an older export are not reused.
+EXPORT_VERSION = 1
+# Dynamic activation quantisation in groups of 32 input channels: on an AVX2 CPU this made
+# int8-weight matmuls 1.3x faster than decompressing the weights to fp32 (measured with the
+# runtime benchmark, BENCHMARKS.md) at the same cosine to fp32.
+INT8_ACTIVATION_GROUP = 32
+
+
+class Runtime(Protocol):
+    """What the Embedder needs from a runtime."""
+
+    name: str
+    dtype: str
+    prefix_len: int  # leading prompt tokens the runtime holds already (pass the ids after them)
+
+    def hidden(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> torch.Tensor:
+        """Final hidden states (batch, length, d) float32 of right-padded ids (int64) and mask."""
+        ...
+
+
+def _module(body: torch.nn.Module, prefix_ids: list[int] | None) -> torch.nn.Module:
+    return PrefixCachedBody(body, prefix_ids) if prefix_ids else PlainBody(body)
+
+
+def cacheable_prefix(body: torch.nn.Module, prefix_ids: list[int] | None) -> list[int] | None:
+    """``prefix_ids`` where the architecture allows computing them once, else None."""
+    return list(prefix_ids) if prefix_ids and supports_prefix_cache(body) else None
+
+
+class TorchRuntime:
+    """The transformers network in fp32 or bf16 (weights cast once)."""
+
+    name = "torch"
+
+    def __init__(self, body: torch.nn.Module, dtype: str = "fp32", prefix_ids: list[int] | None = None, device: str = "cpu") -> None:
+        if dtype not in ("fp32", "bf16"):
+            raise ValueError(f"the torch runtime runs fp32 or bf16, not {dtype!r}")
+        self.dtype = dtype
+        self.device = device
+        if dtype == "bf16":
+            # A copy: the fp32 model stays as it is for training and for the LM head.
+            body = copy.deepcopy(body).to(torch.bfloat16)
+        self.module = _module(body, prefix_ids).eval()
+        self.prefix_len = self.module.prefix_len
+
+    @torch.inference_mode()
+    def hidden(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> torch.Tensor:
+        ids = torch.from_numpy(input_ids).to(self.device)
+        mask = torch.from_numpy(attention_mask).to(self.device)
+        return self.module(ids, mask).float()
+
+
+def runtime_key(identity: dict, adapter: dict | None, dtype: str, prefix_ids: list[int] | None, extra: dict | None = None) -> str:
+    """Cache key of an exported graph: everything that changes its weights or its graph."""
+    import openvino
+
+    what = {
+        "model": identity.get("sha256") or identity.get("name"),
+        "adapter": (adapter or {}).get("sha256"),
+        "dtype": dtype,
+        "prefix": list(prefix_ids or []),
+        "export": EXPORT_VERSION,
+        "openvino": openvino.__version__,
+        **(extra or {}),
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _export_openvino(module: torch.nn.Module, dtype: str, target: Path) -> None:
+    """Trace ``module`` into an OpenVINO IR in ``target`` (written to a temporary dir, then renamed)."""
+    import openvino as ov
+
+    example = (torch.ones((2, 8), dtype=torch.long), torch.ones((2, 8), dtype=torch.long))
+    with torch.no_grad():
+        graph = ov.convert_model(
+            module, example_input=example, input=[("input_ids", [-1, -1], ov.Type.i64), ("attention_mask", [-1, -1], ov.Type.i64)]
+        )
+    if dtype == "int8":
+        import nncf
+
+        # Per-output-channel asymmetric int8 weights (per-tensor, as torch's dynamic
+        # quantisation does, costs the embedding its faithfulness: cosine 0.80 to fp32).
+        graph = nncf.compress_weights(graph, mode=nncf.CompressWeightsMode.INT8_ASYM)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        ov.save_model(graph, str(tmp / "model.xml"), compress_to_fp16=False)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "model.xml").exists():  # another process may have published it first
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+class OpenVINORuntime:
+    """The network exported to OpenVINO (cached), fp32 / bf16 / int8 weights."""
+
+    name = "openvino"
+
+    def __init__(
+        self,
+        body: torch.nn.Module,
+        dtype: str,
+        identity: dict,
+        adapter: dict | None,
+        prefix_ids: list[int] | None = None,
+        threads: int | None = None,
+        cache_root: Path | None = None,
+    ) -> None:
+        import openvino as ov
+
+        if dtype not in ("fp32", "bf16", "int8"):
+            raise ValueError(f"the openvino runtime runs fp32, bf16 or int8, not {dtype!r}")
+        self.dtype = dtype
+        self.prefix_len = len(prefix_ids or [])
+        # Identical weights give identical graphs; an in-memory model without a hash gets one
+        # from its parameters, so that two different test models never share a cached graph.
+        if not identity.get("sha256"):
+            identity = {**identity, "sha256": _parameters_sha256(body)}
+        key = runtime_key(identity, adapter, "int8" if dtype == "int8" else "fp32", prefix_ids)
+        self.directory = (cache_root or cache_dir() / "runtimes") / key
+        if not (self.directory / "model.xml").exists():
+            log.info("exporting the encoder to OpenVINO (%s, once) into %s", dtype, self.directory)
+            _export_openvino(_module(body, prefix_ids).eval(), dtype, self.directory)
+        config: dict = {
+            "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
+            "INFERENCE_PRECISION_HINT": "bf16" if dtype == "bf16" else "f32",
+            "PERFORMANCE_HINT": "LATENCY",
+        }
+        if dtype == "int8":
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = INT8_ACTIVATION_GROUP
+        self.compiled = ov.Core().compile_model(str(self.directory / "model.xml"), "CPU", config)
+        self._local = threading.local()  # one infer request per thread: requests are not thread-safe
+
+    def hidden(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> torch.Tensor:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self.compiled.create_infer_request()
+        out = request.infer({"input_ids": input_ids, "attention_mask": attention_mask})[0]
+        return torch.from_numpy(np.array(out, dtype=np.float32, copy=True))
+
+
+def _parameters_sha256(module: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def make_runtime(
+    name: str,
+    dtype: str,
+    body: torch.nn.Module,
+    identity: dict,
+    adapter: dict | None,
+    prefix_ids: list[int] | None,
+    device: str = "cpu",
+) -> Runtime:
+    """Build the runtime ``name`` ("torch" or "openvino") in ``dtype`` for a decoder body."""
+    prefix_ids = cacheable_prefix(body, prefix_ids)
+    if name == "torch":
+        return TorchRuntime(body, dtype, prefix_ids, device)
+    if name == "openvino":
+        return OpenVINORuntime(body, dtype, identity, adapter, prefix_ids)
+    raise ValueError(f"unknown runtime {name!r}")
+
+
+__all__ = ["Runtime", "TorchRuntime", "OpenVINORuntime", "make_runtime", "runtime_key", "EXPORT_VERSION"]
