@@ -25,6 +25,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="must match the index's model; default: the one in its manifest")
     p.add_argument("--tokens", type=int, default=5, help="matched tokens shown per hit (text output)")
     p.add_argument("--json", action="store_true", help="one JSON object per query on standard output")
+    p.add_argument("--verify", action="store_true", help="compare every index file with its recorded checksum first")
     return p
 
 
@@ -34,10 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
     try:
         retriever = Retriever.load(
-            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting
+            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify
         )
         results = retriever.batch_search(queries, k=args.k, mode=args.mode)
-    except (IndexFormatError, ModelNotAvailable, ValueError, FileNotFoundError) as exc:
+    except (IndexFormatError, ModelNotAvailable, ValueError, OSError) as exc:
         print(f"search-index: error: {exc}", file=sys.stderr)
         return 2
     for q, hits in zip(queries, results):

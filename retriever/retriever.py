@@ -9,20 +9,20 @@ Modes (channels of one index directory):
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from embedder.encoder import Embedder, EmbedderConfig
-from indexer.build import DOC_IDS
-from indexer.dense import EMBEDFILTER_NAME, DenseIndex
+from indexer.dense import DenseIndex
+from indexer.integrity import check_doc_ids, check_files
 from indexer.inverted_index import InvertedIndex
-from indexer.lexical import LEXICAL_DIR, BM25Index, make_analyzer
-from indexer.manifest import IndexFormatError, Manifest
+from indexer.lexical import BM25Index, make_analyzer
+from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
+from indexer.verify import open_channels
 from retriever.fusion import fuse
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries
 
@@ -75,10 +75,14 @@ class Retriever:
         mmap: bool = True,
         backend: str = "numba",
         lucene_index: str | os.PathLike[str] | None = None,
+        doc_ids: list[str] | None = None,
+        channels: dict[str, Any] | None = None,
     ) -> None:
         """``backend``: "numba" (this index's postings) or "lucene": sparse search goes to the
         Pyserini/Lucene impact export at ``lucene_index`` (``build-index --export-pyserini``),
-        scores in the same units (integer scores / scales, see retriever/lucene_backend.py)."""
+        scores in the same units (integer scores / scales, see retriever/lucene_backend.py).
+        ``doc_ids``, ``channels``: already opened and checked (:meth:`load` does so before
+        loading the model); opened here otherwise."""
         if query_weighting not in QUERY_WEIGHTINGS:
             raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}")
         self.index_dir = Path(index_dir)
@@ -88,10 +92,10 @@ class Retriever:
         self.literal = literal
         self.query_weighting = query_weighting
         self.fusion = fusion or DEFAULT_FUSION
-        self.doc_ids: list[str] = json.loads((self.index_dir / DOC_IDS).read_text(encoding="utf-8"))
-        if len(self.doc_ids) != manifest.n_docs:
-            raise IndexFormatError(f"{self.index_dir / DOC_IDS}: {len(self.doc_ids)} ids, manifest says {manifest.n_docs}")
-        self.sparse = InvertedIndex.load(self.index_dir, manifest.n_docs, mmap=mmap)
+        # every channel is checked against the manifest on opening, before any array reaches a kernel
+        self.doc_ids: list[str] = doc_ids if doc_ids is not None else check_doc_ids(self.index_dir / DOC_IDS, manifest.n_docs)
+        channels = channels if channels is not None else open_channels(self.index_dir, manifest, mmap=mmap)
+        self.sparse: InvertedIndex = channels["sparse"]
         if backend not in ("numba", "lucene") or (backend == "lucene") != (lucene_index is not None):
             raise ValueError("backend must be 'numba', or 'lucene' with lucene_index=<export directory>")
         self.backend = backend
@@ -103,9 +107,9 @@ class Retriever:
         df = np.diff(np.asarray(self.sparse.indptr))
         # smoothed IDF of each token among the documents' aligned tokens
         self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
-        self.dense = DenseIndex.load(self.index_dir) if manifest.dense else None
-        self.dense_ef = DenseIndex.load(self.index_dir, EMBEDFILTER_NAME) if manifest.embedfilter else None
-        self.lexical = BM25Index.load(self.index_dir / LEXICAL_DIR, manifest.n_docs) if manifest.lexical else None
+        self.dense: DenseIndex | None = channels.get("dense")
+        self.dense_ef: DenseIndex | None = channels.get("dense-ef")
+        self.lexical: BM25Index | None = channels.get("bm25")
         self._analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
 
     @classmethod
@@ -115,18 +119,29 @@ class Retriever:
         model: str | None = None,
         embedder: Embedder | None = None,
         device: str | None = None,
+        verify: bool = False,
         **kwargs,
     ) -> "Retriever":
         """Open an index and load the embedder its manifest names (or check the given one).
 
         ``model``: when given, must be the model the index was built with (by name or path);
-        an index built with another model or adapter is refused.
+        an index built with another model or adapter is refused. Every file is checked for its
+        recorded size and every channel for its structure; ``verify=True`` also compares every
+        file with its recorded checksum (reads every byte). A damaged index raises
+        IndexFormatError naming the file.
         """
         index_dir = Path(index_dir)
         manifest = Manifest.read(index_dir)
+        check_files(index_dir, manifest, checksums=verify)
+        # open and check everything before spending seconds on the model
+        kwargs["doc_ids"] = check_doc_ids(index_dir / DOC_IDS, manifest.n_docs)
+        kwargs["channels"] = open_channels(index_dir, manifest, mmap=kwargs.get("mmap", True))
         if embedder is None:
             # indexes built before all-caps folding existed were built without it
-            config = EmbedderConfig(**{"fold_all_caps": False, **manifest.embedding})
+            try:
+                config = EmbedderConfig(**{"fold_all_caps": False, **manifest.embedding})
+            except (TypeError, ValueError) as exc:
+                raise IndexFormatError(f"{index_dir / MANIFEST}: field 'embedding': {exc}") from None
             adapter = (manifest.adapter or {}).get("path", "none")
             embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device)
         manifest.check_model(embedder.identity, embedder.adapter)
@@ -212,4 +227,5 @@ class Retriever:
                 matched.update({f"bm25:{t}": w for t, w in self._matched(q, "bm25", f.doc).items()})
             hits.append(Hit(self.doc_ids[f.doc], f.score, matched, f.contributions))
         return hits
+
 
