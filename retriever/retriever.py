@@ -163,22 +163,41 @@ class Retriever:
         return encoded
 
     def search(self, query: str, k: int = 10, mode: str = "sparse") -> list[Hit]:
-        """Top-k hits for one query."""
+        """Top-k hits for one query, best first.
+
+        The contract (the same for :meth:`batch_search` and ``search-index``): ``query`` must be
+        a str (TypeError); an empty or whitespace-only query has no hits; ``k`` must be a
+        positive int (ValueError); ``mode`` one of :attr:`modes` (ValueError).
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
         return self.batch_search([query], k=k, mode=mode)[0]
 
     def batch_search(self, queries: Sequence[str], k: int = 10, mode: str = "sparse") -> list[list[Hit]]:
-        """Top-k hits for each query."""
+        """Top-k hits for each query (see :meth:`search` for the contract)."""
+        queries = check_queries(queries)
+        k = check_k(k)
         self._check_mode(mode)
-        encoded = self.encode(queries) if mode != "bm25" else [EncodedQuery.text_only(q) for q in queries]
-        return self.search_encoded(encoded, k=k, mode=mode)
+        asked = [i for i, q in enumerate(queries) if q.strip()]  # a blank query matches nothing
+        texts = [_utf8_safe(queries[i]) for i in asked]
+        if not texts:
+            return [[] for _ in queries]
+        encoded = self.encode(texts) if mode != "bm25" else [EncodedQuery.text_only(q) for q in texts]
+        results: list[list[Hit]] = [[] for _ in queries]
+        for i, hits in zip(asked, self.search_encoded(encoded, k=k, mode=mode)):
+            results[i] = hits
+        return results
 
     def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str = "sparse", explain: bool = True) -> list[list[Hit]]:
         """Search pre-encoded queries (see :meth:`encode`). ``explain=False`` leaves
         ``Hit.matched_tokens`` empty (the per-hit token lookups cost more than the search)."""
+        k = check_k(k)
         self._check_mode(mode)
+        # no channel needs more than every document: FAISS would allocate k slots per query
+        k = min(k, len(self.doc_ids))
         if mode == "hybrid":
-            return [self._hybrid(q, k, explain) for q in encoded]
-        return [self._to_hits(q, mode, *self._channel(q, mode, k), explain=explain) for q in encoded]
+            return [self._hybrid(q, k, explain) if q.text.strip() else [] for q in encoded]
+        return [self._to_hits(q, mode, *self._channel(q, mode, k), explain=explain) if q.text.strip() else [] for q in encoded]
 
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -229,3 +248,30 @@ class Retriever:
         return hits
 
 
+
+def check_k(k: object) -> int:
+    """``k`` as an int, or ValueError unless it is a positive integer (bools are not)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def check_queries(queries: object) -> list[str]:
+    """``queries`` as a list, or TypeError unless it is a sequence of str (a str alone is not:
+    it would be searched character by character)."""
+    if isinstance(queries, (str, bytes)) or not isinstance(queries, Sequence):
+        raise TypeError(f"queries must be a sequence of str, got {type(queries).__name__}")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise TypeError(f"queries[{i}] must be a str, got {type(q).__name__}")
+    return list(queries)
+
+
+def _utf8_safe(text: str) -> str:
+    """``text`` with lone surrogates (a str can hold them: undecodable command-line bytes
+    arrive as such) replaced by U+FFFD, which tokenizers cannot encode otherwise."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
