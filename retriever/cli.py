@@ -11,7 +11,7 @@ from pathlib import Path
 from embedder.models import ModelNotAvailable
 from indexer.manifest import IndexFormatError
 from retriever.query import DEFAULT_EXPANSION_M
-from retriever.retriever import DEFAULT_QUERY_WEIGHTING, MODES, QUERY_WEIGHTINGS, Retriever
+from retriever.retriever import DEFAULT_QUERY_WEIGHTING, MODES, QUERY_WEIGHTINGS, Retriever, check_k
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
     try:
+        check_k(args.k)  # before seconds of model loading
         retriever = Retriever.load(
             args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify
         )
