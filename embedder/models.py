@@ -142,21 +142,54 @@ class ResolvedModel:
         return {"name": self.name, "sha256": self.sha256}
 
 
+def publish_once(target: Path, fill: Callable[[Path], None], complete: str = "config.json") -> Path:
+    """Make ``target`` by running ``fill(tmp_dir)`` once, however many processes ask at once.
+
+    ``fill`` writes into a private temporary directory beside ``target``, which is renamed into
+    place. Under a file lock, so that concurrent first uses neither convert twice nor race on
+    the rename (``os.replace`` onto a non-empty directory fails with ENOTEMPTY); a process that
+    waited for the lock finds ``target`` complete (it holds ``complete``) and uses it.
+    """
+    from filelock import FileLock
+
+    if (target / complete).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.parent / f".{target.name}.lock")):
+        if (target / complete).exists():
+            return target
+        # holding the lock, any other temporary directory was left by a killed process
+        for stale in target.parent.glob(f".{target.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if target.exists():  # incomplete: not made by this function, which renames whole directories
+            shutil.rmtree(target)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+        try:
+            fill(tmp)
+            if not (tmp / complete).exists():
+                raise RuntimeError(f"{target}: conversion wrote no {complete}")
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
 def _convert_gguf(gguf: Path, sha: str) -> Path:
     """Dequantise a GGUF file once into a cached safetensors directory."""
     target = cache_dir() / "models" / f"{gguf.stem}-{sha[:16]}"
     if (target / "config.json").exists():
         return target
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("converting %s to safetensors (once) in %s", gguf.name, target)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
+    def fill(tmp: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        log.info("converting %s to safetensors (once) in %s", gguf.name, target)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         state = model.state_dict()
         if model.config.tie_word_embeddings:
             # transformers re-ties the head on load; saving it twice doubles the file.
@@ -164,14 +197,11 @@ def _convert_gguf(gguf: Path, sha: str) -> Path:
         save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         config = model.config.to_dict()
         config.pop("quantization_config", None)  # weights are plain fp32 now
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tok.save_pretrained(tmp)
         (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf), "sha256": sha}))
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))  # last: it marks the directory complete
+
+    return publish_once(target, fill)
 
 
 def resolve_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> ResolvedModel:

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,15 +24,16 @@ from indexer.corpus import CorpusSpec, Document
 from embedder.embedfilter import embedfilter_projection
 from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
+from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
-from indexer.manifest import MANIFEST, Manifest
+from indexer.manifest import DOC_IDS, MANIFEST, Manifest
+from indexer.staging import staging_dir
 
 if TYPE_CHECKING:
     from embedder.sentence_encoder import SentenceEncoder
 
 log = logging.getLogger(__name__)
 
-DOC_IDS = "doc_ids.json"
 # Chosen by the K sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py, raw backbone, M=64, query
 # weights 1): nDCG@10 peaks at K=512 on cisi (0.163; 0.155 at 128, 0.149 at 1024) and on medline
 # (0.372; 0.358 at 256, 0.372 at 1024). The paper's 1000-3000 was for 4096-d models.
@@ -87,15 +87,9 @@ def build_index(
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
     if top_k < 1:
         raise ValueError("top_k must be positive")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.building-"))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; an index is meant to be shared
-    try:
+    with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
         manifest = _build_into(spec, tmp, embedder, top_k, dense, dense_kind, chunk_size, progress, embedfilter_tau, lexical, encoder)
         _swap_into_place(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest
 
 
@@ -212,6 +206,7 @@ def _build_into(
             "torch_threads": torch.get_num_threads(),
         },
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        files=record_files(out),
     )
     manifest.write(out)  # written last: a directory without a manifest is not an index
     return manifest

@@ -10,6 +10,7 @@ from embedder.encoder import EmbedderConfig, PROMPT_EOL
 from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer.build import DEFAULT_TOP_K, build_index, index_size_bytes
 from indexer.corpus import CorpusError, CorpusSpec
+from indexer.manifest import IndexFormatError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=args.embedfilter, lexical=args.lexical,
             encoder=encoder,
         )
-    except (CorpusError, ModelNotAvailable, FileExistsError, ValueError) as exc:
+    except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)
         return 2
     size = index_size_bytes(args.index)
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.index, args.export_pyserini, tokens=vocabulary_strings(embedder.tokenizer, embedder.vocab_size),
                 overwrite=args.overwrite, progress=not args.quiet,
             )
-        except (ExportError, FileExistsError, ValueError) as exc:
+        except (ExportError, IndexFormatError, OSError, ValueError) as exc:
             print(f"build-index: error: Pyserini export: {exc}", file=sys.stderr)
             return 2
         print(describe(info, args.export_pyserini))

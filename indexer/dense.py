@@ -9,6 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from indexer.integrity import load_npy
+from indexer.manifest import IndexFormatError
+
 DENSE_NAME = "dense"
 EMBEDFILTER_NAME = "dense_ef"
 ENCODER_NAME = "encoder"  # an external sentence-transformers encoder's embeddings (build-index --encoder)
@@ -47,15 +50,51 @@ class DenseIndex:
             np.save(directory / f"{name}_projection.npy", self.projection)
 
     @classmethod
-    def load(cls, directory: Path, name: str = DENSE_NAME) -> "DenseIndex":
+    def load(cls, directory: Path, name: str = DENSE_NAME, n_docs: int | None = None, dim: int | None = None) -> "DenseIndex":
+        """Open a saved index, checked against what the manifest records (``n_docs`` vectors of
+        ``dim`` dimensions); a mismatch or damaged file is an IndexFormatError naming it."""
         import faiss
 
-        proj_file = directory / f"{name}_projection.npy"
-        projection = np.load(proj_file) if proj_file.exists() else None
-        return cls(faiss.read_index(str(directory / f"{name}.faiss")), projection)
+        path = Path(directory) / f"{name}.faiss"
+        proj_file = Path(directory) / f"{name}_projection.npy"
+        projection = load_npy(proj_file, "float32", 2, mmap=False) if proj_file.exists() else None
+        if projection is not None and not np.isfinite(projection).all():
+            raise IndexFormatError(f"{proj_file}: non-finite values")
+        if projection is not None and dim is not None and projection.shape[1] != dim:
+            raise IndexFormatError(f"{proj_file}: projects to {projection.shape[1]} dimensions, the manifest records {dim}")
+        if not path.exists():
+            raise IndexFormatError(f"{path}: missing")
+        try:
+            index = faiss.read_index(str(path))
+        except Exception as exc:  # FAISS reports damage as a C++ RuntimeError with a multi-line trace
+            raise IndexFormatError(f"{path}: unreadable FAISS index ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        check_faiss(path, index, n_docs, dim)
+        return cls(index, projection)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(doc numbers int64 (n, k), cosine scores float32 (n, k)); -1 pads missing hits."""
         q = queries @ self.projection if self.projection is not None else queries
         scores, docs = self.index.search(normalise(q), k)
         return docs, scores
+
+
+def check_faiss(path: Path, index, n_docs: int | None, dim: int | None) -> None:
+    """Vector count, dimension and metric as the manifest records; for exact (Flat) indexes,
+    also every stored vector finite and unit-length (or zero), which catches most flipped bytes."""
+    import faiss
+
+    if n_docs is not None and index.ntotal != n_docs:
+        raise IndexFormatError(f"{path}: {index.ntotal} vectors, the manifest records {n_docs} documents")
+    if dim is not None and index.d != dim:
+        raise IndexFormatError(f"{path}: {index.d}-dimensional, the manifest records {dim}")
+    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise IndexFormatError(f"{path}: metric {index.metric_type}, expected inner product ({faiss.METRIC_INNER_PRODUCT})")
+    flat = faiss.downcast_index(index)
+    if isinstance(flat, faiss.IndexFlat) and index.ntotal:
+        x = faiss.rev_swig_ptr(flat.get_xb(), index.ntotal * index.d).reshape(index.ntotal, index.d)
+        if not np.isfinite(x).all():
+            raise IndexFormatError(f"{path}: non-finite vector components")
+        norms = np.linalg.norm(x, axis=1)
+        bad = np.flatnonzero((np.abs(norms - 1) > 1e-3) & (norms != 0))
+        if bad.size:
+            raise IndexFormatError(f"{path}: vector {int(bad[0])} has norm {float(norms[bad[0]]):.4g}, stored vectors are unit-length")

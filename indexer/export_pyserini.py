@@ -70,7 +70,9 @@ from tqdm.auto import tqdm
 from embedder.models import file_sha256
 from indexer.build import DOC_IDS, _swap_into_place
 from indexer.inverted_index import InvertedIndex
+from indexer.integrity import record_files
 from indexer.manifest import IndexFormatError, Manifest, write_json_atomic
+from indexer.staging import staging_dir
 
 log = logging.getLogger(__name__)
 
@@ -376,10 +378,7 @@ def export_pyserini(
     spellings = token_spellings(tokens)
     max_doc_sum = int(quantised.doc_vectors().astype(np.float64).sum(axis=1).max()) if quantised.weights.size else 0
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.exporting-"))
-    os.chmod(tmp, 0o755)
-    try:
+    with staging_dir(target, "exporting") as tmp:
         write_token_map(tmp / TOKEN_MAP, tokens, spellings)
         n_written = write_collection(tmp / COLLECTION_DIR / COLLECTION_FILE, doc_ids, quantised, spellings, progress)
         export_seconds = time.perf_counter() - t0
@@ -420,11 +419,9 @@ def export_pyserini(
         }
         if n_dropped:
             log.warning("%d postings quantise below 1 at scale %g and were dropped", n_dropped, scale)
+        info["files"] = record_files(tmp, exclude=(EXPORT_MANIFEST,))  # verify-index checks them
         write_json_atomic(tmp / EXPORT_MANIFEST, info)  # last: no manifest, no export
         _swap_into_place(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return info
 
 

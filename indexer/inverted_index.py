@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from indexer import kernels
+from indexer.integrity import check_csr, load_npy
 
 _FILES = ("indptr", "docs", "weights")
 
@@ -50,9 +51,17 @@ class InvertedIndex:
             np.save(directory / f"postings_{name}.npy", getattr(self, name))
 
     @classmethod
-    def load(cls, directory: Path, n_docs: int, mmap: bool = True) -> "InvertedIndex":
-        arrays = [np.load(directory / f"postings_{name}.npy", mmap_mode="r" if mmap else None) for name in _FILES]
-        return cls(*arrays, n_docs=n_docs)
+    def load(
+        cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False
+    ) -> "InvertedIndex":
+        """Open saved postings, checked (indexer/integrity.py) before any kernel can read them:
+        an out-of-range doc number or offset would make the kernels read or write out of bounds.
+        ``n_lists``: the number of posting lists expected (vocabulary size); ``positive``:
+        weights must be > 0 (BM25)."""
+        dtypes = {"indptr": "int64", "docs": "int32", "weights": "float32"}
+        arrays = {name: load_npy(Path(directory) / f"postings_{name}.npy", dtypes[name], 1, mmap) for name in _FILES}
+        check_csr(Path(directory), "postings_", arrays["indptr"], arrays["docs"], arrays["weights"], n_docs, n_lists, positive)
+        return cls(arrays["indptr"], arrays["docs"], arrays["weights"], n_docs=n_docs)
 
     def search(self, q_tokens: np.ndarray, q_weights: np.ndarray | None = None, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (doc numbers, scores) of one query, best first."""

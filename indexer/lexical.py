@@ -21,7 +21,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from indexer.integrity import is_finite_number, read_json
 from indexer.inverted_index import InvertedIndex
+from indexer.manifest import IndexFormatError
 
 # org.apache.lucene.analysis.en.EnglishAnalyzer.ENGLISH_STOP_WORDS_SET
 LUCENE_STOPWORDS = frozenset(
@@ -31,6 +33,7 @@ LUCENE_STOPWORDS = frozenset(
 # a word, with an apostrophe inside it kept (don't, cat's), as Lucene's StandardTokenizer does
 _WORD = re.compile(r"\w+(?:'\w+)*", re.UNICODE)
 LEXICAL_DIR = "lexical"
+BM25_FILE = "bm25.json"
 
 
 class WordAnalyzer:
@@ -97,12 +100,31 @@ class BM25Index:
         directory.mkdir(parents=True, exist_ok=True)
         self.postings.save(directory)
         meta = {"k1": self.k1, "b": self.b, "analyzer": self.analyzer, "vocab": self.vocab}
-        (directory / "bm25.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+        (directory / BM25_FILE).write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
 
     @classmethod
-    def load(cls, directory: Path, n_docs: int) -> "BM25Index":
-        meta = json.loads((directory / "bm25.json").read_text(encoding="utf-8"))
-        return cls(InvertedIndex.load(directory, n_docs), meta["vocab"], meta["k1"], meta["b"], meta["analyzer"])
+    def load(cls, directory: Path, n_docs: int, n_terms: int | None = None, analyzer: str | None = None) -> "BM25Index":
+        """Open a saved BM25 index, checked: parameters in range, term ids exactly 0..n-1 (they
+        index the posting lists), postings valid with positive weights. ``n_terms`` and
+        ``analyzer``: what the manifest records."""
+        path = Path(directory) / BM25_FILE
+        meta = read_json(path)
+        if not isinstance(meta, dict) or not {"k1", "b", "analyzer", "vocab"} <= set(meta):
+            raise IndexFormatError(f"{path}: needs an object with k1, b, analyzer and vocab")
+        if not (is_finite_number(meta["k1"]) and meta["k1"] >= 0 and is_finite_number(meta["b"]) and 0 <= meta["b"] <= 1):
+            raise IndexFormatError(f"{path}: k1 {meta['k1']!r} / b {meta['b']!r} out of range (k1 >= 0, 0 <= b <= 1)")
+        if not isinstance(meta["analyzer"], str) or (analyzer is not None and meta["analyzer"] != analyzer):
+            raise IndexFormatError(f"{path}: analyzer {meta['analyzer']!r}, the manifest records {analyzer!r}")
+        vocab = meta["vocab"]
+        if not isinstance(vocab, dict) or not all(isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
+            raise IndexFormatError(f"{path}: vocab is not an object of term -> integer id")
+        if n_terms is not None and len(vocab) != n_terms:
+            raise IndexFormatError(f"{path}: {len(vocab)} terms, the manifest records {n_terms}")
+        ids = np.fromiter(vocab.values(), np.int64, len(vocab))
+        if ids.size and (ids.min() < 0 or ids.max() >= len(vocab) or np.bincount(ids).max() > 1):
+            raise IndexFormatError(f"{path}: term ids are not 0..{len(vocab) - 1}, each once")
+        postings = InvertedIndex.load(directory, n_docs, n_lists=len(vocab), positive=True)
+        return cls(postings, vocab, meta["k1"], meta["b"], meta["analyzer"])
 
 
 class BM25Builder:

@@ -12,14 +12,16 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from indexer.checksums import json_checksum
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+DOC_IDS = "doc_ids.json"  # document ids in doc-number order (a JSON list)
 
 
 class IndexFormatError(RuntimeError):
-    """An index directory that cannot be used as asked (wrong format, other model...)."""
-
-
+    """An index directory that cannot be used as asked (wrong format, other model, a damaged
+    file...). The message starts with the file concerned and says what is wrong."""
 
 
 @dataclass
@@ -37,9 +39,15 @@ class Manifest:
     build: dict = field(default_factory=dict)  # timings and throughput
     created: str = ""
     format_version: int = FORMAT_VERSION
+    # {relative path: {"size", "xxh3_64"}} of every other file (indexer/integrity.py); None in
+    # indexes built before checksums existed, which still load (structure is checked anyway).
+    files: dict | None = None
+    checksum: str | None = None  # of this manifest's other fields (json_checksum), set by write()
 
     def write(self, directory: Path) -> None:
-        write_json_atomic(directory / MANIFEST, asdict(self))
+        data = {k: v for k, v in asdict(self).items() if k != "checksum"}
+        self.checksum = json_checksum(data)
+        write_json_atomic(directory / MANIFEST, {**data, "checksum": self.checksum})
 
     @classmethod
     def read(cls, directory: Path) -> "Manifest":
@@ -50,6 +58,8 @@ class Manifest:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise IndexFormatError(f"{path}: unreadable manifest ({exc})") from None
+        if not isinstance(data, dict):
+            raise IndexFormatError(f"{path}: not a JSON object")
         version = data.get("format_version")
         if version != FORMAT_VERSION:
             raise IndexFormatError(
@@ -59,6 +69,9 @@ class Manifest:
         missing = [k for k in ("model", "embedding", "sparse", "n_docs") if k not in data]
         if missing:
             raise IndexFormatError(f"{path}: missing field(s) {', '.join(missing)}")
+        problem = _field_problem(data)
+        if problem:
+            raise IndexFormatError(f"{path}: {problem}")
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def check_model(self, model_identity: dict, adapter_identity: dict | None) -> None:
@@ -89,6 +102,36 @@ class Manifest:
                 f"index built with encoder {self.encoder.get('name')!r} (sha256 {self.encoder.get('sha256', '')[:12]}), "
                 f"asked to use {theirs.get('name')!r} (sha256 {theirs.get('sha256', '')[:12]})"
             )
+
+
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _field_problem(data: dict) -> str | None:
+    """The first field whose type or range the loaders cannot work with (hand edits, damage)."""
+    for key in ("model", "embedding", "sparse"):
+        if not isinstance(data[key], dict):
+            return f"field {key!r}: not an object"
+    for key in ("adapter", "dense", "embedfilter", "lexical", "files"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            return f"field {key!r}: neither an object nor null"
+    if not isinstance(data["model"].get("name"), str) or not isinstance(data["model"].get("sha256"), str):
+        return "field 'model': needs string 'name' and 'sha256'"
+    if not _positive_int(data["n_docs"]):
+        return f"field 'n_docs': {data['n_docs']!r} is not a positive integer"
+    for key in ("top_k", "vocab_size"):
+        if not _positive_int(data["sparse"].get(key)):
+            return f"field 'sparse.{key}': {data['sparse'].get(key)!r} is not a positive integer"
+    for channel in ("dense", "embedfilter"):
+        if data.get(channel) is not None and not _positive_int(data[channel].get("dim")):
+            return f"field '{channel}.dim': {data[channel].get('dim')!r} is not a positive integer"
+    if data.get("lexical") is not None and not isinstance(data["lexical"].get("n_terms"), int):
+        return f"field 'lexical.n_terms': {data['lexical'].get('n_terms')!r} is not an integer"
+    for rel, rec in (data.get("files") or {}).items():
+        if not isinstance(rec, dict) or not isinstance(rec.get("size"), int) or ".." in Path(rel).parts or Path(rel).is_absolute():
+            return f"field 'files': bad record for {rel!r}"
+    return None
 
 
 def write_json_atomic(path: Path, obj) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from embedder.models import ModelNotAvailable
 from indexer.manifest import IndexFormatError
 from retriever.query import DEFAULT_EXPANSION_M
-from retriever.retriever import DEFAULT_QUERY_WEIGHTING, MODES, QUERY_WEIGHTINGS, Retriever
+from retriever.retriever import DEFAULT_QUERY_WEIGHTING, MODES, QUERY_WEIGHTINGS, Retriever, check_k
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,6 +26,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", help="must match the index's encoder channel; default: the one in its manifest (e.g. its model directory moved)")
     p.add_argument("--tokens", type=int, default=5, help="matched tokens shown per hit (text output)")
     p.add_argument("--json", action="store_true", help="one JSON object per query on standard output")
+    p.add_argument("--verify", action="store_true", help="compare every index file with its recorded checksum first")
     return p
 
 
@@ -34,16 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
     try:
+        check_k(args.k)  # before seconds of model loading
         extra = {}
         if args.encoder:
             from embedder.sentence_encoder import SentenceEncoder
 
             extra["encoder"] = SentenceEncoder.load(args.encoder)
         retriever = Retriever.load(
-            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, **extra
+            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify, **extra
         )
         results = retriever.batch_search(queries, k=args.k, mode=args.mode)
-    except (IndexFormatError, ModelNotAvailable, ValueError, FileNotFoundError) as exc:
+    except (IndexFormatError, ModelNotAvailable, ValueError, OSError) as exc:
         print(f"search-index: error: {exc}", file=sys.stderr)
         return 2
     for q, hits in zip(queries, results):

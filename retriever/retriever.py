@@ -10,20 +10,20 @@ Modes (channels of one index directory):
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from embedder.encoder import Embedder, EmbedderConfig
-from indexer.build import DOC_IDS
-from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
+from indexer.dense import DenseIndex
+from indexer.integrity import check_doc_ids, check_files
 from indexer.inverted_index import InvertedIndex
-from indexer.lexical import LEXICAL_DIR, BM25Index, make_analyzer
-from indexer.manifest import IndexFormatError, Manifest
+from indexer.lexical import BM25Index, make_analyzer
+from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
+from indexer.verify import open_channels
 from retriever.fusion import fuse
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries
 
@@ -84,6 +84,8 @@ class Retriever:
         backend: str = "numba",
         lucene_index: str | os.PathLike[str] | None = None,
         encoder=None,
+        doc_ids: list[str] | None = None,
+        channels: dict[str, Any] | None = None,
     ) -> None:
         """``backend``: "numba" (this index's postings) or "lucene": sparse search goes to the
         Pyserini/Lucene impact export at ``lucene_index`` (``build-index --export-pyserini``),
@@ -91,7 +93,9 @@ class Retriever:
         ``encoder``: the index's sentence-transformers encoder (embedder/sentence_encoder.py), if
         already loaded; by default the one its manifest names is loaded. Another one is refused.
         ``fusion``: the hybrid setting; default DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER
-        for an index with the encoder channel."""
+        for an index with the encoder channel.
+        ``doc_ids``, ``channels``: already opened and checked (:meth:`load` does so before
+        loading the model); opened here otherwise."""
         if query_weighting not in QUERY_WEIGHTINGS:
             raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}")
         self.index_dir = Path(index_dir)
@@ -101,10 +105,10 @@ class Retriever:
         self.literal = literal
         self.query_weighting = query_weighting
         self.fusion = fusion or (DEFAULT_FUSION_WITH_ENCODER if manifest.encoder else DEFAULT_FUSION)
-        self.doc_ids: list[str] = json.loads((self.index_dir / DOC_IDS).read_text(encoding="utf-8"))
-        if len(self.doc_ids) != manifest.n_docs:
-            raise IndexFormatError(f"{self.index_dir / DOC_IDS}: {len(self.doc_ids)} ids, manifest says {manifest.n_docs}")
-        self.sparse = InvertedIndex.load(self.index_dir, manifest.n_docs, mmap=mmap)
+        # every channel is checked against the manifest on opening, before any array reaches a kernel
+        self.doc_ids: list[str] = doc_ids if doc_ids is not None else check_doc_ids(self.index_dir / DOC_IDS, manifest.n_docs)
+        channels = channels if channels is not None else open_channels(self.index_dir, manifest, mmap=mmap)
+        self.sparse: InvertedIndex = channels["sparse"]
         if backend not in ("numba", "lucene") or (backend == "lucene") != (lucene_index is not None):
             raise ValueError("backend must be 'numba', or 'lucene' with lucene_index=<export directory>")
         self.backend = backend
@@ -116,11 +120,11 @@ class Retriever:
         df = np.diff(np.asarray(self.sparse.indptr))
         # smoothed IDF of each token among the documents' aligned tokens
         self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
-        self.dense = DenseIndex.load(self.index_dir) if manifest.dense else None
-        self.dense_ef = DenseIndex.load(self.index_dir, EMBEDFILTER_NAME) if manifest.embedfilter else None
-        self.lexical = BM25Index.load(self.index_dir / LEXICAL_DIR, manifest.n_docs) if manifest.lexical else None
+        self.dense: DenseIndex | None = channels.get("dense")
+        self.dense_ef: DenseIndex | None = channels.get("dense-ef")
+        self.lexical: BM25Index | None = channels.get("bm25")
         self._analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
-        self.encoder_index = DenseIndex.load(self.index_dir, ENCODER_NAME) if manifest.encoder else None
+        self.encoder_index: DenseIndex | None = channels.get("encoder")
         if manifest.encoder and encoder is None:
             from embedder.sentence_encoder import SentenceEncoder
 
@@ -135,18 +139,29 @@ class Retriever:
         model: str | None = None,
         embedder: Embedder | None = None,
         device: str | None = None,
+        verify: bool = False,
         **kwargs,
     ) -> "Retriever":
         """Open an index and load the embedder its manifest names (or check the given one).
 
         ``model``: when given, must be the model the index was built with (by name or path);
-        an index built with another model or adapter is refused.
+        an index built with another model or adapter is refused. Every file is checked for its
+        recorded size and every channel for its structure; ``verify=True`` also compares every
+        file with its recorded checksum (reads every byte). A damaged index raises
+        IndexFormatError naming the file.
         """
         index_dir = Path(index_dir)
         manifest = Manifest.read(index_dir)
+        check_files(index_dir, manifest, checksums=verify)
+        # open and check everything before spending seconds on the model
+        kwargs["doc_ids"] = check_doc_ids(index_dir / DOC_IDS, manifest.n_docs)
+        kwargs["channels"] = open_channels(index_dir, manifest, mmap=kwargs.get("mmap", True))
         if embedder is None:
             # indexes built before all-caps folding existed were built without it
-            config = EmbedderConfig(**{"fold_all_caps": False, **manifest.embedding})
+            try:
+                config = EmbedderConfig(**{"fold_all_caps": False, **manifest.embedding})
+            except (TypeError, ValueError) as exc:
+                raise IndexFormatError(f"{index_dir / MANIFEST}: field 'embedding': {exc}") from None
             adapter = (manifest.adapter or {}).get("path", "none")
             embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device)
         manifest.check_model(embedder.identity, embedder.adapter)
@@ -195,22 +210,41 @@ class Retriever:
         return encoded
 
     def search(self, query: str, k: int = 10, mode: str = "sparse") -> list[Hit]:
-        """Top-k hits for one query."""
+        """Top-k hits for one query, best first.
+
+        The contract (the same for :meth:`batch_search` and ``search-index``): ``query`` must be
+        a str (TypeError); an empty or whitespace-only query has no hits; ``k`` must be a
+        positive int (ValueError); ``mode`` one of :attr:`modes` (ValueError).
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
         return self.batch_search([query], k=k, mode=mode)[0]
 
     def batch_search(self, queries: Sequence[str], k: int = 10, mode: str = "sparse") -> list[list[Hit]]:
-        """Top-k hits for each query."""
+        """Top-k hits for each query (see :meth:`search` for the contract)."""
+        queries = check_queries(queries)
+        k = check_k(k)
         self._check_mode(mode)
-        encoded = self.encode(queries, mode)
-        return self.search_encoded(encoded, k=k, mode=mode)
+        asked = [i for i, q in enumerate(queries) if q.strip()]  # a blank query matches nothing
+        texts = [_utf8_safe(queries[i]) for i in asked]
+        if not texts:
+            return [[] for _ in queries]
+        encoded = self.encode(texts, mode)
+        results: list[list[Hit]] = [[] for _ in queries]
+        for i, hits in zip(asked, self.search_encoded(encoded, k=k, mode=mode)):
+            results[i] = hits
+        return results
 
     def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str = "sparse", explain: bool = True) -> list[list[Hit]]:
         """Search pre-encoded queries (see :meth:`encode`). ``explain=False`` leaves
         ``Hit.matched_tokens`` empty (the per-hit token lookups cost more than the search)."""
+        k = check_k(k)
         self._check_mode(mode)
+        # no channel needs more than every document: FAISS would allocate k slots per query
+        k = min(k, len(self.doc_ids))
         if mode == "hybrid":
-            return [self._hybrid(q, k, explain) for q in encoded]
-        return [self._to_hits(q, mode, *self._channel(q, mode, k), explain=explain) for q in encoded]
+            return [self._hybrid(q, k, explain) if q.text.strip() else [] for q in encoded]
+        return [self._to_hits(q, mode, *self._channel(q, mode, k), explain=explain) if q.text.strip() else [] for q in encoded]
 
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -270,3 +304,31 @@ class Retriever:
             hits.append(Hit(self.doc_ids[f.doc], f.score, matched, f.contributions))
         return hits
 
+
+
+def check_k(k: object) -> int:
+    """``k`` as an int, or ValueError unless it is a positive integer (bools are not)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def check_queries(queries: object) -> list[str]:
+    """``queries`` as a list, or TypeError unless it is a sequence of str (a str alone is not:
+    it would be searched character by character)."""
+    if isinstance(queries, (str, bytes)) or not isinstance(queries, Sequence):
+        raise TypeError(f"queries must be a sequence of str, got {type(queries).__name__}")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise TypeError(f"queries[{i}] must be a str, got {type(q).__name__}")
+    return list(queries)
+
+
+def _utf8_safe(text: str) -> str:
+    """``text`` with lone surrogates (a str can hold them: undecodable command-line bytes
+    arrive as such) replaced by U+FFFD, which tokenizers cannot encode otherwise."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")

@@ -224,3 +224,33 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared data sets not found at {path} (set ALIGNED_TOKENS_DATA to their folder)")
     return path
+
+
+def save_tiny_sentence_encoder(directory: Path, seed: int = 0) -> Path:
+    """A random 2-layer BERT + WordPiece tokenizer over the toy words, as a sentence-transformers
+    model directory (Transformer, mean Pooling, Normalize)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    words = sorted({w.lower() for ws in TOPICS.values() for w in ws} | set(FILLER) | {w.lower() for w in PROMPT_WORDS})
+    hf = directory / "hf"
+    hf.mkdir(parents=True)
+    (hf / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast(vocab_file=str(hf / "vocab.txt"), do_lower_case=True)
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128
+    )
+    torch.manual_seed(seed)
+    BertModel(config).eval().save_pretrained(hf)
+    tokenizer.save_pretrained(hf)
+    try:  # sentence-transformers >= 6 (the old path still works there, with a warning)
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    except ImportError:
+        from sentence_transformers.models import Normalize, Pooling, Transformer
+
+    transformer = Transformer(str(hf), max_seq_length=64)
+    dim = (getattr(transformer, "get_embedding_dimension", None) or transformer.get_word_embedding_dimension)()
+    out = directory / "st"
+    SentenceTransformer(modules=[transformer, Pooling(dim, "mean"), Normalize()], device="cpu").save(str(out))
+    return out

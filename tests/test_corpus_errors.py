@@ -259,7 +259,12 @@ def test_not_an_index(tmp_path, tiny_embedder, built):
 
 def test_doc_ids_disagreeing_with_the_manifest(built, tiny_embedder):
     (built / "doc_ids.json").write_text(json.dumps(["only", "three", "ids"]))
-    with pytest.raises(IndexFormatError, match="3 ids, manifest says 40"):
+    with pytest.raises(IndexFormatError, match=r"doc_ids\.json: \d+ bytes, manifest.json records \d+"):
+        Retriever.load(built, embedder=tiny_embedder)  # the recorded size is checked first
+    data = json.loads((built / MANIFEST).read_text())
+    del data["files"]  # as an index built before checksums were recorded
+    (built / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="doc_ids.json: 3 ids, manifest says 40"):
         Retriever.load(built, embedder=tiny_embedder)
 
 

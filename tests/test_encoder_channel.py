@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import FILLER, PROMPT_WORDS, TOPICS
+from conftest import save_tiny_sentence_encoder
 from indexer.build import build_index
 from indexer.manifest import IndexFormatError, Manifest
 from retriever.retriever import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Retriever
@@ -23,36 +23,6 @@ from retriever.retriever import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Ret
 pytest.importorskip("sentence_transformers")
 
 QUERIES = ["cat and dog near the river", "computer memory", "game", "a puzzle for the team", "snow"]
-
-
-def save_tiny_sentence_encoder(directory: Path, seed: int = 0) -> Path:
-    """A random 2-layer BERT + WordPiece tokenizer over the toy words, as a sentence-transformers
-    model directory (Transformer, mean Pooling, Normalize)."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    words = sorted({w.lower() for ws in TOPICS.values() for w in ws} | set(FILLER) | {w.lower() for w in PROMPT_WORDS})
-    hf = directory / "hf"
-    hf.mkdir(parents=True)
-    (hf / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizerFast(vocab_file=str(hf / "vocab.txt"), do_lower_case=True)
-    config = BertConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128
-    )
-    torch.manual_seed(seed)
-    BertModel(config).eval().save_pretrained(hf)
-    tokenizer.save_pretrained(hf)
-    try:  # sentence-transformers >= 6 (the old path still works there, with a warning)
-        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    except ImportError:
-        from sentence_transformers.models import Normalize, Pooling, Transformer
-
-    transformer = Transformer(str(hf), max_seq_length=64)
-    dim = (getattr(transformer, "get_embedding_dimension", None) or transformer.get_word_embedding_dimension)()
-    out = directory / "st"
-    SentenceTransformer(modules=[transformer, Pooling(dim, "mean"), Normalize()], device="cpu").save(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")

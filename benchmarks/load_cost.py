@@ -1,0 +1,78 @@
+"""What validating an index costs beside loading it: ``python -m benchmarks.load_cost --index DIR``.
+
+Times, best of ``--repeat`` runs with the files in the page cache:
+- *load*: ``Retriever.load(DIR)`` end to end (manifest, checks, channels, the model);
+- *validation*: the checks that load always runs, timed alone on the loaded arrays (recorded
+  sizes, doc ids, the CSR invariants of every posting file, FAISS count/dim/unit vectors,
+  BM25 parameters and term ids);
+- *checksums*: what ``verify=True`` adds (every byte of every file through xxh3_64).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from indexer.dense import check_faiss
+from indexer.integrity import check_csr, check_doc_ids, check_files
+from indexer.lexical import LEXICAL_DIR
+from indexer.manifest import DOC_IDS, Manifest
+from indexer.verify import open_channels
+
+
+def best_of(repeat: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def validation(index_dir: Path, manifest: Manifest, channels: dict) -> None:
+    """Every check Retriever.load runs, on arrays already loaded."""
+    check_files(index_dir, manifest)
+    check_doc_ids(index_dir / DOC_IDS, manifest.n_docs)
+    sp = channels["sparse"]
+    check_csr(index_dir, "postings_", sp.indptr, sp.docs, sp.weights, manifest.n_docs, sp.vocab_size)
+    if "bm25" in channels:
+        lx = channels["bm25"].postings
+        check_csr(index_dir / LEXICAL_DIR, "postings_", lx.indptr, lx.docs, lx.weights, manifest.n_docs, lx.vocab_size, positive=True)
+    for mode, name in (("dense", "dense"), ("dense-ef", "dense_ef")):
+        if mode in channels:
+            check_faiss(index_dir / f"{name}.faiss", channels[mode].index, manifest.n_docs, channels[mode].index.d)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.load_cost", description=__doc__.split("\n")[0])
+    p.add_argument("--index", required=True, type=Path)
+    p.add_argument("--repeat", type=int, default=5)
+    args = p.parse_args(argv)
+    from retriever.retriever import Retriever
+
+    manifest = Manifest.read(args.index)
+    channels = open_channels(args.index, manifest)
+    Retriever.load(args.index)  # warm-up: page cache, model files, imports
+    load = best_of(args.repeat, lambda: Retriever.load(args.index))
+    check = best_of(args.repeat, lambda: validation(args.index, manifest, channels))
+    sums = best_of(args.repeat, lambda: check_files(args.index, manifest, checksums=True))
+    size = sum(rec["size"] for rec in (manifest.files or {}).values())
+    row = {
+        "index": str(args.index),
+        "n_docs": manifest.n_docs,
+        "postings": int(channels["sparse"].docs.shape[0]),
+        "bytes": size,
+        "load_s": round(load, 4),
+        "validation_s": round(check, 5),
+        "validation_pct_of_load": round(100 * check / load, 2),
+        "checksums_s": round(sums, 5),
+        "checksums_pct_of_load": round(100 * sums / load, 2),
+    }
+    print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""``verify-index``: check every file of an index (or of a Pyserini export) and say what is wrong.
+
+Three layers, cheapest first, as Lucene's CheckIndex does:
+1. the manifest parses, has the fields the loaders need, and matches its own checksum;
+2. every recorded file exists with its recorded size and checksum;
+3. every channel opens with its structural checks (the ones ``Retriever.load`` always runs).
+
+Each channel is opened through :data:`CHANNELS`, the same table the Retriever opens channels
+with, so a new channel adds one entry and is validated on load and verified here alike.
+Exit status: 0 clean, 1 damaged, 2 not an index.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
+from indexer.integrity import (
+    check_doc_ids,
+    checksum_problems,
+    manifest_checksum_problem,
+    read_json,
+    size_problems,
+)
+from indexer.inverted_index import InvertedIndex
+from indexer.lexical import LEXICAL_DIR, BM25Index
+from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
+
+# indexer.export_pyserini.EXPORT_MANIFEST; not imported from there, which would pull in torch
+EXPORT_MANIFEST = "export.json"
+
+# A channel opener loads one channel of an index, checked against the manifest, or returns None
+# when the manifest says the index was built without it. It raises IndexFormatError.
+ChannelOpener = Callable[[Path, Manifest, bool], Any]
+
+
+def _sparse(d: Path, m: Manifest, mmap: bool) -> InvertedIndex:
+    return InvertedIndex.load(d, m.n_docs, mmap=mmap, n_lists=int(m.sparse["vocab_size"]))
+
+
+def _dense(d: Path, m: Manifest, mmap: bool) -> DenseIndex | None:
+    return DenseIndex.load(d, DENSE_NAME, m.n_docs, int(m.dense["dim"])) if m.dense else None
+
+
+def _embedfilter(d: Path, m: Manifest, mmap: bool) -> DenseIndex | None:
+    return DenseIndex.load(d, EMBEDFILTER_NAME, m.n_docs, int(m.embedfilter["dim"])) if m.embedfilter else None
+
+
+def _encoder(d: Path, m: Manifest, mmap: bool) -> DenseIndex | None:
+    return DenseIndex.load(d, ENCODER_NAME, m.n_docs, int(m.encoder["dim"])) if m.encoder else None
+
+
+def _lexical(d: Path, m: Manifest, mmap: bool) -> BM25Index | None:
+    if not m.lexical:
+        return None
+    if m.lexical.get("analyzer") not in ANALYZERS:
+        raise IndexFormatError(f"{d / MANIFEST}: field 'lexical.analyzer': {m.lexical.get('analyzer')!r} is not one of {ANALYZERS}")
+    return BM25Index.load(d / LEXICAL_DIR, m.n_docs, m.lexical.get("n_terms"), m.lexical.get("analyzer"))
+
+
+ANALYZERS = ("words", "tokens")  # indexer.lexical.make_analyzer's names
+
+# keyed by search mode
+CHANNELS: dict[str, ChannelOpener] = {"sparse": _sparse, "dense": _dense, "dense-ef": _embedfilter, "bm25": _lexical, "encoder": _encoder}
+
+
+def open_channels(index_dir: Path, manifest: Manifest, mmap: bool = True) -> dict[str, Any]:
+    """Every channel the index holds, opened and checked: ``{mode: channel}``."""
+    opened = {name: opener(Path(index_dir), manifest, mmap) for name, opener in CHANNELS.items()}
+    return {name: ch for name, ch in opened.items() if ch is not None}
+
+
+@dataclass
+class Report:
+    """What :func:`verify` found: ``problems`` (damage, one line each) and ``notes``."""
+
+    path: Path
+    kind: str  # "index" or "export"
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    n_files: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class NotAnIndex(IndexFormatError):
+    """The path is neither an index nor a Pyserini export."""
+
+
+def verify(path: str | Path) -> Report:
+    """Check everything under ``path`` (an index directory or a Pyserini export)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise NotAnIndex(f"{path}: not a directory")
+    if (path / MANIFEST).exists():
+        return verify_index(path)
+    if (path / EXPORT_MANIFEST).exists():
+        return verify_export(path)
+    raise NotAnIndex(f"{path}: not an index (no {MANIFEST}) nor a Pyserini export (no {EXPORT_MANIFEST})")
+
+
+def verify_index(index_dir: Path) -> Report:
+    report = Report(Path(index_dir), "index")
+    try:
+        manifest = Manifest.read(index_dir)
+        problem = manifest_checksum_problem(index_dir)
+    except IndexFormatError as exc:
+        report.problems.append(str(exc))
+        return report  # without a manifest nothing else can be checked against anything
+    if problem:
+        report.problems.append(problem)
+    if manifest.checksum is None:
+        report.notes.append(f"{index_dir / MANIFEST}: no checksum of its own recorded")
+    if manifest.files is None:
+        report.notes.append(f"{index_dir}: no checksums recorded (built before checksums existed); structure checked only")
+    else:
+        report.n_files = len(manifest.files)
+        report.problems += _file_problems(Path(index_dir), manifest.files)
+    checks: dict[str, Callable[[], Any]] = {DOC_IDS: lambda: check_doc_ids(Path(index_dir) / DOC_IDS, manifest.n_docs)}
+    checks.update({name: (lambda o=opener: o(Path(index_dir), manifest, True)) for name, opener in CHANNELS.items()})
+    for check in checks.values():
+        try:
+            check()
+        except IndexFormatError as exc:
+            if str(exc) not in report.problems:
+                report.problems.append(str(exc))
+    return report
+
+
+def verify_export(export_dir: Path) -> Report:
+    """A Pyserini export: its ``export.json`` records the size and checksum of every file."""
+    report = Report(Path(export_dir), "export")
+    try:
+        info = read_json(Path(export_dir) / EXPORT_MANIFEST)
+    except IndexFormatError as exc:
+        report.problems.append(str(exc))
+        return report
+    files = info.get("files") if isinstance(info, dict) else None
+    if not isinstance(info, dict):
+        report.problems.append(f"{Path(export_dir) / EXPORT_MANIFEST}: not a JSON object")
+    elif files is None:
+        report.notes.append(f"{export_dir}: no checksums recorded (exported before checksums existed)")
+    else:
+        report.n_files = len(files)
+        report.problems += _file_problems(Path(export_dir), files)
+    return report
+
+
+def _file_problems(directory: Path, files: dict[str, dict]) -> list[str]:
+    """Size problems, then checksum problems of the files whose size is right (one line per file)."""
+    damaged = size_problems(directory, files)
+    sized = {rel: rec for rel, rec in files.items() if (directory / rel).is_file() and (directory / rel).stat().st_size == rec.get("size")}
+    return damaged + checksum_problems(directory, sized)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="verify-index", description=__doc__.split("\n")[0])
+    p.add_argument("path", type=Path, help="index directory (or Pyserini export directory)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        report = verify(args.path)
+    except NotAnIndex as exc:
+        print(f"verify-index: error: {exc}", file=sys.stderr)
+        return 2
+    for line in report.problems:
+        print(line)
+    for line in report.notes:
+        print(f"note: {line}")
+    if report.ok:
+        print(f"{args.path}: ok ({report.kind}, {report.n_files} files checksummed)")
+        return 0
+    print(f"{args.path}: {len(report.problems)} problem(s)", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
