@@ -52,6 +52,11 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string of the dense channel (default Flat: exact)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "int8"), default="auto", help="LLM encoder precision (default auto: chosen for this machine)")
+    p.add_argument(
+        "--runtime", choices=("auto", "torch", "openvino", "reference"), default="auto",
+        help="how the LLM encoder runs (default auto; reference: the plain transformers forward, fp32, no prefix cache)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads for the run (default: the libraries' choice, all cores)")
     p.add_argument("--split", default="test", help="qrels split of BEIR folders (default test)")
     p.add_argument("--depth", type=int, default=100, help="hits per query in the runs (default 100; MAP is cut there)")
@@ -148,6 +153,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
         top_k=args.top_k,
         expansion_m=args.expansion_m,
         dense_kind=args.dense_kind,
+        dtype=args.dtype,
+        runtime=args.runtime,
         device=args.device,
         progress=not args.no_progress,
         threads=args.threads,

@@ -101,7 +101,10 @@ def _commit(c: dict | None) -> str:
 
 
 def _machine(m: dict) -> str:
-    return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('ram_gib', '?')} GiB RAM, {m.get('os', '')}, Python {m.get('python', '?')}"
+    flags = ""
+    if "cpu_flags" in m:  # recorded since the runtimes issue: which precision is fast depends on them
+        flags = f" [{' '.join(m['cpu_flags']) or 'no AVX2'}; native bf16: {'yes' if m.get('native_bf16') else 'no'}]"
+    return f"{m.get('cpu', '?')}{flags}, {m.get('cores', '?')} cores, {m.get('ram_gib', '?')} GiB RAM, {m.get('os', '')}, Python {m.get('python', '?')}"
 
 
 def _shared_cpu(res: dict) -> str | None:

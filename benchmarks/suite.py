@@ -58,8 +58,13 @@ def machine_info() -> dict:
                 break
     except OSError:
         pass
+    from embedder.hardware import cpu_capability
+
+    cap = cpu_capability()  # the vector ISA decides which precision is fast (embedder/hardware.py)
     return {
         "cpu": cpu,
+        "cpu_flags": list(cap.flags),
+        "native_bf16": cap.native_bf16,
         "cores": os.cpu_count(),
         "ram_gib": ram,
         "os": f"{platform.system()} {platform.release()}",

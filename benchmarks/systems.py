@@ -64,6 +64,8 @@ class Settings:
     embedding_cache: Path | None = None  # reuse document embeddings across runs (embedder/cache.py)
     embedfilter_tau: int | None = None  # the "dense-ef" channel's τ (None: embedder.embedfilter.DEFAULT_TAU)
     lexical: str = "words"  # the "bm25" channel's analyser: "words" or "tokens"
+    dtype: str = "auto"  # the LLM encoder's precision (embedder/hardware.py)
+    runtime: str = "auto"  # how the LLM encoder runs: auto, torch or openvino
     encoder: str = "minilm"  # the "encoder" channel's sentence-transformers model (embedder/sentence_encoder.py)
     # fusion settings by channel subset ("bm25+encoder", "bm25+encoder+sparse", ...), e.g. the ones
     # benchmarks/fusion_cv.py --subsets chose on all collections (beir-eval --fusion-from); the
@@ -218,7 +220,10 @@ class AlignedTokensEngine:
         if self.embedder is None:
             from embedder.encoder import Embedder
 
-            self.embedder = Embedder.load(self.model, adapter=self.settings.adapter, device=self.settings.device)
+            self.embedder = Embedder.load(
+                self.model, adapter=self.settings.adapter, device=self.settings.device, dtype=self.settings.dtype,
+                runtime=None if self.settings.runtime == "reference" else self.settings.runtime,
+            )
             if self.settings.embedding_cache is not None:
                 from embedder.cache import CachedEmbedder
 
@@ -240,6 +245,7 @@ class AlignedTokensEngine:
             "index_options": dict(self.build_options, dense_kind=self.settings.dense_kind),
             "device": e.device if e else self.settings.device,
             "torch_threads": _torch_threads(),
+            "runtime": e.runtime_info() if e else None,
         }
         if self.encoder is not None:
             p["encoder"] = self.encoder.describe()

@@ -101,6 +101,7 @@ class Embedder:
         dtype: str = "fp32",
         precision: Precision | None = None,
         capability: Capability | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         self.config = config or EmbedderConfig()
         self.model = model.eval().to(device)
@@ -113,6 +114,7 @@ class Embedder:
         self.dtype = dtype if runtime else ("bf16-autocast" if bf16 else "fp32")
         self.precision = precision
         self.capability = capability
+        self.prefix_cache = prefix_cache  # False: the runtime recomputes the template prefix (for measuring it)
         self._runtime: Runtime | None = None
         self._runtime_lock = threading.Lock()
         set_bidirectional(self.causal_lm, self.config.attention == "bidirectional")
@@ -257,7 +259,7 @@ class Embedder:
             if self._runtime is None:
                 # The prefix is computed once only where it cannot depend on the text:
                 # causal attention, and last-token pooling (mean pooling needs its states).
-                cacheable = self.config.attention == "causal" and self.config.pooling == "last" and self._prefix
+                cacheable = self.prefix_cache and self.config.attention == "causal" and self.config.pooling == "last" and self._prefix
                 self._runtime = make_runtime(
                     self.runtime_name, self.dtype, self.causal_lm.base_model, self.identity, self.adapter,
                     list(self._prefix) if cacheable else None, self.device,

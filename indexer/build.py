@@ -187,6 +187,7 @@ def _build_into(
         model=embedder.identity,
         adapter=embedder.adapter,
         embedding=embedder.config.to_dict(),
+        runtime=embedder.runtime_info(),
         sparse={"top_k": k, "vocab_size": embedder.vocab_size, "weight": "logit"},
         n_docs=len(ids),
         corpus=spec.describe(),

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from embedder.encoder import EmbedderConfig, PROMPT_EOL
+from embedder.hardware import DTYPES
 from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer.build import DEFAULT_TOP_K, build_index, index_size_bytes
 from indexer.corpus import CorpusError, CorpusSpec
@@ -40,6 +41,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--title-field", default="title", help="JSONL title field ('' for none)")
     p.add_argument("--on-empty", choices=["skip", "error"], default="skip", help="documents with empty text")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="auto",
+        help="encoder precision (default auto: bf16 where the hardware has it natively, else int8 with OpenVINO, else fp32)",
+    )
+    p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the encoder runs (default auto)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")
     p.add_argument("--export-pyserini", type=Path, metavar="DIR", help="also export a Pyserini impact index (JsonVectorCollection + Lucene) to DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -58,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.export_pyserini and args.export_pyserini.exists() and not args.overwrite:
             raise FileExistsError(f"{args.export_pyserini} exists; pass --overwrite to replace it")
         config = EmbedderConfig(args.prompt, args.pooling, args.attention, args.max_length, args.batch_size, fold_all_caps=not args.keep_case)
-        embedder = Embedder.load(args.model, adapter=args.adapter, config=config, device=args.device)
+        embedder = Embedder.load(args.model, adapter=args.adapter, config=config, device=args.device, dtype=args.dtype, runtime=args.runtime)
+        if not args.quiet:
+            print(f"encoder: {embedder.precision.runtime} {embedder.precision.dtype} ({embedder.precision.reason}); {embedder.capability.describe()}")
         encoder = None
         if args.encoder:
             from embedder.sentence_encoder import SentenceEncoder

@@ -36,6 +36,8 @@ class Manifest:
     embedfilter: dict | None = None  # {"tau", "left", "right", "dim", "kind"} when stored
     lexical: dict | None = None  # {"analyzer", "k1", "b", "n_terms"} when stored
     encoder: dict | None = None  # {"name", "sha256", "dim", "max_seq_length", "kind", ...} when stored
+    # how the documents were encoded: {"name": runtime, "dtype", "reason", "capability"} (embedder/hardware.py)
+    runtime: dict | None = None
     build: dict = field(default_factory=dict)  # timings and throughput
     created: str = ""
     format_version: int = FORMAT_VERSION

@@ -8,6 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from embedder.hardware import DTYPES
 from embedder.models import ModelNotAvailable
 from indexer.manifest import IndexFormatError
 from retriever.query import DEFAULT_EXPANSION_M
@@ -27,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=5, help="matched tokens shown per hit (text output)")
     p.add_argument("--json", action="store_true", help="one JSON object per query on standard output")
     p.add_argument("--verify", action="store_true", help="compare every index file with its recorded checksum first")
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help="query encoder precision (default auto: chosen for this machine)")
+    p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the query encoder runs (default auto)")
     return p
 
 
@@ -42,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
             extra["encoder"] = SentenceEncoder.load(args.encoder)
         retriever = Retriever.load(
-            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify, **extra
+            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify,
+            dtype=args.dtype, runtime=args.runtime, **extra
         )
         results = retriever.batch_search(queries, k=args.k, mode=args.mode)
     except (IndexFormatError, ModelNotAvailable, ValueError, OSError) as exc:

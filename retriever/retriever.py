@@ -140,6 +140,8 @@ class Retriever:
         embedder: Embedder | None = None,
         device: str | None = None,
         verify: bool = False,
+        dtype: str = "auto",
+        runtime: str = "auto",
         **kwargs,
     ) -> "Retriever":
         """Open an index and load the embedder its manifest names (or check the given one).
@@ -149,6 +151,10 @@ class Retriever:
         recorded size and every channel for its structure; ``verify=True`` also compares every
         file with its recorded checksum (reads every byte). A damaged index raises
         IndexFormatError naming the file.
+
+        ``dtype`` / ``runtime``: how queries are encoded (embedder/hardware.py; ``auto`` is
+        chosen for this machine). They may differ from the documents' (the manifest's
+        ``runtime``): BENCHMARKS.md measures what that costs.
         """
         index_dir = Path(index_dir)
         manifest = Manifest.read(index_dir)
@@ -163,7 +169,7 @@ class Retriever:
             except (TypeError, ValueError) as exc:
                 raise IndexFormatError(f"{index_dir / MANIFEST}: field 'embedding': {exc}") from None
             adapter = (manifest.adapter or {}).get("path", "none")
-            embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device)
+            embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device, dtype=dtype, runtime=runtime)
         manifest.check_model(embedder.identity, embedder.adapter)
         return cls(index_dir, manifest, embedder, **kwargs)
 

@@ -128,9 +128,13 @@ def make_embedder(tiny_tokenizer) -> Callable:
     one embedder never leak into another). fp32 by default, for exact comparisons."""
     from embedder.encoder import Embedder, EmbedderConfig
 
-    def make(config: EmbedderConfig | None = None, seed: int = 0, bf16: bool = False, **config_kw) -> Embedder:
+    def make(
+        config: EmbedderConfig | None = None, seed: int = 0, bf16: bool = False, runtime: str | None = None, dtype: str = "fp32", **config_kw
+    ) -> Embedder:
         config = config or EmbedderConfig(**{"max_length": 64, "batch_size": 4, **config_kw})
-        return Embedder(build_tiny_model(tiny_tokenizer, seed), tiny_tokenizer, config, identity=tiny_identity(seed), bf16=bf16)
+        return Embedder(
+            build_tiny_model(tiny_tokenizer, seed), tiny_tokenizer, config, identity=tiny_identity(seed), bf16=bf16, runtime=runtime, dtype=dtype
+        )
 
     return make
 
