@@ -140,6 +140,7 @@ class Retriever:
         embedder: Embedder | None = None,
         device: str | None = None,
         verify: bool = False,
+        warm: bool = True,
         dtype: str = "auto",
         runtime: str = "auto",
         **kwargs,
@@ -152,6 +153,8 @@ class Retriever:
         file with its recorded checksum (reads every byte). A damaged index raises
         IndexFormatError naming the file.
 
+        ``warm``: run one query through every channel before returning (:meth:`warm_up`), so
+        that the first real query costs what every later one does.
         ``dtype`` / ``runtime``: how queries are encoded (embedder/hardware.py; ``auto`` is
         chosen for this machine). They may differ from the documents' (the manifest's
         ``runtime``): BENCHMARKS.md measures what that costs.
@@ -171,7 +174,20 @@ class Retriever:
             adapter = (manifest.adapter or {}).get("path", "none")
             embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device, dtype=dtype, runtime=runtime)
         manifest.check_model(embedder.identity, embedder.adapter)
-        return cls(index_dir, manifest, embedder, **kwargs)
+        retriever = cls(index_dir, manifest, embedder, **kwargs)
+        if warm:
+            retriever.warm_up()
+        return retriever
+
+    def warm_up(self) -> None:
+        """Pay every first-call cost now rather than in the first query: the encoder runtime's
+        export/compilation and first allocation, the Numba kernels, FAISS, the vocabulary
+        spellings that explanations use."""
+        query = "warm up the encoder"
+        for mode in self.modes:
+            self.search(query, k=1, mode=mode)
+        if self.embedder is not None:
+            self.embedder.token_strings([0])
 
     @property
     def modes(self) -> list[str]:

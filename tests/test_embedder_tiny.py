@@ -188,7 +188,7 @@ def test_config_validation(kwargs, message):
 
 # ----------------------------------------------------------------- loading
 def test_load_from_directory(tiny_model_dir, other_model_dir, tiny_embedder):
-    emb = Embedder.load(tiny_model_dir, adapter="none", device="cpu", bf16=False)
+    emb = Embedder.load(tiny_model_dir, adapter="none", device="cpu", runtime=None)  # the plain fp32 path, for exact comparison
     assert emb.identity["name"] == str(tiny_model_dir.resolve())
     assert len(emb.identity["sha256"]) == 64 and emb.adapter is None
     assert emb.vocab_size == tiny_embedder.vocab_size and emb.dim == 32
@@ -212,14 +212,17 @@ def test_load_with_lora_adapter(tiny_model_dir, tiny_tokenizer, tmp_path):
     adapter_dir = tmp_path / "adapter"
     peft_model.save_pretrained(adapter_dir)
 
-    plain = Embedder.load(tiny_model_dir, adapter="none", device="cpu", bf16=False)
-    tuned = Embedder.load(tiny_model_dir, adapter=adapter_dir, device="cpu", bf16=False)
+    plain = Embedder.load(tiny_model_dir, adapter="none", device="cpu", runtime=None)
+    tuned = Embedder.load(tiny_model_dir, adapter=adapter_dir, device="cpu", runtime=None)
     assert tuned.adapter["path"] == str(adapter_dir.resolve()) and len(tuned.adapter["sha256"]) == 64
     assert tuned.identity == plain.identity  # same backbone, the adapter is recorded apart
     assert np.abs(tuned.embed(TEXTS) - plain.embed(TEXTS)).max() > 1e-3
     # merged weights give what the unmerged adapter gives
     unmerged = Embedder(peft_model, tiny_tokenizer, tuned.config, bf16=False)
     np.testing.assert_allclose(tuned.embed(TEXTS), unmerged.embed(TEXTS), atol=1e-4)
+    # the OpenVINO export of the merged model (the fast path) reads the same adapter
+    fast = Embedder.load(tiny_model_dir, adapter=adapter_dir, device="cpu", dtype="fp32")
+    np.testing.assert_allclose(fast.embed(TEXTS), tuned.embed(TEXTS), atol=1e-4)
 
 
 def test_load_refuses_a_directory_that_is_not_an_adapter(tiny_model_dir, tmp_path):

@@ -88,7 +88,13 @@ def test_unknown_mode_lists_the_modes(retriever):
 def test_odd_queries_are_answered(retriever, mode):
     for q, hits in zip(ODD, retriever.batch_search(ODD, k=5, mode=mode)):
         assert isinstance(hits, list) and len(hits) <= 5, q[:20]
-        assert hits == retriever.search(q, k=5, mode=mode)
+        alone = retriever.search(q, k=5, mode=mode)
+        # batched with longer texts, a query is padded: float rounding moves its scores by
+        # ~1e-7, which may reorder near-ties (hybrid's min-max scores tie often)
+        assert [h.score for h in hits] == pytest.approx([h.score for h in alone], rel=1e-5, abs=1e-6)
+        tie = 1e-5
+        for a, b in zip(hits, alone):
+            assert a.doc_id == b.doc_id or abs(a.score - b.score) < tie, q[:20]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -92,7 +92,7 @@ def test_saved_adapter_reloads_to_identical_embeddings(make_embedder, tiny_model
 
     # Same batching as the trainer's embedder: another padding width changes float sums in the last bit.
     cfg = EmbedderConfig(max_length=64, batch_size=tr.embedder.config.batch_size)
-    loaded = Embedder.load(tiny_model_dir, adapter=adapter, config=cfg, device="cpu", bf16=False)
+    loaded = Embedder.load(tiny_model_dir, adapter=adapter, config=cfg, device="cpu", runtime=None)
     assert loaded.adapter is not None and loaded.adapter["path"] == str(adapter.resolve())
     texts = TEXTS[:6] + ["a text the training never saw about a tiger"]
     # The trained model as training left it (LoRA unmerged, weights rounded to bf16 on save) ...
