@@ -1,0 +1,101 @@
+"""Is the fast encoder faithful? nDCG@10 of two beir-eval runs side by side, per collection.
+
+The reference run encodes with the plain transformers forward in fp32 (``beir-eval --runtime
+reference``); the candidate with whatever runtime and dtype it names (by default ``auto``:
+int8 OpenVINO on a CPU without native bf16). Every collection of the reference must be in the
+candidate. Each row: a collection and a system, both nDCG@10, their difference, the paired
+t-test p-value on per-query nDCG@10 (ranx), and whether it is within the tolerance.
+
+    python -m benchmarks.precision_table --reference benchmarks/results/runtime-fp32 \\
+        --candidate benchmarks/results/beir-shared --systems sparse,dense,hybrid \\
+        --out benchmarks/results/precision_faithfulness.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.tables import write_table
+
+TOLERANCE = 0.005  # the issue's bar: nDCG@10 within 0.005 of fp32 on every collection
+
+
+def _results(folder: Path) -> dict:
+    path = folder / "results.json"
+    if not path.exists():
+        raise SystemExit(f"precision_table: {path}: no beir-eval results there")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _runtime(res: dict, system: str) -> str:
+    for ds in res["datasets"]:
+        params = (res.get("systems") or {}).get(system, {}).get("params") or {}
+        rt = params.get("runtime") or (ds["results"].get(system, {}).get("params") or {}).get("runtime")
+        if rt:
+            return f"{rt.get('name')} {rt.get('dtype')}"
+    return (res.get("settings") or {}).get("runtime", "?")
+
+
+def _p_value(ref_folder: Path, cand_folder: Path, ref_ds: dict, cand_ds: dict, system: str) -> float | None:
+    """Paired t-test of per-query nDCG@10 (ranx.compare) between the two runs of one system."""
+    try:
+        from ranx import Qrels, Run, compare
+
+        from benchmarks.datasets import resolve
+        from benchmarks.evaluate import read_trec
+    except ImportError:
+        return None
+    ds = resolve(str(ref_ds["source"]))[0]
+    a = read_trec(ref_folder / ref_ds["results"][system]["run_file"])
+    b = read_trec(cand_folder / cand_ds["results"][system]["run_file"])
+    qrels = Qrels({q: {d: int(r) for d, r in rel.items()} for q, rel in ds.qrels.items() if q in a})
+    runs = [Run(run, name=name) for run, name in ((a, "reference"), (b, "candidate"))]
+    report = compare(qrels=qrels, runs=runs, metrics=["ndcg@10"], max_p=0.05, stat_test="student")
+    return float(report.to_dict()["candidate"]["comparisons"]["reference"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reference", type=Path, required=True, help="beir-eval output folder of the fp32 reference run")
+    p.add_argument("--candidate", type=Path, required=True, help="beir-eval output folder of the run to check")
+    p.add_argument("--systems", default="sparse,dense,hybrid")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    ref, cand = _results(args.reference), _results(args.candidate)
+    systems = args.systems.split(",")
+    cand_by_name = {d["name"]: d for d in cand["datasets"]}
+    rows, worst = [], 0.0
+    for ds in ref["datasets"]:
+        other = cand_by_name.get(ds["name"])
+        if other is None:
+            raise SystemExit(f"precision_table: collection {ds['name']!r} is in the reference but not in {args.candidate}")
+        for system in systems:
+            if system not in ds["results"] or system not in other["results"]:
+                raise SystemExit(f"precision_table: system {system!r} missing for {ds['name']!r} in one of the runs")
+            a, b = ds["results"][system]["metrics"]["ndcg@10"], other["results"][system]["metrics"]["ndcg@10"]
+            diff = b - a
+            worst = max(worst, abs(diff))
+            pv = _p_value(args.reference, args.candidate, ds, other, system)
+            rows.append([ds["name"], system, round(a, 4), round(b, 4), round(diff, 4), None if pv is None else round(pv, 3),
+                         "yes" if abs(diff) <= TOLERANCE else "NO"])
+    ref_rt, cand_rt = _runtime(ref, systems[0]), _runtime(cand, systems[0])
+    command = "python -m benchmarks.precision_table " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_table(
+        args.out,
+        f"Faithfulness of the fast encoder: nDCG@10, {cand_rt} vs {ref_rt}",
+        command,
+        f"The same index settings and queries encoded by the fp32 reference ({args.reference}: {ref_rt}) and by the fast "
+        f"path ({args.candidate}: {cand_rt}); documents and queries in the same precision. Tolerance {TOLERANCE}; "
+        f"largest |difference| {worst:.4f}. p: paired t-test on per-query nDCG@10 (ranx).",
+        ["collection", "system", f"nDCG@10 {ref_rt}", f"nDCG@10 {cand_rt}", "difference", "p", f"within {TOLERANCE}"],
+        rows,
+        details={"tolerance": TOLERANCE, "max_abs_difference": worst},
+    )
+    print(f"largest |nDCG@10 difference| {worst:.4f} (tolerance {TOLERANCE}); wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
