@@ -185,7 +185,8 @@ class Retriever:
         spellings that explanations use."""
         query = "warm up the encoder"
         for mode in self.modes:
-            self.search(query, k=1, mode=mode)
+            if mode != "hybrid":  # hybrid is its channels plus NumPy fusion: nothing of its own to warm
+                self.search(query, k=1, mode=mode)
         if self.embedder is not None:
             self.embedder.token_strings([0])
 
