@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,6 +80,58 @@ def time_queries(encode, queries: list[str]) -> tuple[np.ndarray, list[float]]:
     return np.stack(vectors), seconds
 
 
+class _Candidate:
+    """A runtime evaluated but not shipped: fed to an Embedder in place of its own runtime."""
+
+    prefix_len = 0
+
+    def __init__(self, name: str, dtype: str, hidden) -> None:
+        self.name, self.dtype, self.hidden = name, dtype, hidden
+
+
+def candidate_runtimes(reference: Embedder, work: Path) -> list[tuple[str, str, object]]:
+    """Runtimes the registries offer that the engine does not ship, to show why (``--candidates``):
+    torch's own dynamic int8 (per-tensor weights) and ONNX Runtime fp32 / dynamic int8, each
+    over the plain body (no prefix cache). Skipped where the package is missing."""
+    import copy
+
+    from embedder.prefix_cache import PlainBody
+
+    body = PlainBody(reference.causal_lm.base_model).eval()
+    out: list[tuple[str, str, object]] = []
+
+    def torch_int8():
+        q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(body), {torch.nn.Linear}, dtype=torch.qint8)
+        return _Candidate("torch dynamic int8", "int8", lambda i, m: q(torch.from_numpy(i), torch.from_numpy(m)).float())
+
+    out.append(("candidate: torch quantize_dynamic", "int8", torch_int8))
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return out
+
+    def onnx(dtype: str):
+        fp32 = work / "body.onnx"
+        if not fp32.exists():
+            example = (torch.ones((2, 8), dtype=torch.long), torch.ones((2, 8), dtype=torch.long))
+            axes = {"input_ids": {0: "b", 1: "t"}, "attention_mask": {0: "b", 1: "t"}, "hidden": {0: "b", 1: "t"}}
+            torch.onnx.export(body, example, str(fp32), input_names=["input_ids", "attention_mask"], output_names=["hidden"],
+                              dynamic_axes=axes, opset_version=17, dynamo=False)
+        path = fp32
+        if dtype == "int8":
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            path = work / "body-int8.onnx"
+            quantize_dynamic(str(fp32), str(path), weight_type=QuantType.QInt8, per_channel=True)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = torch.get_num_threads()
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        return _Candidate("onnxruntime", dtype, lambda i, m: torch.from_numpy(sess.run(None, {"input_ids": i, "attention_mask": m})[0]))
+
+    out += [("candidate: onnxruntime", "fp32", lambda: onnx("fp32")), ("candidate: onnxruntime dynamic", "int8", lambda: onnx("int8"))]
+    return out
+
+
 def variants(cap, include_emulated: bool, prefix_ablation: bool) -> list[tuple[str, str, bool]]:
     """(runtime, dtype, prefix cache) to time on this machine."""
     out = [("torch", "fp32", True)]
@@ -105,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch/OpenVINO threads (default: all cores)")
     p.add_argument("--include-emulated", action="store_true", help="also time bf16 where the CPU only emulates it (slow)")
     p.add_argument("--no-prefix-ablation", action="store_true", help="skip the runs without the prefix cache")
+    p.add_argument("--candidates", action="store_true", help="also time runtimes the engine does not ship (torch dynamic int8, ONNX Runtime)")
     p.add_argument("--out", type=Path, required=True, help="table results JSON (read by beir-eval report)")
     args = p.parse_args(argv)
 
@@ -131,12 +185,19 @@ def main(argv: list[str] | None = None) -> int:
         naive_q_stats["p50_ms"], naive_q_stats["p95_ms"], 1.0, 1.0, 1.0, 1.0, 1.0, 0.0,
     ]]
     print(f"naive: {rows[0][3]} docs/s, query p50 {naive_q_stats['p50_ms']:.1f} ms")
-    for runtime, dtype, prefix in tqdm(variants(cap, args.include_emulated, not args.no_prefix_ablation), desc="runtimes", unit="runtime"):
+    todo = [(f"engine: {rt}", dt, prefix, None) for rt, dt, prefix in variants(cap, args.include_emulated, not args.no_prefix_ablation)]
+    if args.candidates:
+        work = Path(tempfile.mkdtemp(prefix="encoder-speed-"))
+        todo += [(label, dt, False, make) for label, dt, make in candidate_runtimes(reference, work)]
+    for label, dtype, prefix, make in tqdm(todo, desc="runtimes", unit="runtime"):
+        runtime = label.split(": ", 1)[1] if make is None else "torch"
         engine = Embedder(
             reference.model, reference.tokenizer, reference.config, reference.identity, reference.adapter,
-            runtime=runtime, dtype=dtype, prefix_cache=prefix,
+            runtime=runtime, dtype=dtype if make is None else "fp32", prefix_cache=prefix,
         )
         t0 = time.perf_counter()
+        if make is not None:
+            engine._runtime = make()  # in place of the engine's own runtime (built lazily, so never built)
         engine.embed(docs[:2])  # export/compile/first allocation, timed apart
         warm = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -147,12 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         cos = np.concatenate([cosines(out_docs, ref_docs), cosines(out_q, ref_queries)])
         overlap = np.concatenate([token_overlap(reference, out_docs, ref_docs), token_overlap(reference, out_q, ref_queries)])
         rows.append([
-            f"engine: {runtime}", dtype, "yes" if prefix else "no", round(len(docs) / doc_s, 2), round(n_doc_tokens / doc_s, 1),
+            label, dtype, "yes" if prefix else "no", round(len(docs) / doc_s, 2), round(n_doc_tokens / doc_s, 1),
             round(naive_doc_s / doc_s, 2), q["p50_ms"], q["p95_ms"], round(naive_q_stats["p50_ms"] / q["p50_ms"], 2),
             round(float(cos.min()), 5), round(float(cos.mean()), 5), round(float(overlap.min()), 3), round(float(overlap.mean()), 3),
             round(warm, 1),
         ])
-        print(f"{runtime} {dtype} prefix={prefix}: {rows[-1][3]} docs/s (x{rows[-1][5]}), query p50 {q['p50_ms']:.1f} ms (x{rows[-1][8]}), "
+        print(f"{label} {dtype} prefix={prefix}: {rows[-1][3]} docs/s (x{rows[-1][5]}), query p50 {q['p50_ms']:.1f} ms (x{rows[-1][8]}), "
               f"cos min {rows[-1][9]}, top-{TOP_TOKENS} overlap min {rows[-1][11]}")
     columns = [
         "runtime", "dtype", "prefix cache", "docs/s", "tokens/s", "docs speed-up", "query p50 ms", "query p95 ms",

@@ -131,6 +131,21 @@ def _export_openvino(module: torch.nn.Module, dtype: str, target: Path) -> None:
         raise
 
 
+def graph_directory(
+    body: torch.nn.Module, dtype: str, identity: dict, adapter: dict | None, prefix_ids: list[int] | None, cache_root: Path | None = None
+) -> Path:
+    """Where the exported graph of ``body`` in ``dtype`` is cached.
+
+    bf16 shares the fp32 graph (the precision is a compile-time hint). Identical weights give
+    identical graphs; an in-memory model without a hash gets one from its parameters, so that
+    two different models never share a cached graph.
+    """
+    if not identity.get("sha256"):
+        identity = {**identity, "sha256": _parameters_sha256(body)}
+    key = runtime_key(identity, adapter, "int8" if dtype == "int8" else "fp32", prefix_ids)
+    return (cache_root or cache_dir() / "runtimes") / key
+
+
 class OpenVINORuntime:
     """The network exported to OpenVINO (cached), fp32 / bf16 / int8 weights."""
 
@@ -152,12 +167,7 @@ class OpenVINORuntime:
             raise ValueError(f"the openvino runtime runs fp32, bf16 or int8, not {dtype!r}")
         self.dtype = dtype
         self.prefix_len = len(prefix_ids or [])
-        # Identical weights give identical graphs; an in-memory model without a hash gets one
-        # from its parameters, so that two different test models never share a cached graph.
-        if not identity.get("sha256"):
-            identity = {**identity, "sha256": _parameters_sha256(body)}
-        key = runtime_key(identity, adapter, "int8" if dtype == "int8" else "fp32", prefix_ids)
-        self.directory = (cache_root or cache_dir() / "runtimes") / key
+        self.directory = graph_directory(body, dtype, identity, adapter, prefix_ids, cache_root)
         if not (self.directory / "model.xml").exists():
             log.info("exporting the encoder to OpenVINO (%s, once) into %s", dtype, self.directory)
             _export_openvino(_module(body, prefix_ids).eval(), dtype, self.directory)
@@ -205,4 +215,4 @@ def make_runtime(
     raise ValueError(f"unknown runtime {name!r}")
 
 
-__all__ = ["Runtime", "TorchRuntime", "OpenVINORuntime", "make_runtime", "runtime_key", "EXPORT_VERSION"]
+__all__ = ["Runtime", "TorchRuntime", "OpenVINORuntime", "make_runtime", "runtime_key", "graph_directory", "EXPORT_VERSION"]

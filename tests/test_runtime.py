@@ -152,11 +152,16 @@ def test_openvino_runtime_matches_the_reference_and_is_exported_once(openvino, t
     assert {p: (p / "model.xml").stat().st_mtime_ns for p in exported} == stamp  # reused, not re-exported
 
 
-def test_openvino_graphs_are_keyed_by_weights(openvino, make_embedder, tmp_path):
+def test_openvino_graphs_are_keyed_by_weights_and_precision(openvino, make_embedder, tmp_path):
+    from embedder.runtime import graph_directory
+
     a, b = make_embedder(seed=0), make_embedder(seed=1)
-    ra = OpenVINORuntime(a.causal_lm.base_model, "fp32", {"name": "in-memory"}, None, a._prefix, threads=1, cache_root=tmp_path)
-    rb = OpenVINORuntime(b.causal_lm.base_model, "fp32", {"name": "in-memory"}, None, b._prefix, threads=1, cache_root=tmp_path)
-    assert ra.directory != rb.directory
+    key = lambda e, dtype, prefix: graph_directory(e.causal_lm.base_model, dtype, {"name": "in-memory"}, None, prefix, tmp_path)  # noqa: E731
+    assert key(a, "fp32", a._prefix) != key(b, "fp32", b._prefix)  # other weights
+    assert key(a, "fp32", a._prefix) != key(a, "int8", a._prefix)  # other weight precision
+    assert key(a, "fp32", a._prefix) != key(a, "fp32", None)  # prefix baked in or not
+    assert key(a, "fp32", a._prefix) == key(a, "bf16", a._prefix)  # bf16 is a compile-time hint on the fp32 graph
+    assert key(a, "fp32", a._prefix) == key(make_embedder(seed=0), "fp32", a._prefix)  # same weights, same graph
 
 
 def test_manifest_records_runtime_and_capability(toy_corpus, tiny_model_dir, tmp_path, capsys):
