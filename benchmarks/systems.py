@@ -506,13 +506,17 @@ class LexicalBM25(AlignedTokensSystem):
         return [EncodedQuery.text_only(q) for q in queries], [0.0] * len(queries)
 
 
-@register("hybrid", "this project: fusion of the sparse aligned-token, dense and BM25 channels (Retriever mode hybrid)")
+@register("hybrid", "this project: fusion of the sparse aligned-token, dense and BM25 channels (Retriever mode hybrid, DEFAULT_FUSION)")
 class AlignedTokensHybrid(AlignedTokensSystem):
     mode = "hybrid"
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         from retriever.retriever import DEFAULT_FUSION
 
+        # DEFAULT_FUSION explicitly: in a run whose index also holds the encoder channel, the
+        # Retriever's own default would switch to DEFAULT_FUSION_WITH_ENCODER, and "hybrid" would
+        # stop meaning the same system from one run to the next.
+        self.fusion = DEFAULT_FUSION
         options: dict = {"dense": True, "lexical": settings.lexical}
         if DEFAULT_FUSION["weights"].get("dense-ef", 0) > 0:
             options["embedfilter_tau"] = _embedfilter_tau(settings)
