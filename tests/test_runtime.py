@@ -32,9 +32,8 @@ TEXTS = [
 @pytest.mark.parametrize("runtime", ["auto", "torch"])
 def test_auto_never_picks_bf16_without_native_bf16(cap, have_openvino, runtime):
     p = choose_precision("auto", runtime, cap, have_openvino)
-    assert p.dtype != "bf16"
-    assert p.dtype == ("int8" if have_openvino and runtime == "auto" else "fp32")
-    assert p.runtime == ("openvino" if p.dtype == "int8" else "torch")
+    assert p.dtype == "fp32"  # never bf16 (emulated: slow), never int8 unasked (measured slower and less faithful on AVX2)
+    assert p.runtime == ("openvino" if have_openvino and runtime == "auto" else "torch")
 
 
 @pytest.mark.parametrize("have_openvino", [True, False])
