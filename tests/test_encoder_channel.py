@@ -133,9 +133,11 @@ def test_encoder_mode_needs_an_encoder_index(toy_corpus, tiny_embedder, tmp_path
         r.search("cat", mode="encoder")
 
 
-def test_hybrid_default_with_the_encoder_fuses_bm25_and_encoder_without_running_the_llm(encoder_index, tiny_embedder, monkeypatch):
-    r = Retriever.load(encoder_index, embedder=tiny_embedder)
-    assert r.fusion == DEFAULT_FUSION_WITH_ENCODER
+def test_hybrid_of_bm25_and_encoder_never_runs_the_llm(encoder_index, tiny_embedder, monkeypatch):
+    default = Retriever.load(encoder_index, embedder=tiny_embedder)
+    assert default.fusion == DEFAULT_FUSION_WITH_ENCODER  # the measured default adds the aligned tokens
+    assert default.channels_of("hybrid") == ["sparse", "bm25", "encoder"]
+    r = Retriever.load(encoder_index, embedder=tiny_embedder, fusion={"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}})
     assert r.channels_of("hybrid") == ["bm25", "encoder"]
     full = r.batch_search(QUERIES, k=10, mode="hybrid")
 
@@ -173,9 +175,9 @@ def test_hybrid_with_every_channel_runs_llm_and_encoder_once(encoder_index, tiny
 
 
 def test_fusion_over_a_missing_channel_uses_the_channels_there(toy_corpus, tiny_embedder, encoder, tmp_path):
-    # an encoder index without BM25: the encoder default (bm25 0.6, encoder 0.4) fuses what exists
+    # an encoder index without BM25: a bm25 0.6 / encoder 0.4 fusion fuses what exists
     build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=8, progress=False, encoder=encoder)
-    r = Retriever.load(tmp_path / "index", embedder=tiny_embedder)
+    r = Retriever.load(tmp_path / "index", embedder=tiny_embedder, fusion={"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}})
     assert r.channels_of("hybrid") == ["encoder"]
     for query in QUERIES:
         hybrid = r.search(query, k=40, mode="hybrid")  # every document: no cut among near-ties
@@ -203,7 +205,7 @@ def test_build_and_search_index_cli_with_an_encoder(toy_corpus, tiny_model_dir, 
         (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         assert len(row["hits"]) == 3
         if mode == "hybrid":
-            assert all(set(h["channels"]) <= {"bm25", "encoder"} for h in row["hits"])
+            assert all(set(h["channels"]) <= {"sparse", "bm25", "encoder"} for h in row["hits"])
     assert search_cli.main(["--index", str(index), "--mode", "encoder", "--encoder", str(st_dir), "cat"]) == 0
     assert search_cli.main(["--index", str(index), "--mode", "encoder", "--encoder", str(other_st_dir), "cat"]) == 2
     assert "index built with encoder" in capsys.readouterr().err
