@@ -324,6 +324,13 @@ class Embedder:
         """What an index manifest records about the embedder."""
         return {"model": self.identity, "adapter": self.adapter, "embedding": self.config.to_dict(), "runtime": self.runtime_info()}
 
+    def runtime_summary(self) -> str:
+        """One line for people: the runtime and dtype, why, and the hardware they were chosen for."""
+        if self.precision is None or self.capability is None:
+            return f"encoder: {self.runtime_info()['name']} {self.dtype}"
+        p = self.precision
+        return f"encoder: {p.runtime} {p.dtype} ({p.reason}); {self.capability.describe()}"
+
     def runtime_info(self) -> dict:
         """How the network runs (recorded in manifests): runtime, dtype, why, and the hardware."""
         info: dict = {"name": self.runtime_name or "torch-plain", "dtype": self.dtype}

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         config = EmbedderConfig(args.prompt, args.pooling, args.attention, args.max_length, args.batch_size, fold_all_caps=not args.keep_case)
         embedder = Embedder.load(args.model, adapter=args.adapter, config=config, device=args.device, dtype=args.dtype, runtime=args.runtime)
         if not args.quiet:
-            print(f"encoder: {embedder.precision.runtime} {embedder.precision.dtype} ({embedder.precision.reason}); {embedder.capability.describe()}")
+            print(embedder.runtime_summary())
         encoder = None
         if args.encoder:
             from embedder.sentence_encoder import SentenceEncoder

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     key = hashlib.sha256(Path(corpus).resolve().as_posix().encode() + (Path(corpus).read_bytes() if Path(corpus).is_file() else b"")).hexdigest()[:12]
     index_dir = args.cache / f"index-{key}"
     embedder = Embedder.load()
-    print(f"encoder: {embedder.precision.runtime} {embedder.precision.dtype} ({embedder.precision.reason}); {embedder.capability.describe()}")
+    print(embedder.runtime_summary())
     try:
         retriever = Retriever.load(index_dir, embedder=embedder)
         print(f"index: reusing {index_dir}")
