@@ -219,3 +219,25 @@ def test_contrastive_stage_on_top_of_another_adapter(make_embedder, tmp_path):
     assert json.loads((res.adapter_dir / "llm2comp.json").read_text())["embedding"]["pooling"] == "last"
     with pytest.raises(ValueError, match="ctkd"):
         LLM2CompRecipe(stages=(LLM2CompStage("ctkd", 2),), memory_tokens=0, pooling="last")
+
+
+def test_build_index_and_retriever_use_an_llm2comp_adapter_unchanged(make_embedder, tiny_model_dir, toy_corpus, tmp_path, capsys):
+    from indexer import cli as build_cli
+    from indexer.manifest import Manifest
+    from retriever.retriever import Retriever
+
+    adapter = make_trainer(make_embedder, tiny_recipe(stages=(LLM2CompStage("ctkd", 2),)), tmp_path / "run").train().adapter_dir
+    index = tmp_path / "index"
+    argv = ["--corpus", str(toy_corpus), "--index", str(index), "--model", str(tiny_model_dir), "--adapter", str(adapter),
+            "--top-k", "16", "--dense", "--runtime", "torch", "--dtype", "fp32", "--quiet"]
+    assert build_cli.main(argv) == 0, capsys.readouterr().err
+    m = Manifest.read(index)
+    assert m.embedding["pooling"] == "memory" and m.embedding["memory_tokens"] == N_MEM and m.embedding["prompt"] == "[text]"
+    r = Retriever.load(index, device="cpu", runtime="torch", dtype="fp32")
+    assert r.embedder.memory is not None and r.embedder.config == Embedder.load(
+        tiny_model_dir, adapter=adapter, device="cpu", runtime=None, settings={"max_length": m.embedding["max_length"]}).config
+    hits = r.search("cat dog parrot", k=3, mode="dense")
+    assert len(hits) == 3
+    # another pooling asked for on the command line wins over the adapter's record
+    assert build_cli.main(argv[:3] + [str(tmp_path / "index-last")] + argv[4:] + ["--pooling", "last"]) == 0
+    assert Manifest.read(tmp_path / "index-last").embedding["pooling"] == "last"
