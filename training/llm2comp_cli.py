@@ -56,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-texts", type=int, help="train on a seeded sample of this many documents")
     p.add_argument("--save-every", type=int, help="optimizer steps between checkpoints")
     p.add_argument("--no-resume", action="store_true", help="start over even if the run folder holds checkpoints")
+    p.add_argument("--export-checkpoint", type=Path, metavar="CHECKPOINT",
+                   help="write the adapter of this checkpoint of the run (same arguments as the run) to --export-to, then stop")
+    p.add_argument("--export-to", type=Path, help="adapter folder for --export-checkpoint")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores)")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -115,6 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)  # Embedder.load sizes the pool for all cores
+    if args.export_checkpoint:
+        if not args.export_to:
+            print("train-llm2comp: --export-checkpoint needs --export-to DIR", file=sys.stderr)
+            return 2
+        try:
+            out = trainer.export_checkpoint(args.export_checkpoint, args.export_to)
+        except (OSError, ValueError) as exc:
+            print(f"train-llm2comp: {exc}", file=sys.stderr)
+            return 2
+        print(f"adapter: {out}")
+        return 0
     stages = " + ".join(f"{s.steps} {s.kind}" for s in recipe.stages)
     print(f"train-llm2comp: {len(texts)} documents, recipe {args.recipe} ({stages} steps), pooling {recipe.pooling}, "
           f"attention {recipe.attention}, output {args.output}", file=sys.stderr)

@@ -347,6 +347,21 @@ class LLM2CompTrainer:
             log.info("adapter written to %s", adapter_dir)
         return LLM2CompResult(adapter_dir, self.run_dir, history, seconds, tokens_run, completed)
 
+    def export_checkpoint(self, checkpoint: Path, directory: Path) -> Path:
+        """Write the adapter of a saved checkpoint (e.g. to measure a run that has not finished).
+
+        The weights are rounded to bf16 as in a finished run; the record names the checkpoint.
+        """
+        if self.peft_model is None:
+            self.attach()
+        params = list(self.trainable().values())
+        optimizer = torch.optim.AdamW(params, lr=self.recipe.lr, weight_decay=self.recipe.weight_decay)
+        _, history = self._load_checkpoint(Path(checkpoint), optimizer, make_scheduler(optimizer, self.recipe))
+        self.peft_model.eval()
+        round_lora_to_bf16(self.peft_model)
+        record = self.record(history) | {"exported_from_checkpoint": str(checkpoint)}
+        return save_adapter(self.peft_model, Path(directory), record, record_name=RECORD, memory=self.memory)
+
     def _write_adapter(self, directory: Path, history: list[dict]) -> Path:
         return save_adapter(self.peft_model, directory, self.record(history), record_name=RECORD, memory=self.memory)
 
