@@ -128,3 +128,21 @@ def test_shared_tasks_load(shared_data):
         pytest.skip(f"{root}: classification sets not found")
     task = load_task(root / "trec", max_rows=50)
     assert task.protocol == "split" and task.n_classes == 6
+
+
+def test_report_renders_the_classification_table(tmp_path):
+    from benchmarks.report import generate
+
+    results = tmp_path / "benchmarks" / "results"
+    task = {"accuracy": 0.8, "macro_f1": 0.7, "prefixes": [{"accuracy": 0.8, "macro_f1": 0.7}, {"accuracy": 0.75, "macro_f1": 0.7}],
+            "boosted": {"accuracy": 0.85, "macro_f1": 0.8}, "boost_gain_over_best_prefix": 0.05}
+    data = {"kind": "cls-eval", "label": "toy", "command": "cls-eval --task x", "boost": True, "k": 2, "max_rows": 300,
+            "texts_encoded": 10, "encode_s": 1.0, "wall_s": 2.0, "machine": {"cpu": "test cpu"}, "tasks": {"mr": task, "trec": task}}
+    (results / "cls").mkdir(parents=True)
+    (results / "cls" / "results.json").write_text(json.dumps(data))
+    out, _ = generate(results, tmp_path / "BENCHMARKS.md")
+    text = out.read_text()
+    assert "## Sentence classification (cls-eval)" in text
+    assert "| toy (one token) | 80.00 | 80.00 | 80.00 |" in text
+    assert "| toy + Token Fusion Boosting (k=2) | 85.00 | 85.00 | 85.00 |" in text
+    assert "+5.00" in text and "classification.png" in text
