@@ -153,6 +153,13 @@ class GradCache:
 
     def step(self, groups: Sequence[list], loss_fn: Callable[..., torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Accumulate the full-batch gradient into the parameters; return (loss, embeddings)."""
+        if all(len(g) <= self.chunk_size for g in groups):
+            # Everything fits one forward pass per group: the plain backward gives the same
+            # gradient without the extra no-graph pass.
+            reps = [self.encode(list(g)).float() for g in groups]
+            loss = loss_fn(*reps)
+            loss.backward()
+            return loss.detach(), [r.detach() for r in reps]
         chunked = [self._chunks(list(g)) for g in groups]
         states: list[list[torch.Tensor]] = []
         reps: list[torch.Tensor] = []
