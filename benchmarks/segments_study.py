@@ -90,19 +90,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     from benchmarks.datasets import load_beir_folder
-    from benchmarks.tables import write_table
     from embedder.cache import CachedEmbedder
     from embedder.encoder import Embedder
 
     emb = Embedder.load(adapter=args.adapter, runtime=None if args.runtime == "reference" else "auto")
     if args.embedding_cache:
         emb = _QueryCache(CachedEmbedder(emb, args.embedding_cache), args.embedding_cache)
-    rows = []
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as work:
         for d in args.data:
             ds = load_beir_folder(d)
             rows += study(ds, emb, Path(work))
             print(rows[-2], rows[-1], sep="\n", flush=True)
+            _write(args, argv, emb, rows)  # after each collection: a cut-short run keeps what it measured
+    return 0
+
+
+def _write(args, argv, emb, rows: list[dict]) -> None:
+    from benchmarks.tables import write_table
+
     cols = ["collection", "variant", "docs", "vectors", "docs_split", "sparse_ndcg", "dense_ndcg", "hybrid_ndcg", "bytes", "build_s", "encoded", "sparse_ms", "dense_ms", "hybrid_ms"]
     header = ["Collection", "Documents", "Vectors", "Docs split", "sparse nDCG@10", "dense nDCG@10", "hybrid nDCG@10",
               "Index bytes", "Build s", "Texts encoded", "sparse ms/q", "dense ms/q", "hybrid ms/q"]
@@ -123,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         table_rows,
         details={"rows": rows},
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -195,7 +195,9 @@ def _build_into(
         }
     if dense:
         DenseIndex.build(all_emb, dense_kind, row_doc=row_doc).save(out)
-        dense_info = {"kind": dense_kind, "dim": embedder.dim, "normalised": True, "metric": "inner_product", "n_vectors": len(all_emb)}
+        dense_info = {"kind": dense_kind, "dim": embedder.dim, "normalised": True, "metric": "inner_product"}
+        if segments:
+            dense_info["n_vectors"] = len(all_emb)
     if embedfilter_tau is not None:
         w_u = embedder.causal_lm.get_output_embeddings().weight.detach().float().cpu().numpy()
         proj, left, right = embedfilter_projection(w_u, embedfilter_tau)
