@@ -164,7 +164,9 @@ def _proba(model, x: np.ndarray, n_classes: int) -> np.ndarray:
     return out
 
 
-def fusion_boost(prefix_x_train: list[np.ndarray], y_train: np.ndarray, prefix_x_test: list[np.ndarray], n_classes: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+def fusion_boost(
+    prefix_x_train: list[np.ndarray], y_train: np.ndarray, prefix_x_test: list[np.ndarray], n_classes: int, seed: int = 0, c_grid: tuple[float, ...] = C_GRID
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """Token Fusion Boosting: (boosted test predictions, each prefix's test predictions).
 
     Each prefix's classifier is fit on the whole training part (C by inner CV) for its test
@@ -176,7 +178,7 @@ def fusion_boost(prefix_x_train: list[np.ndarray], y_train: np.ndarray, prefix_x
     cv = _inner_cv(y_train, seed)
     oof, test_p, single = [], [], []
     for xtr, xte in zip(prefix_x_train, prefix_x_test):
-        model = fit_logreg(xtr, y_train, seed)
+        model = fit_logreg(xtr, y_train, seed, c_grid)
         c = (model.get_params()["logisticregression__C"],)
         p_oof = np.zeros((len(y_train), n_classes))
         for a, b in cv.split(xtr, y_train):
@@ -196,7 +198,7 @@ def scores(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
     return {"accuracy": float(accuracy_score(y_true, y_pred)), "macro_f1": float(f1_score(y_true, y_pred, average="macro"))}
 
 
-def evaluate_task(task: Task, states: np.ndarray, boost: bool, seed: int = 0, on_split: Callable[[], None] | None = None) -> dict:
+def evaluate_task(task: Task, states: np.ndarray, boost: bool, seed: int = 0, on_split: Callable[[], None] | None = None, c_grid: tuple[float, ...] = C_GRID) -> dict:
     """Scores of one task from per-text token states (n, k, d).
 
     Without ``boost``: prefix 1 only (the single pooled token). With ``boost``: every prefix
@@ -214,12 +216,12 @@ def evaluate_task(task: Task, states: np.ndarray, boost: bool, seed: int = 0, on
     tested = np.zeros(len(y), bool)
     for train, test in outer_splits(task, seed):
         if boost:
-            b, singles = fusion_boost([f[train] for f in feats], y[train], [f[test] for f in feats], task.n_classes, seed)
+            b, singles = fusion_boost([f[train] for f in feats], y[train], [f[test] for f in feats], task.n_classes, seed, c_grid)
             pred_boost[test] = b
             for j, s in enumerate(singles):
                 pred_single[j][test] = s
         else:
-            pred_single[0][test] = fit_logreg(feats[0][train], y[train], seed).predict(feats[0][test])
+            pred_single[0][test] = fit_logreg(feats[0][train], y[train], seed, c_grid).predict(feats[0][test])
         tested[test] = True
         if on_split:
             on_split()

@@ -74,8 +74,8 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
     sampled = {d.get("max_rows") for _, d in files}
     parts = [
         "## Sentence classification (cls-eval)\n",
-        "Logistic regression on frozen embeddings (scikit-learn: standardised features, L2, C from an inner 3-fold CV on the "
-        "training rows only). MR, CR, SUBJ, MPQA: 10-fold stratified cross-validation; TREC, Banking77, Emotion: train/test. "
+        "Logistic regression on frozen embeddings (scikit-learn: standardised features, L2; C as each row's results file "
+        "records it: from an inner 3-fold CV on the training rows only, or fixed with `--c`). MR, CR, SUBJ, MPQA: 10-fold stratified cross-validation; TREC, Banking77, Emotion: train/test. "
         "Accuracy in %, predictions of all folds pooled. For this project's embedders, *one token* is the engine's pooled token "
         "(the last prompt position); *Token Fusion Boosting* (BTMR §3.3) fits one classifier per prefix of the k token states "
         "(for an embedder without BTMR groups: the last k prompt positions, last first) and fuses their out-of-fold class "
@@ -84,7 +84,8 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
     if sampled != {None}:
         parts.append(f"**Sampled:** each split capped at {', '.join(str(s) for s in sorted(x for x in sampled if x))} texts (stratified, seed 0; "
                      "the same texts for every row), because the full sets (~74k sentences) take hours to encode on this machine. "
-                     "With 300 test texts one text is 0.33 points: differences below ~3 points are within noise.\n")
+                     "With 100 test texts one text is one point (a 10-fold CV task tests each of its sampled texts once): "
+                     "differences of a few points are within noise.\n")
     parts += [
         f"Machine: {_machine(first.get('machine', {}))}.\n",
         _table(header, acc, ["l"] + ["r"] * (len(header) - 1)) + "\n",
