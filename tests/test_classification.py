@@ -146,3 +146,21 @@ def test_report_renders_the_classification_table(tmp_path):
     assert "| toy (one token) | 80.00 | 80.00 | 80.00 |" in text
     assert "| toy + Token Fusion Boosting (k=2) | 85.00 | 85.00 | 85.00 |" in text
     assert "+5.00" in text and "classification.png" in text
+
+
+def test_a_fixed_c_skips_the_grid(monkeypatch):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 2, 3)).astype(np.float32)
+    y = (x[:, 0, 0] > 0).astype(int)
+    task = Task("toy", "cv", [f"t{i}" for i in range(40)], y, ["0", "1"])
+    grids: list[tuple] = []
+    real = cls.fit_logreg
+
+    def spy(xx, yy, seed=0, c_grid=cls.C_GRID):
+        grids.append(tuple(c_grid))
+        return real(xx, yy, seed, c_grid)
+
+    monkeypatch.setattr(cls, "fit_logreg", spy)
+    res = evaluate_task(task, x, boost=True, c_grid=(0.01,))
+    assert grids and set(grids) == {(0.01,)}
+    assert len(res["prefixes"]) == 2
