@@ -71,6 +71,7 @@ def study(ds, embedder, work: Path, k: int = 100) -> list[dict]:
                "bytes": index_size_bytes(work / ds.name / variant), "build_s": round(build_s, 1),
                "encoded": getattr(embedder, "misses", 0) - misses}
         for mode in MODES:
+            r.search_encoded(enc[:1], k=k, mode=mode, explain=False)  # warm-up (Numba compilation) apart from the timing
             t1 = time.perf_counter()
             hits = r.search_encoded(enc, k=k, mode=mode, explain=False)
             row[f"{mode}_ms"] = round(1000 * (time.perf_counter() - t1) / len(qids), 2)
