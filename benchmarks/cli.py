@@ -50,6 +50,7 @@ def _run_parser() -> argparse.ArgumentParser:
         help="fusion settings per channel subset for bm25+minilm and the hybrid-bm25+encoder* systems: a `fusion_cv --subsets-out` "
         "results file (the setting each subset chose on all collections) or a JSON object {subset: fusion}",
     )
+    p.add_argument("--segments", action="store_true", help="multi-vector documents for this project's systems: whole documents as max_length windows (indexer/segments.py)")
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string of the dense channel (default Flat: exact)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "int8"), default="auto", help="LLM encoder precision (default auto: chosen for this machine)")
@@ -163,8 +164,9 @@ def _run(args: argparse.Namespace, command: str) -> int:
         lexical=args.lexical,
         encoder=args.encoder,
         fusions=fusions,
+        segments=args.segments,
     )
-    extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names}
+    extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names, "segments": args.segments}
     if args.fusion_from:
         extra["fusion_from"] = str(args.fusion_from)
     try:

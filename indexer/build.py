@@ -26,7 +26,8 @@ from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
-from indexer.manifest import DOC_IDS, MANIFEST, Manifest
+from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
+from indexer.segments import max_over_segments, split_segments
 from indexer.staging import staging_dir
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ def build_index(
     embedfilter_tau: int | None = None,
     lexical: str | None = None,
     encoder: "SentenceEncoder | None" = None,
+    segments: bool = False,
+    max_segments: int | None = None,
 ) -> Manifest:
     """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written.
 
@@ -80,6 +83,11 @@ def build_index(
     embedder/embedfilter.py), ``lexical`` ("words" or "tokens": BM25 postings) and ``encoder``
     (a sentence-transformers model, embedder/sentence_encoder.py: its normalised embeddings in
     one more FAISS index, mode "encoder").
+
+    ``segments``: multi-vector documents (indexer/segments.py). A document longer than the
+    embedder's ``max_length`` tokens is read whole, as consecutive windows of that length (at
+    most ``max_segments``); its sparse vector is each token's maximum over the windows and the
+    dense channels hold one vector per window (a document scores as its best window).
     """
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(Path(corpus))
     target = Path(index_dir)
@@ -88,7 +96,7 @@ def build_index(
     if top_k < 1:
         raise ValueError("top_k must be positive")
     with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
-        manifest = _build_into(spec, tmp, embedder, top_k, dense, dense_kind, chunk_size, progress, embedfilter_tau, lexical, encoder)
+        manifest = _build_into(spec, tmp, embedder, top_k, dense, dense_kind, chunk_size, progress, embedfilter_tau, lexical, encoder, segments, max_segments)
         _swap_into_place(tmp, target)
     return manifest
 
@@ -115,6 +123,8 @@ def _build_into(
     embedfilter_tau: int | None,
     lexical: str | None,
     encoder: "SentenceEncoder | None" = None,
+    segments: bool = False,
+    max_segments: int | None = None,
 ) -> Manifest:
     keep_embeddings = dense or embedfilter_tau is not None
     bm25 = BM25Builder(make_analyzer(lexical, embedder.tokenizer)) if lexical else None
@@ -124,6 +134,8 @@ def _build_into(
     embeddings: list[np.ndarray] = []
     encoder_embeddings: list[np.ndarray] = []
     encoder_seconds = 0.0
+    row_docs: list[np.ndarray] = []  # with segments: the document number of each embedding row
+    n_segments = 0
     n_tokens = 0
     encode_seconds = 0.0
     start = time.perf_counter()
@@ -132,19 +144,24 @@ def _build_into(
     with torch.inference_mode():
         for chunk in _chunks(spec, chunk_size):
             texts = [d.text for d in chunk]
-            tok = np.zeros((len(texts), k), np.int32)
-            wts = np.zeros((len(texts), k), np.float32)
-            emb = np.zeros((len(texts), embedder.dim), np.float32) if keep_embeddings else None
+            units, owner = split_segments(embedder, texts, max_segments) if segments else (texts, None)
+            tok = np.zeros((len(units), k), np.int32)
+            wts = np.zeros((len(units), k), np.float32)
+            emb = np.zeros((len(units), embedder.dim), np.float32) if keep_embeddings else None
             t0 = time.perf_counter()
-            for pos, h, ntok in embedder.iter_batches(texts):
+            for pos, h, ntok in embedder.iter_batches(units):
                 tok[pos], wts[pos] = embedder.top_tokens(h, k)
                 if emb is not None:
                     emb[pos] = h.cpu().numpy()
                 n_tokens += ntok
-                bar.update(len(pos))
+                bar.update(len(pos) * len(texts) / len(units))  # in documents
                 elapsed = encode_seconds + time.perf_counter() - t0
                 bar.set_postfix(tok_per_s=f"{n_tokens / max(elapsed, 1e-9):.0f}")
             encode_seconds += time.perf_counter() - t0
+            if owner is not None:
+                tok, wts = max_over_segments(tok, wts, owner, len(texts), k)
+                row_docs.append(owner + len(ids))
+                n_segments += len(units)
             if encoder is not None:
                 t0 = time.perf_counter()
                 encoder_embeddings.append(encoder.encode(texts))
@@ -167,13 +184,24 @@ def _build_into(
     (out / DOC_IDS).write_text(json.dumps(ids), encoding="utf-8")
     dense_info = ef_info = lexical_info = encoder_info = None
     all_emb = np.concatenate(embeddings) if keep_embeddings else None
+    row_doc = np.concatenate(row_docs) if segments else None
+    segments_info = None
+    if segments:
+        per_doc = np.bincount(row_doc, minlength=len(ids))
+        segments_info = {
+            "length": embedder.config.max_length, "max_segments": max_segments, "n_segments": int(n_segments),
+            "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum()),
+            "sparse": "max over segments", "dense": "one vector per segment, document = best segment",
+        }
     if dense:
-        DenseIndex.build(all_emb, dense_kind).save(out)
+        DenseIndex.build(all_emb, dense_kind, row_doc=row_doc).save(out)
         dense_info = {"kind": dense_kind, "dim": embedder.dim, "normalised": True, "metric": "inner_product"}
+        if segments:
+            dense_info["n_vectors"] = len(all_emb)
     if embedfilter_tau is not None:
         w_u = embedder.causal_lm.get_output_embeddings().weight.detach().float().cpu().numpy()
         proj, left, right = embedfilter_projection(w_u, embedfilter_tau)
-        DenseIndex.build(all_emb, dense_kind, projection=proj).save(out, EMBEDFILTER_NAME)
+        DenseIndex.build(all_emb, dense_kind, projection=proj, row_doc=row_doc).save(out, EMBEDFILTER_NAME)
         ef_info = {"tau": embedfilter_tau, "left": left, "right": right, "dim": right - left, "kind": dense_kind, "normalised": True}
     if encoder is not None:
         DenseIndex.build(np.concatenate(encoder_embeddings), dense_kind).save(out, ENCODER_NAME)
@@ -195,6 +223,8 @@ def _build_into(
         embedfilter=ef_info,
         lexical=lexical_info,
         encoder=encoder_info,
+        segments=segments_info,
+        format_version=SEGMENTS_FORMAT_VERSION if segments else FORMAT_VERSION,
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),

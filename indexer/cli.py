@@ -29,7 +29,9 @@ def parser() -> argparse.ArgumentParser:
         "--encoder", metavar="NAME_OR_PATH",
         help="also store a sentence-transformers encoder's embeddings (mode 'encoder'): 'minilm' (the packaged all-MiniLM-L6-v2), a local model directory or a cached hub id",
     )
-    p.add_argument("--max-length", type=int, default=EmbedderConfig.max_length, help="text tokens kept per document")
+    p.add_argument("--max-length", type=int, default=EmbedderConfig.max_length, help="text tokens kept per document (with --segments: tokens per segment)")
+    p.add_argument("--segments", action="store_true", help="multi-vector documents: read whole documents as --max-length windows (sparse: max over windows; dense: best window)")
+    p.add_argument("--max-segments", type=int, default=None, help="with --segments: at most this many windows per document (default: all)")
     p.add_argument("--batch-size", type=int, default=EmbedderConfig.batch_size)
     p.add_argument("--pooling", choices=list(POOLINGS), help="default: what the adapter was trained with, else last (memory: LLM2Comp adapters)")
     p.add_argument("--attention", choices=["causal", "bidirectional"], help="default: what the adapter was trained with, else causal")
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         m = build_index(
             spec, args.index, embedder, args.top_k, args.dense, args.dense_kind,
             overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=args.embedfilter, lexical=args.lexical,
-            encoder=encoder,
+            encoder=encoder, segments=args.segments, max_segments=args.max_segments,
         )
     except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)
