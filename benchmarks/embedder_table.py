@@ -82,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", type=_parse_variant, action="append", required=True, help="NAME=ADAPTER[:BEIR_EVAL_OUT_DIR]")
     p.add_argument("--baseline-runs", type=Path, help="beir-eval output folder with bm25-pyserini and minilm runs")
     p.add_argument("--baseline-fusion", type=Path, help="fusion_cv --subsets-out file with the bm25+encoder subset")
+    p.add_argument(
+        "--sts",
+        action="append",
+        default=[],
+        metavar="NAME=RHO",
+        help="a variant's STS-B figure measured before (by sts-eval or another table), instead of measuring it here",
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--title", default="Embedders of the same backbone against the baselines (STS-B test Spearman, nDCG@10)")
     p.add_argument("--out", type=Path, required=True)
@@ -91,13 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     from training.sts import read_pairs, sts_spearman
 
     pairs = read_pairs(args.pairs)
+    known = {}
+    for spec in args.sts:
+        name, eq, value = spec.rpartition("=")
+        if not eq or not name:
+            raise SystemExit(f"--sts expects NAME=RHO, got {spec!r}")
+        known[name] = float(value)
     entries = []
     for name, adapter, results_dir in args.variant:
         nd = _ndcg_by_dataset(results_dir, resolve_adapter(adapter, args.model)) if results_dir else {}
         for d, h in (_hybrid_loco(results_dir) if results_dir else {}).items():
             nd.setdefault(d, {})["hybrid"] = h
         t0 = time.perf_counter()
-        sts = sts_spearman(load_embedder(args.model, adapter), pairs)["spearman"]
+        sts = known[name] if name in known else sts_spearman(load_embedder(args.model, adapter), pairs)["spearman"]
         print(f"{name}: STS-B spearman {sts:.4f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         entries.append((name, adapter, round(sts, 4), nd, training_cost(adapter, args.model)))
     datasets = sorted({d for *_, nd, _ in entries for d in nd})
@@ -133,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
             "the setting best on the other four collections (leave-one-collection-out, benchmarks.fusion_cv). Baselines: "
             "BM25 in the hybrid columns, MiniLM in the dense columns, BM25 + MiniLM fused with LOCO weights in the hybrid "
             "columns. Training time is the trainer's own clock on the machine of the run (its adapter record)."
+            + (
+                f" STS-B of {', '.join(known)}: measured before and passed with --sts (sts-eval with the same pairs file, "
+                "or the Text2Token table's measurement)."
+                if known
+                else ""
+            )
+            + " A '–' marks a collection the variant was not run on; a mean needs all of them."
         ),
         columns=columns,
         rows=rows,
