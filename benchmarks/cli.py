@@ -37,7 +37,7 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated system names (default {DEFAULT_SYSTEMS})")
     p.add_argument("--model", default=None, help="backbone for this project's systems (registry name, path, hub id; default: the engine's default)")
-    p.add_argument("--adapter", default="default", help="default | none | DIR (LoRA adapter for the backbone)")
+    p.add_argument("--adapter", default="default", help="default | none | a shipped adapter name | DIR (LoRA adapter for the backbone)")
     p.add_argument("--top-k", type=int, default=None, help="K aligned tokens kept per document (default: the engine's DEFAULT_TOP_K)")
     p.add_argument("--expansion-m", type=int, default=None, help="M expansion tokens per query (default: the engine's DEFAULT_EXPANSION_M)")
     p.add_argument("--embedfilter-tau", type=int, default=None, help="τ of the dense-ef system (default: embedder.embedfilter.DEFAULT_TAU)")

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", action="append", required=True, type=Path, help="a task folder (all.tsv, or train.tsv + test.tsv); repeatable")
     p.add_argument("--embedder", choices=("llm", "minilm"), default="llm", help="llm: this engine's embedder (--model/--adapter); minilm: all-MiniLM-L6-v2 (default llm)")
     p.add_argument("--model", default=None, help="backbone (registry name, path, hub id; default: the engine's default)")
-    p.add_argument("--adapter", default="default", help="default | none | DIR (Text2Token or BTMR adapter)")
+    p.add_argument("--adapter", default="default", help="default | none | a shipped adapter name | DIR (Text2Token or BTMR adapter)")
     p.add_argument("--boost", action="store_true", help="also score every token prefix 1..k and their Token Fusion Boosting")
     p.add_argument("--k", type=int, default=DEFAULT_K, help=f"token states per text for --boost when the adapter is not BTMR (template tail; default {DEFAULT_K})")
     p.add_argument("--max-rows", type=int, default=None, help="cap each split at N texts (stratified, seeded sample); default: all rows")

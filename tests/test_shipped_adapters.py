@@ -1,0 +1,33 @@
+"""Shipped adapters: named on the command line, `default` per backbone, clear errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from embedder.adapters import DEFAULT_ADAPTERS, SHIPPED_DIR, resolve_adapter, shipped_adapter, shipped_adapters
+from embedder.models import ModelNotAvailable
+
+
+def test_every_default_is_shipped_and_records_its_backbone():
+    names = shipped_adapters()
+    for model, name in DEFAULT_ADAPTERS.items():
+        assert name in names
+        assert shipped_adapter(model) == SHIPPED_DIR / name
+        record = json.loads((SHIPPED_DIR / name / "text2token.json").read_text())
+        assert record["backbone"]["name"] == model  # a default for one backbone is trained on it
+
+
+def test_names_none_default_and_directories_resolve(tmp_path):
+    name = shipped_adapters()[0]
+    assert resolve_adapter(name, "smollm2-135m") == (SHIPPED_DIR / name).resolve()
+    assert resolve_adapter("none", "smollm2-135m") is None and resolve_adapter(None, "smollm2-135m") is None
+    assert resolve_adapter("default", "a-backbone-with-no-adapter") is None  # the raw backbone
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert resolve_adapter(tmp_path, "smollm2-135m") == tmp_path.resolve()
+
+
+def test_unknown_adapter_lists_the_shipped_ones(tmp_path):
+    with pytest.raises(ModelNotAvailable, match="nor a shipped adapter") as info:
+        resolve_adapter(tmp_path / "nope", "smollm2-135m")
+    assert all(n in str(info.value) for n in shipped_adapters())
