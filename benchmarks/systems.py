@@ -581,7 +581,7 @@ class _QuantisedSparse(AlignedTokensSystem):
     mode = "sparse"
 
     def params(self) -> dict:
-        from indexer.export_pyserini import DOC_SCALE, QUERY_SCALE
+        from indexer.exports.lucene import DOC_SCALE, QUERY_SCALE
 
         p = super().params()
         p["quantisation"] = {"doc_scale": DOC_SCALE, "query_scale": QUERY_SCALE, "rule": "round(w * scale), half to even; < 1 dropped"}
@@ -591,7 +591,7 @@ class _QuantisedSparse(AlignedTokensSystem):
 @register("sparse-quantised", "this project: the sparse channel on the Pyserini export's integer weights (Numba)")
 class AlignedTokensSparseQuantised(_QuantisedSparse):
     def index(self, ds: Dataset) -> IndexStats:
-        from indexer.export_pyserini import DOC_SCALE, quantise_index
+        from indexer.exports.lucene import DOC_SCALE, quantise_index
 
         stats = super().index(ds)
         self.quantised, dropped = quantise_index(self.engine.retriever.sparse, DOC_SCALE)
@@ -599,7 +599,7 @@ class AlignedTokensSparseQuantised(_QuantisedSparse):
         return stats
 
     def search(self, encoded, k: int) -> Hits:
-        from indexer.export_pyserini import DOC_SCALE, QUERY_SCALE, quantise_query
+        from indexer.exports.lucene import DOC_SCALE, QUERY_SCALE, quantise_query
 
         t, w = quantise_query(encoded.tokens, encoded.weights, QUERY_SCALE)
         docs, scores = self.quantised.search(t, w.astype(np.float32), k)
@@ -611,7 +611,7 @@ class AlignedTokensSparseQuantised(_QuantisedSparse):
 class AlignedTokensSparseLucene(_QuantisedSparse):
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
-        from benchmarks.pyserini_env import PyseriniUnavailable, prepare
+        from indexer.exports.lucene_jvm import PyseriniUnavailable, prepare
 
         try:
             prepare()
@@ -621,7 +621,7 @@ class AlignedTokensSparseLucene(_QuantisedSparse):
 
     def load(self) -> None:
         super().load()
-        from benchmarks.pyserini_env import import_pyserini
+        from indexer.exports.lucene_jvm import import_pyserini
 
         import_pyserini()  # starts the JVM: seconds, not query time
 
@@ -631,8 +631,8 @@ class AlignedTokensSparseLucene(_QuantisedSparse):
         return p
 
     def index(self, ds: Dataset) -> IndexStats:
-        from indexer.export_pyserini import export_pyserini, vocabulary_strings
-        from retriever.lucene_backend import LuceneBackend
+        from indexer.exports.lucene import export_pyserini, vocabulary_strings
+        from retriever.backends.lucene import LuceneBackend
 
         stats = super().index(ds)
         if self.backend is not None:
@@ -790,7 +790,7 @@ class PyseriniBM25(System):
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
-        from benchmarks.pyserini_env import PyseriniUnavailable, prepare
+        from indexer.exports.lucene_jvm import PyseriniUnavailable, prepare
 
         try:
             prepare()  # checks pyserini and a Java runtime are there before any long work

@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the encoder runs (default auto)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")
     p.add_argument("--export-pyserini", type=Path, metavar="DIR", help="also export a Pyserini impact index (JsonVectorCollection + Lucene) to DIR")
+    p.add_argument("--export-milvus", metavar="URI", help="also export to a Milvus collection: a Milvus Lite file path or a server address (http://host:19530)")
+    p.add_argument("--milvus-collection", help="collection name for --export-milvus (default: at_<index directory name>)")
+    p.add_argument("--milvus-approximate", action="store_true", help="--export-milvus with approximate indexes (HNSW, sparse DAAT_MAXSCORE; a Milvus server) instead of exact ones")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{size / m.n_docs:.0f} bytes/doc; skipped {m.corpus.get('n_empty_skipped', 0)} empty"
     )
     if args.export_pyserini:
-        from indexer.export_pyserini import ExportError, describe, export_pyserini, vocabulary_strings
+        from indexer.exports.lucene import ExportError, describe, export_pyserini, vocabulary_strings
 
         try:
             info = export_pyserini(
@@ -98,6 +101,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"build-index: error: Pyserini export: {exc}", file=sys.stderr)
             return 2
         print(describe(info, args.export_pyserini))
+    if args.export_milvus:
+        from indexer.exports.milvus import MilvusExportError, describe as describe_milvus, export_milvus
+
+        try:
+            info = export_milvus(
+                args.index, args.export_milvus, collection=args.milvus_collection, exact=not args.milvus_approximate,
+                overwrite=args.overwrite, progress=not args.quiet,
+            )
+        except (MilvusExportError, IndexFormatError, OSError, ValueError) as exc:
+            print(f"build-index: error: Milvus export: {exc}", file=sys.stderr)
+            return 2
+        print(describe_milvus(info, args.export_milvus))
     return 0
 
 
