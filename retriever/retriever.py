@@ -351,7 +351,9 @@ class Retriever:
                 queries[m] = q.embedding
             else:
                 raise ValueError(f"fusion method {method!r}: channel {m!r} is not in the Milvus collection (give it weight 0)")
-        docs, scores = self.engine.hybrid(queries, self.fusion["weights"], k, method, FUSION_DEPTH, self.fusion.get("rrf_k", 60))
+        docs, scores = self.engine.hybrid(
+            queries, self.fusion["weights"], k, method, FUSION_DEPTH, self.fusion.get("rrf_k", 60), self.fusion.get("norm_score", True)
+        )
         hits = []
         for d, s in zip(docs.tolist(), scores.tolist()):
             if d < 0:

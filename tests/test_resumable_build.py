@@ -106,3 +106,25 @@ def test_workers_need_a_way_to_load_the_embedder(tiny_embedder, toy_corpus, tmp_
 
     with pytest.raises(ValueError, match="embedder_spec"):
         build_index(toy_corpus, tmp_path / "index", tiny_embedder, workers=2, progress=False)
+
+
+def test_postings_merged_from_shards_are_those_of_one_inversion(tmp_path):
+    """InvertedIndex.write_from_shards writes the very bytes from_forward + save write, whatever the shard size."""
+    import numpy as np
+
+    from indexer.inverted_index import InvertedIndex
+
+    rng = np.random.default_rng(0)
+    vocab, k, n = 300, 16, 1000
+    tokens = np.stack([rng.choice(vocab, k, replace=False) for _ in range(n)]).astype(np.int32)
+    weights = rng.random((n, k)).astype(np.float32)
+    InvertedIndex.from_forward(tokens, weights, vocab).save((tmp_path / "one").mkdir() or tmp_path / "one")
+    for size in (1, 128, 999, 1000):
+        out = tmp_path / f"shards-{size}"
+        out.mkdir()
+        shards = lambda: ((tokens[i : i + size], weights[i : i + size]) for i in range(0, n, size))  # noqa: E731
+        assert InvertedIndex.write_from_shards(shards, vocab, out) == n
+        for name in ("indptr", "docs", "weights"):
+            assert (out / f"postings_{name}.npy").read_bytes() == (tmp_path / "one" / f"postings_{name}.npy").read_bytes(), (size, name)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        InvertedIndex.write_from_shards(lambda: iter([(tokens, weights)]), 10, tmp_path)

@@ -21,8 +21,9 @@ another index.
 Index settings: ``exact=True`` (the default) is SPARSE_INVERTED_INDEX with TAAT_NAIVE and no
 dropped postings, and a FLAT dense index: the same top-k as the Numba/FAISS index up to
 ties. ``exact=False`` asks for approximate indexes: sparse DAAT_MAXSCORE (a Milvus server's
-WAND-family algorithm) and HNSW (M=32, efConstruction=200) for dense. Milvus Lite 3.x only
-has the exact sparse algorithm and refuses the approximate one with its own message.
+WAND-family algorithm) and HNSW (M=32, efConstruction=200) for dense. Milvus Lite 3.2 builds
+HNSW but accepts and ignores the sparse algorithm (its index description keeps no
+parameters): its sparse search stays exact.
 """
 from __future__ import annotations
 

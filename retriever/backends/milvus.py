@@ -88,10 +88,20 @@ class MilvusBackend:
         raise NotImplementedError("explanations are read from the index's own postings (Routed falls back to them)")
 
     # ------------------------------------------------------------------ Milvus's own fusion
-    def hybrid(self, queries: dict[str, Any], weights: dict[str, float], k: int, method: str, depth: int, rrf_k: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    def hybrid(
+        self, queries: dict[str, Any], weights: dict[str, float], k: int, method: str, depth: int, rrf_k: int = 60, norm_score: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Fuse inside Milvus: one ``hybrid_search`` with a request per channel (``queries``:
         channel -> (ids, weights) for sparse channels, a vector for dense ones), each taking its
-        top ``depth``, then ``WeightedRanker(weights)`` or ``RRFRanker(rrf_k)``."""
+        top ``depth``, then ``WeightedRanker(weights, norm_score=norm_score)`` or ``RRFRanker(rrf_k)``.
+
+        How that differs from our min-max (retriever/fusion.py): with ``norm_score`` (pymilvus's
+        default) Milvus maps every IP score s to 0.5 + arctan(s)/pi, per score, not per list.
+        Our sparse scores (sums of IDF x logit, in the hundreds) and BM25 scores (tens) sit where
+        arctan is flat, so those channels add nearly the same amount to every document they
+        return and the ranking is carried by the dense channel's cosines and by which channels
+        returned a document. Without ``norm_score`` raw scores are summed and the sparse channel's
+        scale dominates. RRF uses ranks only."""
         from pymilvus import AnnSearchRequest, RRFRanker, WeightedRanker
 
         if method not in MILVUS_FUSION_METHODS:
@@ -108,7 +118,7 @@ class MilvusBackend:
         scores = np.full(k, -np.inf, np.float32)
         if not reqs:
             return docs, scores
-        ranker = WeightedRanker(*ws) if method == "milvus-weighted" else RRFRanker(rrf_k)
+        ranker = WeightedRanker(*ws, norm_score=norm_score) if method == "milvus-weighted" else RRFRanker(rrf_k)
         hits = self.client.hybrid_search(self.collection, reqs, ranker, limit=int(k), output_fields=["id"])[0]
         for i, h in enumerate(hits):
             docs[i], scores[i] = int(h["id"]), float(h["distance"])
