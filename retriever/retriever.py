@@ -334,7 +334,6 @@ class Retriever:
             hits.append(Hit(self.doc_ids[f.doc], f.score, matched, f.contributions))
         return hits
 
-
     def _engine_hybrid(self, q: EncodedQuery, k: int, used: list[str], method: str, explain: bool) -> list[Hit]:
         """Hybrid fused by the engine itself (Milvus's WeightedRanker / RRFRanker, fusion method
         "milvus-weighted" / "milvus-rrf"): each channel's top FUSION_DEPTH, ranked by Milvus."""
@@ -347,7 +346,7 @@ class Retriever:
             elif m == "bm25":
                 terms, weights, _ = self.lexical.encode_query(self._analyze(q.text))
                 queries[m] = (terms, weights)
-            elif m in ("dense",):
+            elif m == "dense":
                 queries[m] = q.embedding
             else:
                 raise ValueError(f"fusion method {method!r}: channel {m!r} is not in the Milvus collection (give it weight 0)")
