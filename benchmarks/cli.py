@@ -50,6 +50,7 @@ def _run_parser() -> argparse.ArgumentParser:
         help="fusion settings per channel subset for bm25+minilm and the hybrid-bm25+encoder* systems: a `fusion_cv --subsets-out` "
         "results file (the setting each subset chose on all collections) or a JSON object {subset: fusion}",
     )
+    p.add_argument("--segments", action="store_true", help="multi-vector documents for this project's systems: whole documents as max_length windows (indexer/segments.py)")
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string of the dense channel (default Flat: exact)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "int8"), default="auto", help="LLM encoder precision (default auto: chosen for this machine)")
@@ -64,6 +65,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick-queries", type=int, default=20, help="queries per dataset with --quick (default 20)")
     p.add_argument("--quick-docs", type=int, default=300, help="documents per dataset with --quick (default 300)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed for --quick")
+    p.add_argument("--resume", action="store_true", help="keep the datasets --out's results.json already holds for these systems; run the rest")
     p.add_argument("--compare", action="store_true", help="add paired significance tests between systems (ranx.compare)")
     p.add_argument("--runs-gzip", action="store_true", help="write the TREC runs gzip-compressed (.trec.gz)")
     p.add_argument("--index-dir", type=Path, default=None, help="build (and keep) indexes here (default: a temporary folder, removed)")
@@ -163,12 +165,13 @@ def _run(args: argparse.Namespace, command: str) -> int:
         lexical=args.lexical,
         encoder=args.encoder,
         fusions=fusions,
+        segments=args.segments,
     )
-    extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names}
+    extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names, "segments": args.segments}
     if args.fusion_from:
         extra["fusion_from"] = str(args.fusion_from)
     try:
-        results = run_suite(loaded, names, settings, args.out, depth=args.depth, compare=args.compare, runs_gzip=args.runs_gzip, command=command, extra_settings=extra)
+        results = run_suite(loaded, names, settings, args.out, depth=args.depth, compare=args.compare, runs_gzip=args.runs_gzip, command=command, extra_settings=extra, resume=args.resume)
     except (sysreg.SystemUnavailable, ModelNotAvailable, CorpusError) as exc:
         print(f"beir-eval: error: {exc}", file=sys.stderr)
         return 2

@@ -382,7 +382,13 @@ def write_if_changed(path: Path, data: bytes) -> bool:
 # ------------------------------------------------------------- BENCHMARKS.md
 def find_results(results_dir: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]]]:
     """(beir-eval results, table results) under ``results_dir``, sorted by path."""
-    runs, tables = [], []
+    runs, tables, _ = find_all_results(results_dir)
+    return runs, tables
+
+
+def find_all_results(results_dir: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]], list[tuple[Path, dict]]]:
+    """(beir-eval results, table results, cls-eval results) under ``results_dir``, sorted by path."""
+    runs, tables, classification = [], [], []
     for path in sorted(results_dir.rglob("*.json")):
         if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
             continue
@@ -396,7 +402,11 @@ def find_results(results_dir: Path) -> tuple[list[tuple[Path, dict]], list[tuple
         elif kind == "table":
             _check_table(path, data)
             tables.append((path, data))
-    return runs, tables
+        elif kind == "cls-eval":
+            if not isinstance(data.get("tasks"), dict) or not isinstance(data.get("label"), str):
+                raise ValueError(f"{path}: a cls-eval results file needs 'label' (string) and 'tasks' (object)")
+            classification.append((path, data))
+    return runs, tables, classification
 
 
 def _check_table(path: Path, data: dict) -> None:
@@ -495,7 +505,7 @@ def generate(results_dir: Path = RESULTS_DIR, output: Path | None = None) -> tup
     results_dir = Path(results_dir).resolve()
     output = Path(output) if output else results_dir.parent.parent / "BENCHMARKS.md"
     output = output.resolve()
-    runs, tables = find_results(results_dir)
+    runs, tables, classification = find_all_results(results_dir)
     changed: list[Path] = []
     base = output.parent
     parts = [
@@ -517,13 +527,15 @@ def generate(results_dir: Path = RESULTS_DIR, output: Path | None = None) -> tup
         "about 300 documents per collection (all judged documents of those queries kept) and runs in CI. "
         "Each section below gives the exact command that produced its numbers.\n"
     )
-    if runs or tables:
+    if runs or tables or classification:
         rows = []
         for path, res in runs:
             rows.append([f"`{os.path.relpath(path, base)}`", res["date"], _commit(res.get("commit")), _machine(res.get("machine", {})), f"`{res['command']}`"])
         for path, data in tables:
             m = data.get("machine")
             rows.append([f"`{os.path.relpath(path, base)}`", data.get("date", "–"), _commit(data.get("commit")), _machine(m) if isinstance(m, dict) else "–", f"`{data['command']}`"])
+        for path, data in classification:
+            rows.append([f"`{os.path.relpath(path, base)}`", data.get("date", "–"), _commit(data.get("commit")), _machine(data.get("machine", {})), f"`{data['command']}`"])
         parts.append("## Results files\n")
         parts.append(_table(["File", "Date", "Commit", "Machine", "Command"], rows, ["l"] * 5) + "\n")
     else:
@@ -542,6 +554,13 @@ def generate(results_dir: Path = RESULTS_DIR, output: Path | None = None) -> tup
             own = path.parent / "report.md"
             if write_if_changed(own, render_run(res, heading_level=1).encode("utf-8")):
                 changed.append(own)
+    if classification:
+        from benchmarks.cls_report import plot_classification, render_classification
+
+        png = results_dir / "plots" / "classification.png"
+        if write_if_changed(png, _png_bytes(plot_classification(classification))):
+            changed.append(png)
+        parts.append(render_classification(classification, base, os.path.relpath(png, base)))
     for path, data in tables:
         plot = None
         if data.get("plot"):

@@ -104,8 +104,14 @@ def run_suite(
     runs_gzip: bool = False,
     command: str | None = None,
     extra_settings: dict | None = None,
+    resume: bool = False,
 ) -> dict:
-    """Run every system on every dataset; write runs, results JSON and a markdown report."""
+    """Run every system on every dataset; write runs, results JSON and a markdown report.
+
+    With ``resume``, datasets that ``out_dir``'s results file already holds for every
+    requested system are kept as they are and not run again (a long run stopped half-way
+    goes on where it stopped); the file must come from the same systems and depth.
+    """
     start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = evaluate.metric_names(depth)
@@ -123,6 +129,11 @@ def run_suite(
         "datasets": [],
     }
 
+    done = _resumable(out_dir / RESULTS_FILE, system_names, depth) if resume else {}
+    if done:
+        previous_wall = done.pop("__wall__", None)
+        results["resumed"] = {"datasets": sorted(done), "previous_wall_seconds": previous_wall}
+    datasets = [ds for ds in datasets if ds.name not in done]
     shared: dict = {}
     # Instantiating checks that each system can run here (packages, model files) before any long work.
     systems: list[System] = [make(name, settings, shared) for name in system_names]
@@ -140,6 +151,7 @@ def run_suite(
     for s in systems:
         results["systems"][s.name]["params"] = s.params()
 
+    results["datasets"].extend(done.values())
     try:
         for ds in datasets:
             results["datasets"].append(_run_dataset(ds, systems, out_dir, depth, metrics, compare, runs_gzip))
@@ -150,6 +162,25 @@ def run_suite(
         for s in systems:
             s.close()
     return _write(results, out_dir, start)
+
+
+def _resumable(path: Path, system_names: list[str], depth: int) -> dict:
+    """Datasets of an earlier results file that hold every requested system, by name.
+
+    Returns ``{}`` where there is no file; the key ``__wall__`` carries its wall time.
+    """
+    if not path.exists():
+        return {}
+    old = load_results(path)
+    if old.get("settings", {}).get("depth") != depth:
+        raise ValueError(f"{path}: field 'settings.depth': {old['settings'].get('depth')} here, {depth} asked; cannot resume")
+    missing = [n for n in system_names if n not in old.get("systems", {})]
+    if missing:
+        raise ValueError(f"{path}: field 'systems': no {', '.join(missing)}; cannot resume a run of other systems")
+    done = {d["name"]: d for d in old.get("datasets", []) if all(n in d.get("results", {}) for n in system_names)}
+    if done:
+        done["__wall__"] = old.get("wall_seconds")
+    return done
 
 
 def _write(results: dict, out_dir: Path, start: float) -> dict:

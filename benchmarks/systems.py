@@ -71,6 +71,7 @@ class Settings:
     # benchmarks/fusion_cv.py --subsets chose on all collections (beir-eval --fusion-from); the
     # hybrid-* systems and bm25+minilm use them instead of their untuned fallbacks
     fusions: dict = field(default_factory=dict)
+    segments: bool = False  # multi-vector documents (indexer/segments.py): whole documents, max/best over windows
 
 
 @dataclass
@@ -242,7 +243,7 @@ class AlignedTokensEngine:
             "embedding": e.config.to_dict() if e else None,
             "top_k": self.top_k,
             "expansion_m": self.expansion_m,
-            "index_options": dict(self.build_options, dense_kind=self.settings.dense_kind),
+            "index_options": dict(self.build_options, dense_kind=self.settings.dense_kind, **({"segments": True} if self.settings.segments else {})),
             "device": e.device if e else self.settings.device,
             "torch_threads": _torch_threads(),
             "runtime": e.runtime_info() if e else None,
@@ -271,6 +272,8 @@ class AlignedTokensEngine:
         options = dict(self.build_options)
         if options.get("encoder"):
             options["encoder"] = self.encoder  # the model loaded once, not its name
+        if self.settings.segments:
+            options["segments"] = True
         manifest = build_index(
             CorpusSpec(corpus, fmt="jsonl"),
             index_dir,

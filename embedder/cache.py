@@ -117,3 +117,99 @@ class CachedEmbedder:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+class ArrayCache:
+    """Per-text arrays (any fixed shape) on disk under ``directory``, keyed by :func:`text_key`.
+
+    For features other than the pooled vector (e.g. several token states per text, or a
+    sentence-transformers embedding). The caller puts everything that decides the array into
+    ``directory`` (see :func:`embedder_key`); each :meth:`put` writes one ``.npz`` atomically,
+    so an interrupted run keeps what it wrote.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._store: dict[bytes, np.ndarray] | None = None
+
+    def _load(self) -> dict[bytes, np.ndarray]:
+        if self._store is None:
+            self._store = {}
+            for path in sorted(self.directory.glob("*.npz")):
+                with np.load(path) as z:
+                    for key, row in zip(z["keys"], z["values"]):
+                        self._store[bytes(key)] = row
+        return self._store
+
+    def get(self, texts: Sequence[str]) -> tuple[dict[int, np.ndarray], list[int]]:
+        """({position: array} of the cached texts, positions of the missing ones)."""
+        store = self._load()
+        found, missing = {}, []
+        for i, t in enumerate(texts):
+            row = store.get(text_key(t))
+            if row is None:
+                missing.append(i)
+            else:
+                found[i] = row
+        return found, missing
+
+    def put(self, texts: Sequence[str], values: np.ndarray) -> None:
+        """Store one array per text (``values[i]`` for ``texts[i]``)."""
+        if len(texts) != len(values):
+            raise ValueError(f"{len(texts)} texts but {len(values)} arrays")
+        if not len(texts):
+            return
+        keys = np.array([text_key(t) for t in texts], dtype="S16")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, keys=keys, values=np.asarray(values))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.directory / f"{hashlib.sha256(keys.tobytes()).hexdigest()[:24]}.npz")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        store = self._load()
+        for k, v in zip(keys, values):
+            store[bytes(k)] = v
+
+
+def cached_arrays(
+    cache: ArrayCache | None,
+    texts: Sequence[str],
+    encode,
+    shape: tuple[int, ...],
+    chunk: int = 256,
+    desc: str = "encoding",
+    progress: bool = True,
+) -> np.ndarray:
+    """``encode(texts) -> (n, *shape)`` through ``cache``: only missing texts are encoded, in
+    chunks of ``chunk`` (each stored as it completes), with a tqdm bar in texts/s."""
+    from tqdm.auto import tqdm
+
+    out = np.zeros((len(texts), *shape), np.float32)
+    if cache is None:
+        found, missing = {}, list(range(len(texts)))
+    else:
+        found, missing = cache.get(texts)
+    for i, row in found.items():
+        out[i] = row
+    if missing:
+        # each distinct text once: data sets repeat sentences
+        uniq = list(dict.fromkeys(texts[i] for i in missing))
+        where: dict[str, list[int]] = {}
+        for i in missing:
+            where.setdefault(texts[i], []).append(i)
+        bar = tqdm(total=len(uniq), desc=desc, unit="text", disable=not progress)
+        for start in range(0, len(uniq), chunk):
+            part = uniq[start : start + chunk]
+            vals = np.asarray(encode(part), np.float32)
+            if cache is not None:
+                cache.put(part, vals)
+            for t, v in zip(part, vals):
+                for i in where[t]:
+                    out[i] = v
+            bar.update(len(part))
+        bar.close()
+    return out

@@ -8,14 +8,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
-from embedder.adapters import adapter_identity, resolve_adapter
+from embedder.adapters import adapter_embedding, adapter_identity, resolve_adapter
 from embedder.hardware import Capability, Precision, choose_precision, device_capability, openvino_available
+from embedder.memory import MemoryBody, MemoryTokens, memory_ids, pool_memory
 from embedder.models import DEFAULT_MODEL, ResolvedModel, resolve_model
 from embedder.runtime import Runtime, make_runtime
 
@@ -23,13 +24,16 @@ log = logging.getLogger(__name__)
 
 PROMPT_EOL = 'This sentence: "[text]" means in one word:"'
 PLACEHOLDER = "[text]"
+POOLINGS = ("last", "mean", "memory")
 
 
 @dataclass(frozen=True)
 class EmbedderConfig:
     """How a text becomes an embedding. Recorded in every index manifest.
 
-    pooling: "last" (the template's final token) or "mean" (masked mean over all tokens).
+    pooling: "last" (the template's final token), "mean" (masked mean over all tokens) or
+    "memory" (LLM2Comp: mean of the final states of ``memory_tokens`` learned vectors appended
+    after the prompt; embedder/memory.py; the vectors come with the adapter).
     attention: "causal" (as pretrained) or "bidirectional" (every token sees every token).
     max_length: text tokens kept; the template is added on top and never truncated.
     fold_all_caps: lowercase a text that has letters but no lower-case letter. Byte-level
@@ -44,12 +48,15 @@ class EmbedderConfig:
     max_length: int = 256
     batch_size: int = 16
     fold_all_caps: bool = True
+    memory_tokens: int = 0  # memory slots read by pooling "memory" (0 with any other pooling)
 
     def __post_init__(self) -> None:
         if PLACEHOLDER not in self.prompt:
             raise ValueError(f"prompt must contain the placeholder {PLACEHOLDER!r}: {self.prompt!r}")
-        if self.pooling not in ("last", "mean"):
-            raise ValueError(f"pooling must be 'last' or 'mean', not {self.pooling!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, not {self.pooling!r}")
+        if self.memory_tokens < 0 or (self.memory_tokens and self.pooling != "memory"):
+            raise ValueError(f"memory_tokens={self.memory_tokens} needs pooling 'memory' (pooling is {self.pooling!r})")
         if self.attention not in ("causal", "bidirectional"):
             raise ValueError(f"attention must be 'causal' or 'bidirectional', not {self.attention!r}")
         if self.max_length < 1 or self.batch_size < 1:
@@ -102,8 +109,19 @@ class Embedder:
         precision: Precision | None = None,
         capability: Capability | None = None,
         prefix_cache: bool = True,
+        memory: MemoryTokens | None = None,
     ) -> None:
-        self.config = config or EmbedderConfig()
+        config = config or EmbedderConfig()
+        if config.pooling == "memory":
+            if memory is None:
+                raise ValueError("pooling 'memory' needs memory vectors: an LLM2Comp adapter (memory_tokens.safetensors) or memory=")
+            if config.memory_tokens not in (0, memory.n):
+                raise ValueError(f"the config asks for {config.memory_tokens} memory tokens, the memory holds {memory.n}")
+            config = replace(config, memory_tokens=memory.n)  # recorded in manifests
+        self.config = config
+        self.memory = memory if config.pooling == "memory" else None
+        if self.memory is not None:
+            self.memory.to(device)
         self.model = model.eval().to(device)
         self.tokenizer = tokenizer
         self.identity = identity or {"name": "in-memory", "sha256": ""}
@@ -135,8 +153,15 @@ class Embedder:
         bf16: bool = False,
         dtype: str = "auto",
         runtime: str | None = "auto",
+        settings: dict | None = None,
     ) -> "Embedder":
         """Load a backbone (and optionally a LoRA adapter) by name or path.
+
+        Without ``config``, the embedding settings are the ones the adapter was trained with
+        (its record: prompt, pooling, attention, memory tokens; embedder/adapters.py), then
+        ``settings`` (EmbedderConfig fields) on top. An adapter with memory vectors
+        (LLM2Comp) brings them along, so that ``Embedder.load(model, adapter=DIR)`` is the
+        embedder that training wrote.
 
         ``dtype`` (auto|fp32|bf16|int8) and ``runtime`` (auto|torch|openvino) pick how
         :meth:`embed` runs (see embedder/hardware.py: ``auto`` is chosen from the detected
@@ -150,6 +175,12 @@ class Embedder:
         tok = AutoTokenizer.from_pretrained(resolved.directory)
         lm = AutoModelForCausalLM.from_pretrained(resolved.directory, dtype=torch.float32)
         adapter_dir = resolve_adapter(adapter, resolved.name)
+        if config is None and (adapter_dir is not None or settings):
+            fields = {**adapter_embedding(adapter_dir), **(settings or {})}
+            if fields.get("pooling") != "memory":  # another pooling asked for: the memory is not read
+                fields.pop("memory_tokens", None)
+            config = EmbedderConfig(**fields)
+        memory = MemoryTokens.load(adapter_dir) if adapter_dir is not None else None
         if adapter_dir is not None:
             from peft import PeftModel
 
@@ -165,7 +196,7 @@ class Embedder:
         return cls(
             lm, tok, config, resolved.identity(), adapter_identity(adapter_dir), device, bf16,
             runtime=precision.runtime if precision else None, dtype=precision.dtype if precision else "fp32",
-            precision=precision, capability=capability,
+            precision=precision, capability=capability, memory=memory,
         )
 
     @property
@@ -208,7 +239,14 @@ class Embedder:
         if not texts:  # fast tokenizers fail on an empty batch
             return []
         body = self.tokenizer([self.normalise(t) for t in texts], add_special_tokens=False, truncation=True, max_length=self.config.max_length)
-        return [self._prefix + ids + self._suffix for ids in body["input_ids"]]
+        return self.wrap_ids(body["input_ids"])
+
+    def wrap_ids(self, text_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Put already tokenised texts into the prompt (template, then memory slots if any); no truncation."""
+        # Memory slots go after the whole prompt: they read the text, the text never reads them
+        # under causal attention, and they are never truncated.
+        tail = memory_ids(self.causal_lm.get_input_embeddings().weight.shape[0], self.memory.n) if self.memory is not None else []
+        return [self._prefix + list(ids) + self._suffix + tail for ids in text_ids]
 
     def literal_token_ids(self, text: str) -> list[int]:
         """The text's own tokens (T_s in the paper), deduplicated, special tokens dropped.
@@ -239,6 +277,8 @@ class Embedder:
 
     def _pool(self, hidden: torch.Tensor, mask: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
         hidden = hidden.float()
+        if self.config.pooling == "memory":
+            return pool_memory(hidden, lengths, self.memory.n)
         if self.config.pooling == "last":
             return hidden[torch.arange(len(lengths), device=hidden.device), torch.as_tensor(lengths - 1, device=hidden.device)]
         m = torch.as_tensor(mask, device=hidden.device).unsqueeze(-1).to(hidden.dtype)
@@ -246,10 +286,15 @@ class Embedder:
 
     def _forward_pooled(self, batch_ids: list[list[int]]) -> torch.Tensor:
         ids, mask, lengths = self._pad(batch_ids)
-        body = self.causal_lm.base_model  # the transformer without the LM head
+        body = self.body()
         with torch.autocast(device_type=self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.bf16):
             hidden = body(input_ids=torch.from_numpy(ids).to(self.device), attention_mask=torch.from_numpy(mask).to(self.device)).last_hidden_state
         return self._pool(hidden, mask, lengths)
+
+    def body(self) -> torch.nn.Module:
+        """The transformer without the LM head, reading memory-slot ids where pooling is "memory"."""
+        body = self.causal_lm.base_model
+        return MemoryBody(body, self.memory) if self.memory is not None else body
 
     def runtime(self) -> Runtime | None:
         """The inference runtime (built on first use; None for the plain torch path)."""
@@ -258,10 +303,11 @@ class Embedder:
         with self._runtime_lock:  # two threads' first queries must not export twice
             if self._runtime is None:
                 # The prefix is computed once only where it cannot depend on the text:
-                # causal attention, and last-token pooling (mean pooling needs its states).
+                # causal attention, and last-token pooling (mean pooling needs its states;
+                # memory pooling runs the whole prompt, which keeps one path to test).
                 cacheable = self.prefix_cache and self.config.attention == "causal" and self.config.pooling == "last" and self._prefix
                 self._runtime = make_runtime(
-                    self.runtime_name, self.dtype, self.causal_lm.base_model, self.identity, self.adapter,
+                    self.runtime_name, self.dtype, self.body(), self.identity, self.adapter,
                     list(self._prefix) if cacheable else None, self.device,
                 )
         return self._runtime

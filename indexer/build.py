@@ -30,7 +30,8 @@ from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
-from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, Manifest
+from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
+from indexer.segments import max_over_segments, split_segments
 from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
 from indexer.staging import staging_dir
 
@@ -93,6 +94,17 @@ class EmbedderSpec:
         return embedder, encoder
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What each shard holds: K tokens per document, the embeddings or not, documents per
+    shard, and the segment windows (None: one vector per document; 0: every window; n: at most n)."""
+
+    k: int
+    keep_embeddings: bool
+    shard_size: int
+    windows: int | None = None
+
+
 def build_index(
     corpus: CorpusSpec | str | os.PathLike[str],
     index_dir: str | os.PathLike[str],
@@ -108,6 +120,8 @@ def build_index(
     encoder: "SentenceEncoder | None" = None,
     workers: int = 1,
     embedder_spec: EmbedderSpec | None = None,
+    segments: bool = False,
+    max_segments: int | None = None,
 ) -> Manifest:
     """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written.
 
@@ -123,6 +137,11 @@ def build_index(
     ``workers`` > 1 encodes the shards in that many processes, each loading the embedder
     from ``embedder_spec``; the index is the same as with one. Memory during encoding is
     bounded by one shard; the merge writes the postings through memory maps.
+
+    ``segments``: multi-vector documents (indexer/segments.py). A document longer than the
+    embedder's ``max_length`` tokens is read whole, as consecutive windows of that length (at
+    most ``max_segments``); its sparse vector is each token's maximum over the windows and the
+    dense channels hold one vector per window (a document scores as its best window).
     """
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(Path(corpus))
     target = Path(index_dir)
@@ -136,13 +155,17 @@ def build_index(
         raise ValueError("workers must be >= 1, and workers > 1 needs embedder_spec (how each worker loads the embedder)")
     k = min(top_k, embedder.vocab_size)
     keep_embeddings = dense or embedfilter_tau is not None
-    store = ShardStore(target, _shard_params(spec, embedder, encoder, k, keep_embeddings, chunk_size))
+    if max_segments is not None and max_segments < 1:
+        raise ValueError(f"max_segments must be positive, not {max_segments}")
+    windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
+    plan = _Plan(k, keep_embeddings, chunk_size, windows)
+    store = ShardStore(target, _shard_params(spec, embedder, encoder, plan))
     done = False
     try:
-        encode = _encode_all(spec, store, embedder, encoder, k, keep_embeddings, chunk_size, progress, workers, embedder_spec)
+        encode = _encode_all(spec, store, embedder, encoder, plan, progress, workers, embedder_spec)
         with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
             manifest = _merge_into(
-                spec, tmp, store, encode, embedder, k, dense, dense_kind, embedfilter_tau, lexical, encoder, keep_embeddings, progress
+                spec, tmp, store, encode, embedder, plan, dense, dense_kind, embedfilter_tau, lexical, encoder, progress
             )
             _swap_into_place(tmp, target)
         done = True
@@ -155,7 +178,7 @@ def build_index(
     return manifest
 
 
-def _shard_params(spec: CorpusSpec, embedder: Embedder, encoder, k: int, keep_embeddings: bool, shard_size: int) -> dict:
+def _shard_params(spec: CorpusSpec, embedder: Embedder, encoder, plan: _Plan) -> dict:
     """Everything that decides the shards' content: the key of a resumable build."""
     return {
         "format_version": FORMAT_VERSION,
@@ -165,10 +188,11 @@ def _shard_params(spec: CorpusSpec, embedder: Embedder, encoder, k: int, keep_em
         "adapter": embedder.adapter,
         "embedding": embedder.config.to_dict(),
         "runtime": {key: embedder.runtime_info().get(key) for key in ("name", "dtype")},
-        "top_k": k,
-        "embeddings": keep_embeddings,
+        "top_k": plan.k,
+        "embeddings": plan.keep_embeddings,
         "encoder": encoder.identity if encoder is not None else None,
-        "shard_size": shard_size,
+        "shard_size": plan.shard_size,
+        "segments": plan.windows,
     }
 
 
@@ -182,21 +206,30 @@ def _swap_into_place(tmp: Path, target: Path) -> None:
         os.replace(tmp, target)
 
 
-def _encode_shard(chunk: list[Document], embedder: Embedder, encoder, k: int, keep_embeddings: bool) -> tuple[dict[str, np.ndarray], dict]:
-    """One shard's arrays and JSON (doc ids, tokens, seconds)."""
+def _encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: _Plan) -> tuple[dict[str, np.ndarray], dict]:
+    """One shard's arrays and JSON (doc ids, tokens, seconds).
+
+    With segments, ``tokens``/``weights`` are already per document (max over its windows),
+    ``embeddings`` has one row per window and ``row_docs`` the shard-local document of each.
+    """
     texts = [d.text for d in chunk]
-    tok = np.zeros((len(texts), k), np.int32)
-    wts = np.zeros((len(texts), k), np.float32)
-    emb = np.zeros((len(texts), embedder.dim), np.float32) if keep_embeddings else None
+    units, owner = split_segments(embedder, texts, plan.windows or None) if plan.windows is not None else (texts, None)
+    k = plan.k
+    tok = np.zeros((len(units), k), np.int32)
+    wts = np.zeros((len(units), k), np.float32)
+    emb = np.zeros((len(units), embedder.dim), np.float32) if plan.keep_embeddings else None
     n_tokens = 0
     t0 = time.perf_counter()
     with torch.inference_mode():
-        for pos, h, ntok in embedder.iter_batches(texts):
+        for pos, h, ntok in embedder.iter_batches(units):
             tok[pos], wts[pos] = embedder.top_tokens(h, k)
             if emb is not None:
                 emb[pos] = h.cpu().numpy()
             n_tokens += ntok
     arrays = {"tokens": tok, "weights": wts}
+    if owner is not None:
+        arrays["tokens"], arrays["weights"] = max_over_segments(tok, wts, owner, len(texts), k)
+        arrays["row_docs"] = owner
     if emb is not None:
         arrays["embeddings"] = emb
     meta = {"ids": [d.doc_id for d in chunk], "n_tokens": n_tokens, "encode_seconds": time.perf_counter() - t0}
@@ -208,17 +241,17 @@ def _encode_shard(chunk: list[Document], embedder: Embedder, encoder, k: int, ke
 
 
 def _encode_shards(
-    spec: CorpusSpec, store_path: Path, embedder: Embedder, encoder, k: int, keep_embeddings: bool, shard_size: int,
+    spec: CorpusSpec, store_path: Path, embedder: Embedder, encoder, plan: _Plan,
     mine: Callable[[int], bool], skip: set[int], progress: bool, position: int = 0,
 ) -> tuple[int, int]:
     """Stream the corpus; encode and commit each shard ``mine`` selects that is not in ``skip``.
     Returns (number of shards in the corpus, documents skipped as empty)."""
     bar = tqdm(total=_count_lines(spec.file), unit="doc", desc=f"indexing {spec.path.name}", disable=not progress, position=position)
     n_tokens, seconds, n_shards = 0, 0.0, 0
-    for number, chunk in enumerate(_chunks(spec, shard_size)):
+    for number, chunk in enumerate(_chunks(spec, plan.shard_size)):
         n_shards = number + 1
         if mine(number) and number not in skip:
-            arrays, meta = _encode_shard(chunk, embedder, encoder, k, keep_embeddings)
+            arrays, meta = _encode_shard(chunk, embedder, encoder, plan)
             commit_shard(store_path, number, arrays, meta)
             n_tokens += meta["n_tokens"]
             seconds += meta["encode_seconds"]
@@ -230,27 +263,27 @@ def _encode_shards(
 
 def _worker(args: tuple) -> tuple[int, int]:
     """A ``--workers`` process: load the embedder, encode the shards ``number % n == w``."""
-    spec, store_path, embedder_spec, k, keep_embeddings, shard_size, w, n, skip, progress = args
+    spec, store_path, embedder_spec, plan, w, n, skip, progress = args
     embedder, encoder = embedder_spec.load()
     # the machine's cores shared between workers, not each worker taking all of them
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
-    return _encode_shards(spec, store_path, embedder, encoder, k, keep_embeddings, shard_size, lambda i: i % n == w, skip, progress, w)
+    return _encode_shards(spec, store_path, embedder, encoder, plan, lambda i: i % n == w, skip, progress, w)
 
 
 def _encode_all(
-    spec: CorpusSpec, store: ShardStore, embedder: Embedder, encoder, k: int, keep_embeddings: bool, shard_size: int,
+    spec: CorpusSpec, store: ShardStore, embedder: Embedder, encoder, plan: _Plan,
     progress: bool, workers: int, embedder_spec: EmbedderSpec | None,
 ) -> dict:
     """Make sure every shard is committed; returns {"n_shards", "n_empty", "resumed"}."""
     skip = store.committed()
     if workers == 1:
-        n_shards, n_empty = _encode_shards(spec, store.path, embedder, encoder, k, keep_embeddings, shard_size, lambda i: True, skip, progress)
+        n_shards, n_empty = _encode_shards(spec, store.path, embedder, encoder, plan, lambda i: True, skip, progress)
     else:
         import multiprocessing
 
         # spawn, not fork: a forked copy of a process whose torch/OpenMP threads already run can hang
         ctx = multiprocessing.get_context("spawn")
-        jobs = [(spec, store.path, embedder_spec, k, keep_embeddings, shard_size, w, workers, skip, progress) for w in range(workers)]
+        jobs = [(spec, store.path, embedder_spec, plan, w, workers, skip, progress) for w in range(workers)]
         with ctx.Pool(workers) as pool:
             results = pool.map(_worker, jobs)
         n_shards, n_empty = results[0]
@@ -269,13 +302,12 @@ def _merge_into(
     store: ShardStore,
     encode: dict,
     embedder: Embedder,
-    k: int,
+    plan: _Plan,
     dense: bool,
     dense_kind: str,
     embedfilter_tau: int | None,
     lexical: str | None,
     encoder: "SentenceEncoder | None",
-    keep_embeddings: bool,
     progress: bool,
 ) -> Manifest:
     """Write the index from the committed shards, one shard in memory at a time."""
@@ -299,15 +331,27 @@ def _merge_into(
     InvertedIndex.write_from_shards(arrays("tokens", "weights"), embedder.vocab_size, out)
     invert_seconds = time.perf_counter() - t0
     (out / DOC_IDS).write_text(json.dumps(ids), encoding="utf-8")
-    dense_info = ef_info = lexical_info = encoder_info = None
+    dense_info = ef_info = lexical_info = encoder_info = segments_info = row_doc = None
     embeddings = lambda: (e for (e,) in arrays("embeddings")())  # noqa: E731
+    if plan.windows is not None:
+        # shard-local document numbers of each window, made global
+        offsets = np.cumsum([0] + [len(m["ids"]) for m in metas])
+        row_doc = np.concatenate([r + offsets[i] for i, (r,) in zip(numbers, arrays("row_docs")())])
+        per_doc = np.bincount(row_doc, minlength=len(ids))
+        segments_info = {
+            "length": embedder.config.max_length, "max_segments": plan.windows or None, "n_segments": int(len(row_doc)),
+            "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum()),
+            "sparse": "max over segments", "dense": "one vector per segment, document = best segment",
+        }
     if dense:
-        DenseIndex.build_from_chunks(embeddings, dense_kind).save(out)
+        DenseIndex.build_from_chunks(embeddings, dense_kind, row_doc=row_doc).save(out)
         dense_info = {"kind": dense_kind, "dim": embedder.dim, "normalised": True, "metric": "inner_product"}
+        if row_doc is not None:
+            dense_info["n_vectors"] = int(len(row_doc))
     if embedfilter_tau is not None:
         w_u = embedder.causal_lm.get_output_embeddings().weight.detach().float().cpu().numpy()
         proj, left, right = embedfilter_projection(w_u, embedfilter_tau)
-        DenseIndex.build_from_chunks(embeddings, dense_kind, projection=proj).save(out, EMBEDFILTER_NAME)
+        DenseIndex.build_from_chunks(embeddings, dense_kind, projection=proj, row_doc=row_doc).save(out, EMBEDFILTER_NAME)
         ef_info = {"tau": embedfilter_tau, "left": left, "right": right, "dim": right - left, "kind": dense_kind, "normalised": True}
     if encoder is not None:
         DenseIndex.build_from_chunks(lambda: (e for (e,) in arrays("encoder")()), dense_kind).save(out, ENCODER_NAME)
@@ -327,13 +371,15 @@ def _merge_into(
         adapter=embedder.adapter,
         embedding=embedder.config.to_dict(),
         runtime=embedder.runtime_info(),
-        sparse={"top_k": k, "vocab_size": embedder.vocab_size, "weight": "logit"},
+        sparse={"top_k": plan.k, "vocab_size": embedder.vocab_size, "weight": "logit"},
         n_docs=len(ids),
         corpus=spec.describe(),
         dense=dense_info,
         embedfilter=ef_info,
         lexical=lexical_info,
         encoder=encoder_info,
+        segments=segments_info,
+        format_version=SEGMENTS_FORMAT_VERSION if plan.windows is not None else FORMAT_VERSION,
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),

@@ -6,7 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
-from embedder.encoder import EmbedderConfig, PROMPT_EOL
+from embedder.encoder import POOLINGS, PROMPT_EOL, EmbedderConfig
 from embedder.hardware import DTYPES
 from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
@@ -30,11 +30,13 @@ def parser() -> argparse.ArgumentParser:
         "--encoder", metavar="NAME_OR_PATH",
         help="also store a sentence-transformers encoder's embeddings (mode 'encoder'): 'minilm' (the packaged all-MiniLM-L6-v2), a local model directory or a cached hub id",
     )
-    p.add_argument("--max-length", type=int, default=EmbedderConfig.max_length, help="text tokens kept per document")
+    p.add_argument("--max-length", type=int, default=EmbedderConfig.max_length, help="text tokens kept per document (with --segments: tokens per segment)")
+    p.add_argument("--segments", action="store_true", help="multi-vector documents: read whole documents as --max-length windows (sparse: max over windows; dense: best window)")
+    p.add_argument("--max-segments", type=int, default=None, help="with --segments: at most this many windows per document (default: all)")
     p.add_argument("--batch-size", type=int, default=EmbedderConfig.batch_size)
-    p.add_argument("--pooling", choices=["last", "mean"], default="last")
-    p.add_argument("--attention", choices=["causal", "bidirectional"], default="causal")
-    p.add_argument("--prompt", default=PROMPT_EOL, help="template with a [text] placeholder")
+    p.add_argument("--pooling", choices=list(POOLINGS), help="default: what the adapter was trained with, else last (memory: LLM2Comp adapters)")
+    p.add_argument("--attention", choices=["causal", "bidirectional"], help="default: what the adapter was trained with, else causal")
+    p.add_argument("--prompt", help=f"template with a [text] placeholder (default: the adapter's, else {PROMPT_EOL!r})")
     p.add_argument("--keep-case", action="store_true", help="embed ALL-CAPS texts as they are (default: lower-cased first)")
     p.add_argument("--format", choices=["beir", "jsonl", "tsv"], help="corpus format (guessed from the path)")
     p.add_argument("--id-field", help="JSONL id field (default _id, then id)")
@@ -72,8 +74,14 @@ def main(argv: list[str] | None = None) -> int:
             raise FileExistsError(f"{args.index} exists; pass --overwrite to replace it")
         if args.export_pyserini and args.export_pyserini.exists() and not args.overwrite:
             raise FileExistsError(f"{args.export_pyserini} exists; pass --overwrite to replace it")
-        config = EmbedderConfig(args.prompt, args.pooling, args.attention, args.max_length, args.batch_size, fold_all_caps=not args.keep_case)
-        embedder = Embedder.load(args.model, adapter=args.adapter, config=config, device=args.device, dtype=args.dtype, runtime=args.runtime)
+        # Prompt, pooling and attention default to the adapter's record (an LLM2Comp adapter
+        # pools its memory tokens); what is given on the command line wins.
+        given = {"prompt": args.prompt, "pooling": args.pooling, "attention": args.attention}
+        settings = {k: v for k, v in given.items() if v is not None}
+        settings |= {"max_length": args.max_length, "batch_size": args.batch_size, "fold_all_caps": not args.keep_case}
+        embedder = Embedder.load(args.model, adapter=args.adapter, device=args.device, dtype=args.dtype, runtime=args.runtime, settings=settings)
+        # --workers load the same embedder again, with the settings resolved here
+        embedder_spec = EmbedderSpec(str(args.model), args.adapter, embedder.config.to_dict(), args.device, args.dtype, args.runtime, args.encoder)
         if not args.quiet:
             print(embedder.runtime_summary())
         encoder = None
@@ -81,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             from embedder.sentence_encoder import SentenceEncoder
 
             encoder = SentenceEncoder.load(args.encoder, device=args.device)
-        embedder_spec = EmbedderSpec(str(args.model), args.adapter, config.to_dict(), args.device, args.dtype, args.runtime, args.encoder)
         m = build_index(
             spec, args.index, embedder, args.top_k, args.dense, args.dense_kind,
             overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=args.embedfilter, lexical=args.lexical,
             encoder=encoder, chunk_size=args.shard_size, workers=args.workers, embedder_spec=embedder_spec,
+            segments=args.segments, max_segments=args.max_segments,
         )
     except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)

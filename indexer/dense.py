@@ -28,12 +28,15 @@ class DenseIndex:
     """A FAISS index of (optionally projected) embeddings; ``projection`` (d, k) is applied
     to documents at build time and to queries at search time (EmbedFilter)."""
 
-    def __init__(self, index, projection: np.ndarray | None = None) -> None:
+    def __init__(self, index, projection: np.ndarray | None = None, row_doc: np.ndarray | None = None) -> None:
         self.index = index
         self.projection = projection
+        # multi-vector documents (indexer/segments.py): the document number of each stored row
+        self.row_doc = row_doc
+        self.max_rows_per_doc = int(np.bincount(row_doc).max()) if row_doc is not None and len(row_doc) else 1
 
     @classmethod
-    def build(cls, embeddings: np.ndarray, kind: str = "Flat", projection: np.ndarray | None = None) -> "DenseIndex":
+    def build(cls, embeddings: np.ndarray, kind: str = "Flat", projection: np.ndarray | None = None, row_doc: np.ndarray | None = None) -> "DenseIndex":
         import faiss
 
         x = normalise(embeddings @ projection if projection is not None else embeddings)
@@ -41,13 +44,19 @@ class DenseIndex:
         if not index.is_trained:
             index.train(x)
         index.add(x)
-        return cls(index, projection)
+        if row_doc is not None and len(row_doc) != len(x):
+            raise ValueError(f"{len(x)} vectors but {len(row_doc)} row -> document entries")
+        return cls(index, projection, None if row_doc is None else np.asarray(row_doc, np.int64))
 
     @classmethod
-    def build_from_chunks(cls, chunks: Callable[[], Iterator[np.ndarray]], kind: str = "Flat", projection: np.ndarray | None = None) -> "DenseIndex":
+    def build_from_chunks(
+        cls, chunks: Callable[[], Iterator[np.ndarray]], kind: str = "Flat", projection: np.ndarray | None = None,
+        row_doc: np.ndarray | None = None,
+    ) -> "DenseIndex":
         """:meth:`build` over embeddings that come in chunks (a build's shards), added chunk by
         chunk so that only one is in memory besides the index itself. A kind that must be
-        trained first (IVF, PQ) is trained on all of them, which needs them all at once."""
+        trained first (IVF, PQ) is trained on all of them, which needs them all at once.
+        ``row_doc``: as in :meth:`build`, the document of each row over all chunks."""
         import faiss
 
         index = None
@@ -66,7 +75,9 @@ class DenseIndex:
             x = np.concatenate(pending)
             index.train(x)
             index.add(x)
-        return cls(index, projection)
+        if row_doc is not None and len(row_doc) != index.ntotal:
+            raise ValueError(f"{index.ntotal} vectors but {len(row_doc)} row -> document entries")
+        return cls(index, projection, None if row_doc is None else np.asarray(row_doc, np.int64))
 
     def save(self, directory: Path, name: str = DENSE_NAME) -> None:
         import faiss
@@ -74,6 +85,8 @@ class DenseIndex:
         faiss.write_index(self.index, str(directory / f"{name}.faiss"))
         if self.projection is not None:
             np.save(directory / f"{name}_projection.npy", self.projection)
+        if self.row_doc is not None:
+            np.save(directory / f"{name}_rows.npy", self.row_doc)
 
     @classmethod
     def load(cls, directory: Path, name: str = DENSE_NAME, n_docs: int | None = None, dim: int | None = None) -> "DenseIndex":
@@ -94,14 +107,29 @@ class DenseIndex:
             index = faiss.read_index(str(path))
         except Exception as exc:  # FAISS reports damage as a C++ RuntimeError with a multi-line trace
             raise IndexFormatError(f"{path}: unreadable FAISS index ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-        check_faiss(path, index, n_docs, dim)
-        return cls(index, projection)
+        rows_file = Path(directory) / f"{name}_rows.npy"
+        row_doc = load_npy(rows_file, "int64", 1, mmap=False) if rows_file.exists() else None
+        if row_doc is not None:
+            if len(row_doc) and (row_doc.min() < 0 or (n_docs is not None and row_doc.max() >= n_docs)):
+                raise IndexFormatError(f"{rows_file}: document numbers outside 0..{(n_docs or 0) - 1}")
+            if n_docs is not None and len(np.unique(row_doc)) != n_docs:
+                raise IndexFormatError(f"{rows_file}: {len(np.unique(row_doc))} documents have vectors, the manifest records {n_docs}")
+        check_faiss(path, index, len(row_doc) if row_doc is not None else n_docs, dim)
+        return cls(index, projection, row_doc)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(doc numbers int64 (n, k), cosine scores float32 (n, k)); -1 pads missing hits."""
         q = queries @ self.projection if self.projection is not None else queries
-        scores, docs = self.index.search(normalise(q), k)
-        return docs, scores
+        if self.row_doc is None:
+            scores, docs = self.index.search(normalise(q), k)
+            return docs, scores
+        from indexer.segments import best_per_document
+
+        # k documents need at most k * (rows of the longest document) rows: every row ranked
+        # above a top-k document's best row belongs to one of the k-1 documents before it
+        depth = min(self.index.ntotal, k * self.max_rows_per_doc)
+        scores, rows = self.index.search(normalise(q), depth)
+        return best_per_document(rows, scores, self.row_doc, k)
 
 
 def check_faiss(path: Path, index, n_docs: int | None, dim: int | None) -> None:

@@ -15,6 +15,11 @@ from pathlib import Path
 from indexer.checksums import json_checksum
 
 FORMAT_VERSION = 1
+# Multi-vector documents (indexer/segments.py) are written as format 2, so that a reader that
+# predates them refuses such an index instead of misreading its dense rows as documents;
+# single-vector indexes stay format 1, unchanged.
+SEGMENTS_FORMAT_VERSION = 2
+READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION)
 MANIFEST = "manifest.json"
 DOC_IDS = "doc_ids.json"  # document ids in doc-number order (a JSON list)
 
@@ -36,6 +41,8 @@ class Manifest:
     embedfilter: dict | None = None  # {"tau", "left", "right", "dim", "kind"} when stored
     lexical: dict | None = None  # {"analyzer", "k1", "b", "n_terms"} when stored
     encoder: dict | None = None  # {"name", "sha256", "dim", "max_seq_length", "kind", ...} when stored
+    # multi-vector documents: {"length", "max_segments", "n_segments", "max_per_doc", ...}; None: one vector per document
+    segments: dict | None = None
     # how the documents were encoded: {"name": runtime, "dtype", "reason", "capability"} (embedder/hardware.py)
     runtime: dict | None = None
     build: dict = field(default_factory=dict)  # timings and throughput
@@ -63,10 +70,12 @@ class Manifest:
         if not isinstance(data, dict):
             raise IndexFormatError(f"{path}: not a JSON object")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise IndexFormatError(
-                f"{path}: field 'format_version': index format {version!r}, this version reads {FORMAT_VERSION}; rebuild the index"
+                f"{path}: field 'format_version': index format {version!r}, this version reads {', '.join(map(str, READABLE_VERSIONS))}; rebuild the index"
             )
+        if (version == SEGMENTS_FORMAT_VERSION) != isinstance(data.get("segments"), dict):
+            raise IndexFormatError(f"{path}: field 'segments': format {version} {'needs' if version == SEGMENTS_FORMAT_VERSION else 'has no'} a segments object")
         known = set(cls.__dataclass_fields__)
         missing = [k for k in ("model", "embedding", "sparse", "n_docs") if k not in data]
         if missing:

@@ -6,6 +6,7 @@ need ../shared/data and skip with a message where it is absent; they are marked 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -206,6 +207,23 @@ def test_harness_metrics_runs_and_report(harness_results: Path):
     row = next(line for line in md.splitlines() if line.startswith("| `oracle` | 1.0000"))
     assert row.split(" | ")[1:5] == ["1.0000", "1.0000", "1.0000", "1.0000"]
     assert "Command: `beir-eval --data toy (test)`" in md
+
+
+def test_resume_keeps_finished_datasets_and_runs_the_rest(harness_results: Path, toy: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(systems.REGISTRY, "oracle", (Oracle, "test stand-in: the qrels"))
+    monkeypatch.setitem(systems.REGISTRY, "nothing", (Nothing, "test stand-in: no hits"))
+    first = json.loads((harness_results / "results.json").read_text())
+    ds = dsets.load_beir_folder(toy)
+    other = dataclasses.replace(ds, name="toy2")
+    settings = systems.Settings(work_dir=tmp_path / "work", progress=False)
+    res = run_suite([ds, other], ["oracle", "nothing"], settings, harness_results, depth=10, resume=True)
+    assert [d["name"] for d in res["datasets"]] == ["toy", "toy2"]
+    assert res["datasets"][0] == first["datasets"][0]  # kept, not re-run
+    assert res["resumed"]["datasets"] == ["toy"] and res["datasets"][1]["results"]["oracle"]["metrics"]["ndcg@10"] == 1.0
+    with pytest.raises(ValueError, match="settings.depth"):
+        run_suite([ds], ["oracle"], settings, harness_results, depth=20, resume=True)
+    with pytest.raises(ValueError, match="no sparse"):
+        run_suite([ds], ["oracle", "sparse"], settings, harness_results, depth=10, resume=True)
 
 
 def test_report_is_idempotent_and_renders_tables(harness_results: Path, tmp_path: Path):

@@ -17,14 +17,18 @@ from pathlib import Path
 
 import torch
 
+from embedder.adapters import adapter_embedding, adapter_record
 from embedder.encoder import EmbedderConfig
 
 RECORD = "text2token.json"
 WEIGHTS = "adapter_model.safetensors"
 
 
-def save_adapter(peft_model, directory: Path, record: dict) -> Path:
-    """Write the LoRA weights (bf16), the peft config and ``text2token.json`` into ``directory``."""
+def save_adapter(peft_model, directory: Path, record: dict, record_name: str = RECORD, memory=None) -> Path:
+    """Write the LoRA weights (bf16), the peft config and the record (``text2token.json``) into ``directory``.
+
+    memory: LLM2Comp memory vectors (embedder/memory.py), written beside the LoRA weights (fp32).
+    """
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
@@ -39,7 +43,9 @@ def save_adapter(peft_model, directory: Path, record: dict) -> Path:
             metadata={"format": "pt"},
         )
         peft_model.peft_config["default"].save_pretrained(str(tmp))
-        (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+        (tmp / record_name).write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+        if memory is not None:
+            memory.save(tmp)
         make_readable(tmp)
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old")
@@ -63,9 +69,8 @@ def make_readable(folder: Path) -> None:
 
 
 def read_record(directory: Path) -> dict | None:
-    """The Text2Token record of an adapter directory, or None for a foreign adapter."""
-    path = Path(directory) / RECORD
-    return json.loads(path.read_text()) if path.exists() else None
+    """The training record (Text2Token or LLM2Comp) of an adapter directory, or None for a foreign adapter."""
+    return adapter_record(Path(directory))
 
 
 def embedding_config_for(
@@ -75,17 +80,11 @@ def embedding_config_for(
 
     ``max_length`` and ``batch_size`` are not taken from training (indexing keeps longer texts).
     """
-    if directory is None:
+    if directory is None or read_record(directory) is None:
         return None
-    rec = read_record(directory)
-    if rec is None:
-        return None
-    emb = rec.get("embedding", {})
     base = EmbedderConfig()
     return EmbedderConfig(
-        prompt=emb.get("prompt", base.prompt),
-        pooling=emb.get("pooling", base.pooling),
-        attention=emb.get("attention", base.attention),
+        **adapter_embedding(Path(directory)),
         max_length=max_length or base.max_length,
         batch_size=batch_size or base.batch_size,
     )

@@ -64,9 +64,30 @@ def _parse_stages(spec: str) -> tuple[Stage, ...]:
 def train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="train-text2token",
-        description="Train a Text2Token embedder (LoRA adapter) from a backbone and an unlabeled corpus (documents only).",
+        description="Train an embedder (LoRA adapter) from a backbone: Text2Token on an unlabeled corpus (documents only), "
+        "and/or supervised contrastive on pairs files (--pairs, with a contrastive recipe).",
     )
-    p.add_argument("--corpus", action="append", required=True, help="corpus to train on (BEIR folder, .jsonl, .tsv); repeatable")
+    p.add_argument("--corpus", action="append", help="corpus to train on (BEIR folder, .jsonl, .tsv); repeatable")
+    p.add_argument(
+        "--pairs",
+        action="append",
+        type=Path,
+        help="TSV of anchor<TAB>positive[<TAB>negative] pairs for the contrastive stage (one source per file); repeatable",
+    )
+    p.add_argument(
+        "--holdout",
+        action="append",
+        type=Path,
+        default=[],
+        help="evaluation texts that training must never see: a BEIR folder (its queries), an STS TSV, a folder of them; "
+        "pairs containing one are dropped; repeatable",
+    )
+    p.add_argument("--max-pairs", type=int, help="seeded sample of this many pairs per pairs file")
+    p.add_argument("--kl-weight", type=float, help="weight of the joint Text2Token KL in the contrastive stage (0 = off)")
+    p.add_argument("--temperature", type=float, help="InfoNCE temperature (initial value if learned)")
+    p.add_argument("--learn-temperature", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None, help="add the positive -> anchor loss")
+    p.add_argument("--init-adapter", help="continue from this adapter ('default' = shipped, 'none' = fresh LoRA)")
     p.add_argument("--format", choices=["beir", "jsonl", "tsv"], help="corpus format (guessed from the path by default)")
     p.add_argument("--output", required=True, type=Path, help="run folder: adapter/, checkpoints/, loss_curve.{json,png}")
     p.add_argument(
@@ -136,7 +157,14 @@ def recipe_from_args(args: argparse.Namespace):
         top_n=args.top_n,
         save_every=args.save_every,
         group_by_length=args.group_by_length,
+        max_pairs_per_source=args.max_pairs,
+        kl_weight=args.kl_weight,
+        temperature=args.temperature,
+        learn_temperature=args.learn_temperature,
+        symmetric=args.symmetric,
     )
+    if args.init_adapter is not None:
+        r = replace(r, init_adapter=None if args.init_adapter == "none" else args.init_adapter)
     if args.batch_size and not args.micro_batch_size and args.batch_size % r.micro_batch_size:
         r = replace(r, micro_batch_size=args.batch_size)
     dt = r.data_target
@@ -177,9 +205,30 @@ def train_main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"train-text2token: {exc}", file=sys.stderr)
         return 2
+    from training.pairs import PairsFileError, holdout_texts, load_pairs
+
+    has_pairs_stage = any(s.target == "pairs" and s.steps for s in recipe.stages)
+    if has_pairs_stage != bool(args.pairs):
+        print(
+            "train-text2token: "
+            + ("the recipe has a pairs stage: give --pairs FILE" if has_pairs_stage else "--pairs needs a recipe with a pairs stage (e.g. --recipe contrastive-cpu)"),
+            file=sys.stderr,
+        )
+        return 2
+    if not args.corpus and not args.pairs:
+        print("train-text2token: give --corpus (Text2Token) and/or --pairs (contrastive)", file=sys.stderr)
+        return 2
+    pairs, texts, info = None, [], {}
     try:
-        texts, info = corpus_texts(args.corpus, args.format, args.max_texts, recipe.seed)
-    except CorpusError as exc:
+        if args.pairs:
+            pairs = load_pairs(args.pairs, recipe.max_pairs_per_source, recipe.seed, holdout_texts(args.holdout))
+            texts = list(pairs.texts)
+            info["pairs"] = pairs.describe() | {"holdout": [str(h) for h in args.holdout]}
+        if args.corpus:
+            corpus, cinfo = corpus_texts(args.corpus, args.format, args.max_texts, recipe.seed)
+            texts += corpus
+            info |= cinfo
+    except (CorpusError, PairsFileError) as exc:
         print(f"train-text2token: {exc}", file=sys.stderr)
         return 2
     if not texts:
@@ -188,7 +237,9 @@ def train_main(argv: list[str] | None = None) -> int:
     cache = None if args.targets_cache == "none" else Path(args.targets_cache or cache_dir() / "text2token-targets")
     t0 = time.perf_counter()
     try:
-        trainer = Text2TokenTrainer(recipe, texts, args.output, cache_dir=cache, progress=not args.quiet, corpus_info=info)
+        trainer = Text2TokenTrainer(
+            recipe, texts, args.output, cache_dir=cache, progress=not args.quiet, corpus_info=info, pairs=pairs
+        )
     except ModelNotAvailable as exc:
         print(f"train-text2token: {exc}", file=sys.stderr)
         return 2
@@ -197,7 +248,9 @@ def train_main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     print(
-        f"train-text2token: {len(texts)} documents, recipe {args.recipe} ({recipe.total_steps} steps x {recipe.batch_size} texts, "
+        f"train-text2token: {len(texts)} texts"
+        + (f" ({sum(len(s) for s in pairs.sources)} pairs in {len(pairs.sources)} sources, {sum(pairs.dropped.values())} dropped as held-out overlap)" if pairs else "")
+        + f", recipe {args.recipe} ({recipe.total_steps} steps x {recipe.batch_size} texts, "
         f"{' + '.join(f'{s.steps} {s.target}' for s in recipe.stages)}), output {args.output}",
         file=sys.stderr,
     )

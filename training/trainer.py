@@ -31,7 +31,9 @@ import torch
 from embedder.encoder import Embedder, EmbedderConfig
 from training.adapter_io import make_readable, round_lora_to_bf16, save_adapter
 from training.config import Recipe
+from training.contrastive import GradCache, Temperature, pair_loss
 from training.loss import text2token_loss
+from training.pairs import PairSet, pair_batches
 from training.target_cache import SparseTargets, cache_key, cached, texts_fingerprint, write_json_atomic
 from training.targets_data import compute_data_targets
 from training.targets_model import compute_model_targets
@@ -42,7 +44,7 @@ CHECKPOINTS = "checkpoints"
 ADAPTER = "adapter"
 LOSS_JSON = "loss_curve.json"
 LOSS_PNG = "loss_curve.png"
-TARGET_NAMES = {"data": "data-driven", "model": "model-derived"}
+TARGET_NAMES = {"data": "data-driven", "model": "model-derived", "pairs": "contrastive pairs"}
 
 
 @dataclass
@@ -70,6 +72,9 @@ def stage_orders(recipe: Recipe, pools: Sequence[np.ndarray], lengths: np.ndarra
     """
     orders = []
     for k, (stage, pool) in enumerate(zip(recipe.stages, pools)):
+        if stage.target == "pairs":  # drawn by training.pairs.pair_batches instead
+            orders.append(np.zeros(0, dtype=np.int64))
+            continue
         need = stage.steps * recipe.batch_size
         if need and len(pool) == 0:
             raise ValueError(f"stage {k + 1} ({TARGET_NAMES[stage.target]}) has no text with a target")
@@ -114,7 +119,8 @@ class Text2TokenTrainer:
 
     texts: the training documents (never queries). embedder: an in-memory backbone
     (tests); by default ``recipe.model`` is loaded with no adapter. cache_dir: where targets
-    are cached (None = no cache).
+    are cached (None = no cache). pairs: the supervised pairs of "pairs" stages; their texts
+    must be ``texts`` (rows of a :class:`~training.pairs.PairSet` index into it).
     """
 
     def __init__(
@@ -126,16 +132,23 @@ class Text2TokenTrainer:
         cache_dir: Path | None = None,
         progress: bool = True,
         corpus_info: dict | None = None,
+        pairs: PairSet | None = None,
     ) -> None:
         if not texts:
             raise ValueError("no training texts")
+        if any(s.target == "pairs" and s.steps for s in recipe.stages) and pairs is None:
+            raise ValueError("the recipe has a pairs stage: give pairs files (--pairs)")
+        if pairs is not None and pairs.texts != list(texts)[: len(pairs.texts)]:
+            raise ValueError("pairs must index into the training texts (texts = pairs.texts first)")
         self.recipe = recipe
+        self.pairs = pairs
         self.texts = list(texts)
         self.run_dir = Path(run_dir)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.progress = progress
         self.corpus_info = corpus_info or {}
-        self.texts_hash = texts_fingerprint(self.texts)
+        self.texts_hash = texts_fingerprint(self.texts) + (f"+pairs:{pairs.fingerprint()}" if pairs is not None else "")
+        self.temperature = Temperature(recipe.temperature, learn=recipe.learn_temperature)
         self.embedder = embedder if embedder is not None else self._load_embedder()
         self.peft_model = None
         self.targets: dict[str, SparseTargets] = {}
@@ -148,8 +161,18 @@ class Text2TokenTrainer:
         )
 
     def _load_embedder(self) -> Embedder:
+        from embedder.hardware import device_capability
+
+        # bf16 autocast only where the hardware multiplies in bf16: emulated, it is ~5x slower
+        # than fp32 (AVX2 CPUs), so there the recipe's bf16 is ignored (and recorded as such).
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        native = device_capability(device).native_bf16
+        if self.recipe.bf16 and not native:
+            log.warning("recipe asks for bf16 autocast but %s has no native bf16: training in fp32", device)
         # runtime=None: the weights change under training, so no runtime may snapshot them.
-        return Embedder.load(self.recipe.model, adapter="none", config=self.embedding_config(), bf16=self.recipe.bf16, runtime=None)
+        return Embedder.load(
+            self.recipe.model, adapter="none", config=self.embedding_config(), bf16=self.recipe.bf16 and native, runtime=None
+        )
 
     def prepare_targets(self) -> dict[str, SparseTargets]:
         """Compute (or load from the cache) the targets every stage needs, with the frozen backbone."""
@@ -157,6 +180,10 @@ class Text2TokenTrainer:
             raise RuntimeError("targets must be computed before LoRA is attached (θ0 = the backbone)")
         r, emb = self.recipe, self.embedder
         kinds = {s.target for s in r.stages if s.steps > 0}
+        if "pairs" in kinds:  # the joint objective reads the data-driven target of the pair texts
+            kinds.discard("pairs")
+            if r.kl_weight > 0:
+                kinds.add("data")
         model_id = emb.identity
         cache_dir = self.cache_dir if model_id.get("sha256") else None  # in-memory models have no identity
         common = {"texts": self.texts_hash, "max_length": r.max_length, "top_n": r.top_n, "vocab": emb.vocab_size}
@@ -214,8 +241,96 @@ class Text2TokenTrainer:
             p.requires_grad_(False)
         self.peft_model = get_peft_model(lm, cfg)
         self.peft_model.peft_config["default"].base_model_name_or_path = str(self.embedder.identity.get("name"))
+        if r.init_adapter:
+            self._load_init_adapter(r.init_adapter)
         self.embedder.model = self.peft_model
         return self.peft_model
+
+    def _load_init_adapter(self, name: str) -> None:
+        """Start LoRA from a trained adapter (e.g. the shipped Text2Token one) instead of zero."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        from embedder.adapters import resolve_adapter
+
+        path = resolve_adapter(name, str(self.embedder.identity.get("name")))
+        if path is None:
+            raise ValueError(f"init_adapter {name!r} resolves to no adapter for {self.embedder.identity.get('name')}")
+        cfg = json.loads((Path(path) / "adapter_config.json").read_text())
+        r = self.recipe
+        if cfg.get("r") != r.lora_r or cfg.get("lora_alpha") != r.lora_alpha or set(cfg.get("target_modules") or ()) != set(r.lora_targets):
+            raise ValueError(
+                f"{path}/adapter_config.json: r={cfg.get('r')} alpha={cfg.get('lora_alpha')} targets={cfg.get('target_modules')} "
+                f"differ from the recipe's r={r.lora_r} alpha={r.lora_alpha} targets={list(r.lora_targets)}"
+            )
+        weights = {k: v.float() for k, v in load_file(str(Path(path) / "adapter_model.safetensors")).items()}
+        result = set_peft_model_state_dict(self.peft_model, weights)
+        missing = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
+        if missing:
+            raise ValueError(f"{path}: adapter weights not found in the model: {missing[:3]}")
+        self.init_adapter_path = str(path)
+        log.info("LoRA initialised from %s", path)
+
+    # ------------------------------------------------------------ steps
+    def _kl_step(self, rows: np.ndarray, prompt_ids: list[list[int]], target: SparseTargets) -> tuple[float, int]:
+        """One Text2Token step (Eq. 11) over ``rows``, accumulated over micro-batches; (loss sum, tokens)."""
+        loss_sum, n_tok = 0.0, 0
+        for m in range(0, len(rows), self.recipe.micro_batch_size):
+            mrows = rows[m : m + self.recipe.micro_batch_size]
+            batch = [prompt_ids[i] for i in mrows]
+            h = self.embedder.pooled(batch)
+            ids, probs, rest = target.batch(mrows, self.embedder.device)
+            per_text = text2token_loss(self.embedder, h, ids, probs, rest)
+            (per_text.sum() / len(rows)).backward()
+            loss_sum += float(per_text.detach().sum())
+            n_tok += sum(len(x) for x in batch)
+        return loss_sum, n_tok
+
+    # ------------------------------------------------------ pairs stage
+    def _pairs_step(
+        self, source, picked: np.ndarray, prompt_ids: list[list[int]], data_targets: SparseTargets | None
+    ) -> tuple[float, int, dict]:
+        """One contrastive step over a batch of pairs of one source (gradients accumulated, no update).
+
+        The loss is InfoNCE over the batch's positives and hard negatives (training/contrastive.py),
+        plus ``kl_weight`` x the Text2Token KL of every text of the batch to its data-driven
+        target: the embedding is pulled to its positive while still predicting its own key tokens.
+        Returns (loss x batch, real tokens, per-step readings).
+        """
+        r = self.recipe
+        a_rows, p_rows = source.anchor[picked], source.positive[picked]
+        n_rows = source.negative[picked]
+        n_rows = n_rows[n_rows >= 0]
+        groups_rows = [a_rows, p_rows] + ([n_rows] if len(n_rows) else [])
+        groups = [[prompt_ids[i] for i in g] for g in groups_rows]
+        texts = [[self.texts[i] for i in g] for g in groups_rows]
+        readings: dict = {}
+
+        def loss_fn(a: torch.Tensor, p: torch.Tensor, n: torch.Tensor | None = None) -> torch.Tensor:
+            tau = self.temperature()
+            con = pair_loss(a, p, tau, n, texts[0], texts[1], texts[2] if n is not None else None, symmetric=r.symmetric)
+            loss = con.mean()
+            readings["contrastive"] = float(loss.detach())
+            if r.kl_weight > 0 and data_targets is not None:
+                h = torch.cat([a, p] + ([n] if n is not None else []))
+                rows = np.concatenate(groups_rows)
+                ok = torch.from_numpy(data_targets.valid()[rows])
+                ids, probs, rest = data_targets.batch(rows, self.embedder.device)
+                kl = text2token_loss(self.embedder, h, ids, probs, rest)
+                kl = (kl * ok).sum() / ok.sum().clamp(min=1)
+                readings["kl"] = float(kl.detach())
+                loss = loss + r.kl_weight * kl
+            return loss
+
+        loss, reps = GradCache(self.embedder.pooled, r.micro_batch_size).step(groups, loss_fn)
+        with torch.no_grad():  # how separable the batch is: mean cosine of positives vs in-batch others
+            a, p = (torch.nn.functional.normalize(x, dim=-1) for x in reps[:2])
+            sims = a @ p.T
+            readings["pos_cos"] = float(sims.diagonal().mean())
+            readings["neg_cos"] = float((sims.sum() - sims.diagonal().sum()) / max(sims.numel() - len(a), 1))
+        readings["temperature"] = self.temperature.value
+        n_tok = sum(len(x) for g in groups for x in g)
+        return float(loss) * len(picked), n_tok, readings
 
     # ------------------------------------------------------- checkpoints
     def _checkpoint_dir(self) -> Path:
@@ -232,6 +347,7 @@ class Text2TokenTrainer:
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "torch_rng": torch.get_rng_state(),
+                "temperature": self.temperature.log_t.detach().clone(),
                 "step": step,
             }
             torch.save(state, tmp / "state.pt")
@@ -273,6 +389,9 @@ class Text2TokenTrainer:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
+        if "temperature" in state:
+            with torch.no_grad():
+                self.temperature.log_t.copy_(state["temperature"])
         return int(state["step"]), list(info["history"])
 
     # ------------------------------------------------------------ train
@@ -288,10 +407,18 @@ class Text2TokenTrainer:
         targets = self.prepare_targets() if not self.targets else self.targets
         if self.peft_model is None:
             self.attach_lora()
-        params = [p for p in self.peft_model.parameters() if p.requires_grad]
+        params = [p for p in self.peft_model.parameters() if p.requires_grad] + list(self.temperature.parameters())
         optimizer = torch.optim.AdamW(params, lr=r.lr, weight_decay=r.weight_decay)
         scheduler = make_scheduler(optimizer, r)
-        pools = [np.flatnonzero(targets[s.target].valid()) if s.steps else np.zeros(0, np.int64) for s in r.stages]
+        pools = [
+            np.flatnonzero(targets[s.target].valid()) if s.steps and s.target != "pairs" else np.zeros(0, np.int64)
+            for s in r.stages
+        ]
+        pair_plan = {
+            k: pair_batches(self.pairs.sources, s.steps, r.batch_size, r.seed, k)
+            for k, s in enumerate(r.stages)
+            if s.target == "pairs" and s.steps
+        }
         prompt_ids = self.embedder.prompt_ids(self.texts)
         orders = stage_orders(r, pools, np.array([len(x) for x in prompt_ids]))
 
@@ -319,17 +446,14 @@ class Text2TokenTrainer:
             k = int(np.searchsorted(bounds, step, side="right") - 1)
             stage = r.stages[k]
             local = step - bounds[k]
-            rows = orders[k][local * r.batch_size : (local + 1) * r.batch_size]
-            loss_sum, n_tok = 0.0, 0
-            for m in range(0, len(rows), r.micro_batch_size):
-                mrows = rows[m : m + r.micro_batch_size]
-                batch = [prompt_ids[i] for i in mrows]
-                h = self.embedder.pooled(batch)
-                ids, probs, rest = targets[stage.target].batch(mrows, self.embedder.device)
-                per_text = text2token_loss(self.embedder, h, ids, probs, rest)
-                (per_text.sum() / len(rows)).backward()
-                loss_sum += float(per_text.detach().sum())
-                n_tok += sum(len(x) for x in batch)
+            extra: dict = {}
+            if stage.target == "pairs":
+                source, rows = pair_plan[k][local]
+                loss_sum, n_tok, extra = self._pairs_step(self.pairs.sources[source], rows, prompt_ids, targets.get("data"))
+                extra["source"] = self.pairs.sources[source].name
+            else:
+                rows = orders[k][local * r.batch_size : (local + 1) * r.batch_size]
+                loss_sum, n_tok = self._kl_step(rows, prompt_ids, targets[stage.target])
             grad_norm = None
             if r.max_grad_norm:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, r.max_grad_norm))
@@ -349,6 +473,7 @@ class Text2TokenTrainer:
                     "grad_norm": grad_norm,
                     "tokens": n_tok,
                     "tokens_per_s": round(tokens_run / elapsed, 1),
+                    **extra,
                 }
             )
             if not math.isfinite(history[-1]["loss"]):
@@ -384,7 +509,11 @@ class Text2TokenTrainer:
         r = self.recipe
         tail = [h["loss"] for h in history[-10:]]
         return {
-            "method": "Text2Token (arXiv 2510.10224 / ../shared/papers/text2token.txt)",
+            "method": "Text2Token (arXiv 2510.10224 / ../shared/papers/text2token.txt)"
+            + (" + supervised contrastive (InfoNCE, training/contrastive.py)" if self.pairs is not None else ""),
+            "init_adapter": getattr(self, "init_adapter_path", None),
+            "pairs": self.pairs.describe() if self.pairs is not None else None,
+            "autocast_bf16": bool(self.embedder.bf16),
             "recipe": r.to_dict(),
             "recipe_fingerprint": r.fingerprint(),
             "backbone": self.embedder.identity,
@@ -426,8 +555,8 @@ def plot_loss_curve(history: list[dict], path: Path) -> None:
             ax.plot(x[w - 1 :], np.convolve(y, np.ones(w) / w, mode="valid"), color=line.get_color(), lw=2)
         ax.plot([], [], color=line.get_color(), label=f"stage {stage}: {TARGET_NAMES[hs[0]['target']]} target")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("KL(P_target || Q_θ) per text")
-    ax.set_title("Text2Token training loss")
+    ax.set_ylabel("loss per text (KL; pairs stage: InfoNCE + w·KL)")
+    ax.set_title("Training loss")
     ax.legend()
     fig.tight_layout()
     path = Path(path)

@@ -1,0 +1,109 @@
+"""The classification section of BENCHMARKS.md, from ``kind: cls-eval`` results files (benchmarks/cls_eval.py)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TASK_ORDER = ("mr", "cr", "subj", "mpqa", "trec", "banking77", "emotion")
+MULTI_CLASS = ("trec", "banking77", "emotion")
+
+
+def _tasks(files: list[tuple[Path, dict]]) -> list[str]:
+    names = {t for _, d in files for t in d["tasks"]}
+    return [t for t in TASK_ORDER if t in names] + sorted(names - set(TASK_ORDER))
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.2f}"
+
+
+def _row(label: str, d: dict, tasks: list[str], get) -> list[str]:
+    vals = [get(d["tasks"][t]) if t in d["tasks"] else None for t in tasks]
+    mean = sum(vals) / len(vals) if vals and all(v is not None for v in vals) else None
+    return [label] + [_pct(v) for v in vals] + [_pct(mean)]
+
+
+def plot_classification(files: list[tuple[Path, dict]]):
+    """Grouped bars: accuracy per task, one bar per embedder row (boosted rows included)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = _tasks(files)
+    series = []
+    for _, d in files:
+        series.append((d["label"] + (" (one token)" if d["boost"] else ""), [d["tasks"].get(t, {}).get("accuracy") for t in tasks]))
+        if d["boost"]:
+            series.append((d["label"] + " + boosting", [d["tasks"][t]["boosted"]["accuracy"] if t in d["tasks"] else None for t in tasks]))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(len(series), 1)
+    for i, (label, vals) in enumerate(series):
+        pos = [j + (i - (len(series) - 1) / 2) * width for j in range(len(tasks))]
+        ax.bar(pos, [100 * v if v is not None else float("nan") for v in vals], width, label=label)
+    ax.set_xticks(range(len(tasks)), tasks)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("Sentence classification: logistic regression on frozen embeddings")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str | None = None) -> str:
+    """Markdown: accuracy per task and embedder (single token; boosted where measured), macro-F1, and per-prefix detail."""
+    from benchmarks.report import _machine, _table
+
+    tasks = _tasks(files)
+    header = ["Embedder"] + tasks + ["mean"]
+    acc, f1, detail, cmds = [], [], [], []
+    for path, d in files:
+        acc.append(_row(f"{d['label']} (one token)" if d["boost"] else d["label"], d, tasks, lambda r: r["accuracy"]))
+        f1.append(_row(f"{d['label']} (one token)" if d["boost"] else d["label"], d, [t for t in tasks if t in MULTI_CLASS], lambda r: r["macro_f1"]))
+        if d["boost"]:
+            acc.append(_row(f"{d['label']} + Token Fusion Boosting (k={d['k']})", d, tasks, lambda r: r["boosted"]["accuracy"]))
+            f1.append(_row(f"{d['label']} + Token Fusion Boosting (k={d['k']})", d, [t for t in tasks if t in MULTI_CLASS], lambda r: r["boosted"]["macro_f1"]))
+            for t in tasks:
+                r = d["tasks"].get(t)
+                if r:
+                    best = max(p["accuracy"] for p in r["prefixes"])
+                    detail.append([d["label"], t] + [_pct(p["accuracy"]) for p in r["prefixes"]] + [_pct(r["boosted"]["accuracy"]), f"{100 * r['boost_gain_over_best_prefix']:+.2f}", f"{100 * (r['boosted']['accuracy'] - r['accuracy']):+.2f}"])
+        cmds.append(f"- {d['label']}: `{d['command']}` (`{os.path.relpath(path, base)}`; {d['texts_encoded']} texts; encoding {d['encode_s']} s"
+                    f"{' (from cache)' if d['encode_s'] < 5 else ''}; wall {d['wall_s']} s)")
+    first = files[0][1]
+    sampled = {d.get("max_rows") for _, d in files}
+    parts = [
+        "## Sentence classification (cls-eval)\n",
+        "Logistic regression on frozen embeddings (scikit-learn: standardised features, L2; C as each row's results file "
+        "records it: from an inner 3-fold CV on the training rows only, or fixed with `--c`). MR, CR, SUBJ, MPQA: 10-fold stratified cross-validation; TREC, Banking77, Emotion: train/test. "
+        "Accuracy in %, predictions of all folds pooled. For this project's embedders, *one token* is the engine's pooled token "
+        "(the last prompt position); *Token Fusion Boosting* (BTMR §3.3) fits one classifier per prefix of the k token states "
+        "(for an embedder without BTMR groups: the last k prompt positions, last first) and fuses their out-of-fold class "
+        "probabilities with gradient boosting.\n",
+    ]
+    if sampled != {None}:
+        parts.append(f"**Sampled:** each split capped at {', '.join(str(s) for s in sorted(x for x in sampled if x))} texts (stratified, seed 0; "
+                     "the same texts for every row), because the full sets (~74k sentences) take hours to encode on this machine. "
+                     "With 100 test texts one text is one point (a 10-fold CV task tests each of its sampled texts once): "
+                     "differences of a few points are within noise.\n")
+    parts += [
+        f"Machine: {_machine(first.get('machine', {}))}.\n",
+        _table(header, acc, ["l"] + ["r"] * (len(header) - 1)) + "\n",
+        "Macro-F1 (%) of the multi-class sets:\n",
+        _table(["Embedder"] + [t for t in tasks if t in MULTI_CLASS] + ["mean"], f1, ["l"] + ["r"] * 4) + "\n",
+    ]
+    if detail:
+        k = max(len(r) - 5 for r in detail)
+        parts += [
+            "Each prefix alone, boosted, and the gain of boosting over the best single prefix (measured on the test texts, "
+            "so an optimistic bar for the prefix) and over the one-token row:\n",
+            _table(["Embedder", "task"] + [f"prefix {i}" for i in range(1, k + 1)] + ["boosted", "gain vs best prefix", "gain vs one token"],
+                   detail, ["l", "l"] + ["r"] * (k + 3)) + "\n",
+        ]
+    if plot:
+        parts.append(f"![Sentence classification accuracy]({plot})\n")
+    parts.append("Commands:\n\n" + "\n".join(cmds) + "\n")
+    return "\n".join(parts)
+
+
+__all__ = ["render_classification", "TASK_ORDER"]

@@ -1,0 +1,165 @@
+"""One row per embedder of the same backbone, with the baselines users would build instead.
+
+    python -m benchmarks.embedder_table --pairs ../shared/data/stsb/test.tsv \\
+        --variant "Text2Token (shipped)=default:benchmarks/results/encoder-hybrid" \\
+        --variant "+ contrastive=runs/contrastive-cpu/adapter:benchmarks/results/contrastive-cpu" \\
+        --baseline-runs benchmarks/results/encoder-hybrid \\
+        --baseline-fusion benchmarks/results/fusion_encoder_subsets.json --out benchmarks/results/embedders.json
+
+Columns: STS-B test Spearman; per shared collection nDCG@10 of the sparse (aligned tokens) and
+dense channels and of the hybrid with weights chosen leave-one-collection-out (LOCO; read from
+``<results>/fusion_cv.json``, written by ``benchmarks.fusion_cv``); their means; and what the
+training cost (steps, pairs or texts seen, seconds, from the adapter's record and loss curve).
+Baseline rows: BM25 (Pyserini), all-MiniLM-L6-v2, and BM25 + MiniLM fused with LOCO weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.text2token_table import _ndcg_by_dataset, _parse_variant
+
+CHANNELS = ("sparse", "dense", "hybrid")
+
+
+def _hybrid_loco(results_dir: Path) -> dict[str, float]:
+    """LOCO hybrid nDCG@10 per collection from ``fusion_cv.json`` in a beir-eval output folder."""
+    path = results_dir / "fusion_cv.json"
+    if not path.exists():
+        return {}
+    d = json.loads(path.read_text(encoding="utf-8"))
+    return {name: v["loco"] for name, v in d["details"]["per_collection"].items()}
+
+
+def training_cost(adapter: str, model: str) -> dict:
+    """Steps, pairs/texts seen and seconds of the run that wrote ``adapter`` (from its files)."""
+    from embedder.adapters import resolve_adapter
+
+    path = resolve_adapter(adapter, model)
+    if path is None:
+        return {}
+    rec_path = Path(path) / "text2token.json"
+    if not rec_path.exists():
+        return {}
+    rec = json.loads(rec_path.read_text(encoding="utf-8"))
+    recipe = rec.get("recipe", {})
+    out = {"steps": rec.get("steps"), "batch": recipe.get("batch_size")}
+    stages = recipe.get("stages", [])
+    if stages:
+        out["seen"] = " + ".join(f"{s['steps'] * recipe.get('batch_size', 0)} {'pairs' if s['target'] == 'pairs' else 'texts'}" for s in stages)
+    curve = Path(path).parent / "loss_curve.json"
+    if curve.exists():
+        hist = json.loads(curve.read_text(encoding="utf-8"))["history"]
+        if hist and hist[-1].get("tokens_per_s"):
+            out["seconds"] = round(sum(h["tokens"] for h in hist) / hist[-1]["tokens_per_s"])
+    return out
+
+
+def _baseline_rows(runs: Path, fusion: Path | None, datasets: list[str]) -> list[list]:
+    data = json.loads((runs / "results.json").read_text(encoding="utf-8"))
+    per = {ds["name"]: {s: r["metrics"]["ndcg@10"] for s, r in ds["results"].items()} for ds in data["datasets"]}
+    rows = []
+    loco = {}
+    if fusion is not None:
+        sub = json.loads(fusion.read_text(encoding="utf-8"))["details"]["subsets"]["bm25+encoder"]["per_collection"]
+        loco = {name: v["ndcg@10"] for name, v in sub.items()}
+    for name, system, column in (("BM25 (Pyserini)", "bm25-pyserini", "hybrid"), ("all-MiniLM-L6-v2", "minilm", "dense")):
+        vals = {d: per.get(d, {}).get(system) for d in datasets}
+        rows.append((name, system, {d: {column: v} for d, v in vals.items() if v is not None}))
+    if loco:
+        rows.append(("BM25 + MiniLM (LOCO fusion)", "bm25-pyserini, minilm", {d: {"hybrid": loco[d]} for d in datasets if d in loco}))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", type=Path, required=True, help="STS-B style TSV (sentence1, sentence2, score)")
+    p.add_argument("--variant", type=_parse_variant, action="append", required=True, help="NAME=ADAPTER[:BEIR_EVAL_OUT_DIR]")
+    p.add_argument("--baseline-runs", type=Path, help="beir-eval output folder with bm25-pyserini and minilm runs")
+    p.add_argument("--baseline-fusion", type=Path, help="fusion_cv --subsets-out file with the bm25+encoder subset")
+    p.add_argument(
+        "--sts",
+        action="append",
+        default=[],
+        metavar="NAME=RHO",
+        help="a variant's STS-B figure measured before (by sts-eval or another table), instead of measuring it here",
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--title", default="Embedders of the same backbone against the baselines (STS-B test Spearman, nDCG@10)")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    from embedder.adapters import resolve_adapter
+    from training.cli import load_embedder
+    from training.sts import read_pairs, sts_spearman
+
+    pairs = read_pairs(args.pairs)
+    known = {}
+    for spec in args.sts:
+        name, eq, value = spec.rpartition("=")
+        if not eq or not name:
+            raise SystemExit(f"--sts expects NAME=RHO, got {spec!r}")
+        known[name] = float(value)
+    entries = []
+    for name, adapter, results_dir in args.variant:
+        nd = _ndcg_by_dataset(results_dir, resolve_adapter(adapter, args.model)) if results_dir else {}
+        for d, h in (_hybrid_loco(results_dir) if results_dir else {}).items():
+            nd.setdefault(d, {})["hybrid"] = h
+        t0 = time.perf_counter()
+        sts = known[name] if name in known else sts_spearman(load_embedder(args.model, adapter), pairs)["spearman"]
+        print(f"{name}: STS-B spearman {sts:.4f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        entries.append((name, adapter, round(sts, 4), nd, training_cost(adapter, args.model)))
+    datasets = sorted({d for *_, nd, _ in entries for d in nd})
+    if args.baseline_runs is not None:
+        from embedder.sentence_encoder import SentenceEncoder
+
+        for name, system, nd in _baseline_rows(args.baseline_runs, args.baseline_fusion, datasets):
+            sts = None
+            if system == "minilm":
+                from training.sts import spearman_of_embeddings, unique_sentences
+
+                enc = SentenceEncoder.load("minilm")
+                sts = round(spearman_of_embeddings(enc.encode(unique_sentences(pairs)), pairs)["spearman"], 4)
+            entries.append((name, system, sts, nd, {}))
+    columns = ["embedder", "adapter / system", "STS-B ρ"] + [f"{d} {c}" for d in datasets for c in CHANNELS]
+    columns += [f"mean {c}" for c in CHANNELS] + ["training steps", "seen", "training s"]
+    rows = []
+    for name, adapter, sts, nd, cost in entries:
+        cells = [nd.get(d, {}).get(c) for d in datasets for c in CHANNELS]
+        means = [sum(nd[d][c] for d in datasets) / len(datasets) if all(c in nd.get(d, {}) for d in datasets) else None for c in CHANNELS]
+        fmt = [round(x, 4) if x is not None else "–" for x in cells + means]
+        rows.append([name, adapter, sts if sts is not None else "–"] + fmt + [cost.get("steps", "–"), cost.get("seen", "–"), cost.get("seconds", "–")])
+    from benchmarks.tables import write_table
+
+    write_table(
+        args.out,
+        title=args.title,
+        command="python -m benchmarks.embedder_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        description=(
+            f"Backbone {args.model}. STS-B: Spearman correlation of cosine similarity with the gold scores on {args.pairs} "
+            f"({len(pairs.scores)} pairs). nDCG@10 from the beir-eval runs named in the command: sparse = aligned tokens, "
+            "dense = cosine of pooled embeddings, hybrid = min-max or RRF fusion of sparse, dense and BM25 (Pyserini) with "
+            "the setting best on the other four collections (leave-one-collection-out, benchmarks.fusion_cv). Baselines: "
+            "BM25 in the hybrid columns, MiniLM in the dense columns, BM25 + MiniLM fused with LOCO weights in the hybrid "
+            "columns. Training time is the trainer's own clock on the machine of the run (its adapter record)."
+            + (
+                f" STS-B of {', '.join(known)}: measured before and passed with --sts (sts-eval with the same pairs file, "
+                "or the Text2Token table's measurement)."
+                if known
+                else ""
+            )
+            + " A '–' marks a collection the variant was not run on; a mean needs all of them."
+        ),
+        columns=columns,
+        rows=rows,
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

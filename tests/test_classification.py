@@ -1,0 +1,166 @@
+"""cls-eval (benchmarks/classification.py, benchmarks/cls_eval.py): task files, the cross-validation
+split (no fold leaks), the classifier's settings chosen on training data only, Token Fusion
+Boosting, and the command end to end on a tiny model."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import classification as cls
+from benchmarks.classification import Task, TaskError, evaluate_task, load_task, outer_splits, read_tsv
+
+
+def _write(path, rows, header="text\tlabel"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + "\n" + "".join(f"{t}\t{l}\n" for t, l in rows), encoding="utf-8")
+    return path
+
+
+def test_bad_rows_name_file_and_line(tmp_path):
+    p = _write(tmp_path / "t" / "all.tsv", [("good text", "1"), ("no label here", "")])
+    with pytest.raises(TaskError, match=r"all.tsv:3: field 'label' is empty"):
+        read_tsv(p)
+    p.write_text("sentence\tlabel\nx\t1\n")
+    with pytest.raises(TaskError, match=r"all.tsv:1: header"):
+        read_tsv(p)
+    p.write_text("text\tlabel\na\tb\tc\n")
+    with pytest.raises(TaskError, match=r"all.tsv:2: expected 2 tab-separated fields"):
+        read_tsv(p)
+    with pytest.raises(TaskError, match="expected all.tsv, or train.tsv and test.tsv"):
+        load_task(tmp_path)
+
+
+def test_cv_folds_partition_the_texts_without_leaks(tmp_path):
+    rows = [(f"text {i}", str(i % 3)) for i in range(95)]
+    task = load_task(_write(tmp_path / "cv" / "all.tsv", rows).parent)
+    folds = outer_splits(task)
+    assert task.protocol == "cv" and len(folds) == 10
+    seen = np.concatenate([test for _, test in folds])
+    assert sorted(seen.tolist()) == list(range(95))  # every text tested exactly once
+    for train, test in folds:
+        assert not set(train) & set(test)  # no text both trains and tests a fold
+        assert len(train) + len(test) == 95
+        # stratified: each class in every test fold
+        assert set(task.labels[test]) == {0, 1, 2}
+
+
+def test_split_protocol_keeps_test_apart_and_caps_rows(tmp_path):
+    d = tmp_path / "split"
+    _write(d / "train.tsv", [(f"train {i}", "ab"[i % 2]) for i in range(40)])
+    _write(d / "test.tsv", [(f"test {i}", "ab"[i % 2]) for i in range(20)])
+    task = load_task(d, max_rows=10)
+    ((train, test),) = outer_splits(task)
+    assert all(task.texts[i].startswith("train") for i in train)
+    assert all(task.texts[i].startswith("test") for i in test)
+    assert len(train) == 10 and len(test) == 10 and np.bincount(task.labels[train]).tolist() == [5, 5]
+    _write(d / "test.tsv", [("odd", "c")])
+    with pytest.raises(TaskError, match="labels absent from train.tsv"):
+        load_task(d)
+
+
+def test_c_is_chosen_without_the_test_fold(monkeypatch):
+    """fit_logreg only ever sees training rows: record every matrix it is given."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 1, 5)).astype(np.float32)
+    y = (x[:, 0, 0] > 0).astype(int)
+    task = Task("toy", "cv", [f"t{i}" for i in range(60)], y, ["0", "1"])
+    marked = x.copy()
+    marked[:, 0, 4] = np.arange(60)  # row identity rides along in a feature
+    seen: list[set] = []
+    real = cls.fit_logreg
+
+    def spy(xx, yy, seed=0, c_grid=cls.C_GRID):
+        seen.append(set(xx[:, 4].astype(int).tolist()))
+        return real(xx, yy, seed, c_grid)
+
+    monkeypatch.setattr(cls, "fit_logreg", spy)
+    evaluate_task(task, marked, boost=False)
+    folds = outer_splits(task)
+    assert len(seen) == len(folds)
+    for rows, (train, test) in zip(seen, folds):
+        assert rows == set(train.tolist()) and not rows & set(test.tolist())
+
+
+def test_boosting_reports_every_prefix_and_the_gain():
+    rng = np.random.default_rng(0)
+    n = 240
+    y = rng.integers(0, 3, n)
+    # state 0 tells classes 0/1 apart, state 1 tells class 2 apart: fusing both should help
+    s0 = rng.normal(size=(n, 4)) + np.eye(3)[y][:, [0, 1, 0, 1]] * 2.0
+    s1 = rng.normal(size=(n, 4)) + (y == 2)[:, None] * 2.0
+    states = np.stack([s0, s1], 1).astype(np.float32)
+    task = Task("toy", "cv", [f"t{i}" for i in range(n)], y, ["a", "b", "c"])
+    res = evaluate_task(task, states, boost=True)
+    assert len(res["prefixes"]) == 2 and "boosted" in res
+    assert res["boost_gain_over_best_prefix"] == pytest.approx(res["boosted"]["accuracy"] - max(p["accuracy"] for p in res["prefixes"]))
+    assert res["prefixes"][1]["accuracy"] > res["prefixes"][0]["accuracy"]  # prefix 2 holds both states
+    assert res["boosted"]["accuracy"] > 0.6
+
+
+def test_cls_eval_end_to_end_on_the_tiny_model(tmp_path, tiny_model_dir, capsys):
+    from benchmarks.cls_eval import main
+
+    d = tmp_path / "toy"
+    words = {"a": "cat dog parrot bird horse", "b": "computer memory data disk network"}
+    rng = np.random.default_rng(0)
+    rows = [(" ".join(rng.choice(words[l].split(), 4)), l) for l in "ab" * 20]
+    _write(d / "all.tsv", rows)
+    cache = tmp_path / "cache"
+    argv = ["--task", str(d), "--model", str(tiny_model_dir), "--adapter", "none", "--runtime", "torch", "--boost", "--k", "2",
+            "--cache", str(cache), "--json", "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["tasks"]) == {"toy"} and 0 <= out["tasks"]["toy"]["accuracy"] <= 1
+    assert len(out["tasks"]["toy"]["prefix_accuracy"]) == 2
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert res["kind"] == "cls-eval" and res["machine"]["cpu"] and res["boost"]
+    assert main(argv) == 0  # a re-run reads every text from the cache
+    res2 = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert res2["tasks"]["toy"]["accuracy"] == res["tasks"]["toy"]["accuracy"]
+    assert len(list(cache.rglob("*.npz"))) == 1
+
+
+def test_shared_tasks_load(shared_data):
+    root = shared_data / "classification"
+    if not root.is_dir():
+        pytest.skip(f"{root}: classification sets not found")
+    task = load_task(root / "trec", max_rows=50)
+    assert task.protocol == "split" and task.n_classes == 6
+
+
+def test_report_renders_the_classification_table(tmp_path):
+    from benchmarks.report import generate
+
+    results = tmp_path / "benchmarks" / "results"
+    task = {"accuracy": 0.8, "macro_f1": 0.7, "prefixes": [{"accuracy": 0.8, "macro_f1": 0.7}, {"accuracy": 0.75, "macro_f1": 0.7}],
+            "boosted": {"accuracy": 0.85, "macro_f1": 0.8}, "boost_gain_over_best_prefix": 0.05}
+    data = {"kind": "cls-eval", "label": "toy", "command": "cls-eval --task x", "boost": True, "k": 2, "max_rows": 300,
+            "texts_encoded": 10, "encode_s": 1.0, "wall_s": 2.0, "machine": {"cpu": "test cpu"}, "tasks": {"mr": task, "trec": task}}
+    (results / "cls").mkdir(parents=True)
+    (results / "cls" / "results.json").write_text(json.dumps(data))
+    out, _ = generate(results, tmp_path / "BENCHMARKS.md")
+    text = out.read_text()
+    assert "## Sentence classification (cls-eval)" in text
+    assert "| toy (one token) | 80.00 | 80.00 | 80.00 |" in text
+    assert "| toy + Token Fusion Boosting (k=2) | 85.00 | 85.00 | 85.00 |" in text
+    assert "+5.00" in text and "classification.png" in text
+
+
+def test_a_fixed_c_skips_the_grid(monkeypatch):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 2, 3)).astype(np.float32)
+    y = (x[:, 0, 0] > 0).astype(int)
+    task = Task("toy", "cv", [f"t{i}" for i in range(40)], y, ["0", "1"])
+    grids: list[tuple] = []
+    real = cls.fit_logreg
+
+    def spy(xx, yy, seed=0, c_grid=cls.C_GRID):
+        grids.append(tuple(c_grid))
+        return real(xx, yy, seed, c_grid)
+
+    monkeypatch.setattr(cls, "fit_logreg", spy)
+    res = evaluate_task(task, x, boost=True, c_grid=(0.01,))
+    assert grids and set(grids) == {(0.01,)}
+    assert len(res["prefixes"]) == 2
