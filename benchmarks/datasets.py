@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import benchmarks  # noqa: F401  (sets IR_DATASETS_HOME before ir_datasets can be imported)
-from indexer.corpus import CorpusError, CorpusSpec, Document
+from indexer.corpus import CorpusError, CorpusSpec, Document, read_queries
 
 log = logging.getLogger(__name__)
 
@@ -93,37 +93,11 @@ def load_beir_folder(path: str | os.PathLike[str], split: str = "test", name: st
     spec = CorpusSpec(root, fmt="beir")
     docs = list(spec)
     notes = [f"{spec.n_empty} documents with empty title and text left out"] if spec.n_empty else []
-    queries = _read_queries(root / "queries.jsonl")
+    queries = read_queries(root / "queries.jsonl")
     qrels = _read_qrels(root / "qrels" / f"{split}.tsv")
     return _finish(name or root.name, str(root.resolve()), split, docs, queries, qrels, notes)
 
 
-def _read_queries(file: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    with open(file, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise CorpusError(file, lineno, None, "not valid UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CorpusError(file, lineno, None, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(obj, dict):
-                raise CorpusError(file, lineno, None, "expected a JSON object")
-            qid = obj.get("_id", obj.get("id"))
-            if qid is None or str(qid).strip() == "":
-                raise CorpusError(file, lineno, "_id", "missing or empty query id")
-            text = obj.get("text")
-            if not isinstance(text, str):
-                raise CorpusError(file, lineno, "text", "missing query text" if text is None else f"expected a string, got {type(text).__name__}")
-            if str(qid) in out:
-                raise CorpusError(file, lineno, "_id", f"duplicate query id {qid!r}")
-            out[str(qid)] = text
-    return out
 
 
 def _read_qrels(file: Path) -> dict[str, dict[str, int]]:

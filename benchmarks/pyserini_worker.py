@@ -35,7 +35,7 @@ def main() -> int:
 
     t0 = time.perf_counter()
     try:
-        from benchmarks.pyserini_env import import_pyserini, java_version
+        from indexer.exports.lucene_jvm import import_pyserini, java_version
 
         lucene = import_pyserini()
         from pyserini.index.lucene import LuceneIndexer

@@ -584,7 +584,7 @@ class _QuantisedSparse(AlignedTokensSystem):
     mode = "sparse"
 
     def params(self) -> dict:
-        from indexer.export_pyserini import DOC_SCALE, QUERY_SCALE
+        from indexer.exports.lucene import DOC_SCALE, QUERY_SCALE
 
         p = super().params()
         p["quantisation"] = {"doc_scale": DOC_SCALE, "query_scale": QUERY_SCALE, "rule": "round(w * scale), half to even; < 1 dropped"}
@@ -594,7 +594,7 @@ class _QuantisedSparse(AlignedTokensSystem):
 @register("sparse-quantised", "this project: the sparse channel on the Pyserini export's integer weights (Numba)")
 class AlignedTokensSparseQuantised(_QuantisedSparse):
     def index(self, ds: Dataset) -> IndexStats:
-        from indexer.export_pyserini import DOC_SCALE, quantise_index
+        from indexer.exports.lucene import DOC_SCALE, quantise_index
 
         stats = super().index(ds)
         self.quantised, dropped = quantise_index(self.engine.retriever.sparse, DOC_SCALE)
@@ -602,7 +602,7 @@ class AlignedTokensSparseQuantised(_QuantisedSparse):
         return stats
 
     def search(self, encoded, k: int) -> Hits:
-        from indexer.export_pyserini import DOC_SCALE, QUERY_SCALE, quantise_query
+        from indexer.exports.lucene import DOC_SCALE, QUERY_SCALE, quantise_query
 
         t, w = quantise_query(encoded.tokens, encoded.weights, QUERY_SCALE)
         docs, scores = self.quantised.search(t, w.astype(np.float32), k)
@@ -614,7 +614,7 @@ class AlignedTokensSparseQuantised(_QuantisedSparse):
 class AlignedTokensSparseLucene(_QuantisedSparse):
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
-        from benchmarks.pyserini_env import PyseriniUnavailable, prepare
+        from indexer.exports.lucene_jvm import PyseriniUnavailable, prepare
 
         try:
             prepare()
@@ -624,7 +624,7 @@ class AlignedTokensSparseLucene(_QuantisedSparse):
 
     def load(self) -> None:
         super().load()
-        from benchmarks.pyserini_env import import_pyserini
+        from indexer.exports.lucene_jvm import import_pyserini
 
         import_pyserini()  # starts the JVM: seconds, not query time
 
@@ -634,8 +634,8 @@ class AlignedTokensSparseLucene(_QuantisedSparse):
         return p
 
     def index(self, ds: Dataset) -> IndexStats:
-        from indexer.export_pyserini import export_pyserini, vocabulary_strings
-        from retriever.lucene_backend import LuceneBackend
+        from indexer.exports.lucene import export_pyserini, vocabulary_strings
+        from retriever.backends.lucene import LuceneBackend
 
         stats = super().index(ds)
         if self.backend is not None:
@@ -669,6 +669,84 @@ class AlignedTokensSparseLucene(_QuantisedSparse):
         if self.backend is not None:
             self.backend.close()
             self.backend = None
+
+
+# ------------------------------------------- the channels served by Milvus (issue 13)
+class _MilvusSystem(AlignedTokensSystem):
+    """A mode of this project's Retriever with its channels answered by Milvus Lite: the run's
+    index (every channel these systems need: sparse, dense, bm25) exported once per dataset
+    to a Milvus Lite file beside it, then searched through ``Retriever(backend="milvus")``.
+    ``fusion``: the hybrid setting (DEFAULT_FUSION; "milvus-weighted" / "milvus-rrf" hand the
+    fusion to Milvus's own rankers)."""
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        try:
+            import milvus_lite  # noqa: F401
+            import pymilvus  # noqa: F401
+        except ImportError as exc:
+            raise SystemUnavailable(f"{type(self).__name__}: {exc} (pip install -e '.[milvus]')") from None
+        self.build_options = {"dense": True, "lexical": settings.lexical}
+        super().__init__(settings, shared)
+
+    @property
+    def retriever(self):
+        return self.shared.get(self._key) if self.engine.retriever is not None else None
+
+    @property
+    def _key(self) -> str:
+        return f"milvus-retriever:{self.engine.dataset}:{json.dumps(self.fusion, sort_keys=True)}"
+
+    def params(self) -> dict:
+        p = super().params()
+        p.update(backend="milvus", pymilvus=_version("pymilvus"), milvus_lite=_version("milvus-lite"),
+                 milvus_indexes="exact: SPARSE_INVERTED_INDEX (TAAT_NAIVE, IP) for sparse and bm25, FLAT (IP) for dense")
+        return p
+
+    def index(self, ds: Dataset) -> IndexStats:
+        from indexer.exports.milvus import export_milvus
+        from retriever.retriever import Retriever
+
+        stats = super().index(ds)
+        e = self.engine
+        uri = str(self.settings.work_dir / ds.name / "milvus.db")
+        exported = self.shared.get(f"milvus-export:{ds.name}")
+        if exported is None:
+            with Stopwatch() as sw:
+                info = export_milvus(e.retriever.index_dir, uri, overwrite=True, progress=self.settings.progress)
+            exported = self.shared[f"milvus-export:{ds.name}"] = {"seconds": sw.seconds, "info": info, "bytes": _dir_bytes(Path(uri))}
+        if self._key not in self.shared:
+            r = e.retriever
+            self.shared[self._key] = Retriever(
+                r.index_dir, r.manifest, e.embedder, expansion_m=e.expansion_m, fusion=self.fusion, backend="milvus", milvus_uri=uri
+            )
+        stats.details.update(milvus_export_seconds=round(exported["seconds"], 3), milvus_uri=uri,
+                             bytes_counted="the Milvus Lite file (all channels)", engine_index_bytes=stats.bytes)
+        stats.bytes = exported["bytes"]
+        stats.seconds += exported["seconds"]
+        return stats
+
+
+for _mode in ("sparse", "dense", "bm25"):
+    register(f"{_mode}-milvus", f"this project's {_mode} channel exported to Milvus Lite and searched there (Retriever backend milvus)")(
+        type(f"Milvus_{_mode}", (_MilvusSystem,), {"mode": _mode})
+    )
+
+
+def _default_fusion_as(method: str | None) -> dict:
+    from retriever.retriever import DEFAULT_FUSION
+
+    return DEFAULT_FUSION if method is None else {**DEFAULT_FUSION, "method": method}
+
+
+register("hybrid-milvus", "this project's hybrid (DEFAULT_FUSION: min-max, our fusion) over channel lists from Milvus Lite")(
+    type("Milvus_hybrid", (_MilvusSystem,), {"mode": "hybrid", "fusion": property(lambda self: _default_fusion_as(None))})
+)
+register("hybrid-milvus-weighted", "hybrid fused inside Milvus Lite: WeightedRanker with DEFAULT_FUSION's weights")(
+    type("Milvus_hybrid_weighted", (_MilvusSystem,), {"mode": "hybrid", "fusion": property(lambda self: _default_fusion_as("milvus-weighted"))})
+)
+register("hybrid-milvus-rrf", "hybrid fused inside Milvus Lite: RRFRanker(k=60) over the channels DEFAULT_FUSION weighs")(
+    type("Milvus_hybrid_rrf", (_MilvusSystem,), {"mode": "hybrid", "fusion": property(lambda self: _default_fusion_as("milvus-rrf"))})
+)
 
 
 # ================================================================ baseline: MiniLM
@@ -793,7 +871,7 @@ class PyseriniBM25(System):
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
-        from benchmarks.pyserini_env import PyseriniUnavailable, prepare
+        from indexer.exports.lucene_jvm import PyseriniUnavailable, prepare
 
         try:
             prepare()  # checks pyserini and a Java runtime are there before any long work

@@ -1,8 +1,11 @@
 """Build an index directory: stream a corpus, embed it, keep top-K aligned tokens, invert.
 
-The index is written into a hidden temporary directory beside the target and renamed
-into place only when complete, so an interrupted build never leaves a directory that
-loads as an index.
+Two phases. Encoding: the corpus is encoded in shards, each committed atomically
+(indexer/shards.py), by this process or by ``workers`` processes; a build that dies is
+resumed from the committed shards by the same command. Merging: the index is written from
+the shards into a hidden temporary directory beside the target (indexer/staging.py) and
+renamed into place only when complete, so an interrupted build never leaves a directory
+that loads as an index; the shards are removed once it is in place.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -28,6 +32,7 @@ from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
 from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
 from indexer.segments import max_over_segments, split_segments
+from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
 from indexer.staging import staging_dir
 
 if TYPE_CHECKING:
@@ -39,6 +44,10 @@ log = logging.getLogger(__name__)
 # weights 1): nDCG@10 peaks at K=512 on cisi (0.163; 0.155 at 128, 0.149 at 1024) and on medline
 # (0.372; 0.358 at 256, 0.372 at 1024). The paper's 1000-3000 was for 4096-d models.
 DEFAULT_TOP_K = 512
+# Documents per shard: the unit of commit (what a killed build loses at most) and of memory
+# (one shard's K tokens and weights, and its embeddings, are held while encoding). Also the
+# encoding chunk of earlier versions, so indexes come out as they did.
+DEFAULT_SHARD_SIZE = 1024
 
 
 def _chunks(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
@@ -60,6 +69,42 @@ def _count_lines(path: Path) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class EmbedderSpec:
+    """How a worker process loads the build's embedder (and encoder) again: the arguments of
+    ``Embedder.load`` (and ``SentenceEncoder.load``). ``build-index --workers N`` makes one."""
+
+    model: str
+    adapter: str | None = "default"
+    config: dict = field(default_factory=dict)
+    device: str | None = None
+    dtype: str = "auto"
+    runtime: str | None = "auto"
+    encoder: str | None = None
+
+    def load(self) -> "tuple[Embedder, SentenceEncoder | None]":
+        from embedder.encoder import EmbedderConfig
+
+        embedder = Embedder.load(self.model, adapter=self.adapter, config=EmbedderConfig(**self.config), device=self.device, dtype=self.dtype, runtime=self.runtime)
+        encoder = None
+        if self.encoder:
+            from embedder.sentence_encoder import SentenceEncoder
+
+            encoder = SentenceEncoder.load(self.encoder, device=self.device)
+        return embedder, encoder
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What each shard holds: K tokens per document, the embeddings or not, documents per
+    shard, and the segment windows (None: one vector per document; 0: every window; n: at most n)."""
+
+    k: int
+    keep_embeddings: bool
+    shard_size: int
+    windows: int | None = None
+
+
 def build_index(
     corpus: CorpusSpec | str | os.PathLike[str],
     index_dir: str | os.PathLike[str],
@@ -68,11 +113,13 @@ def build_index(
     dense: bool = False,
     dense_kind: str = "Flat",
     overwrite: bool = False,
-    chunk_size: int = 1024,
+    chunk_size: int = DEFAULT_SHARD_SIZE,
     progress: bool = True,
     embedfilter_tau: int | None = None,
     lexical: str | None = None,
     encoder: "SentenceEncoder | None" = None,
+    workers: int = 1,
+    embedder_spec: EmbedderSpec | None = None,
     segments: bool = False,
     max_segments: int | None = None,
 ) -> Manifest:
@@ -83,6 +130,13 @@ def build_index(
     embedder/embedfilter.py), ``lexical`` ("words" or "tokens": BM25 postings) and ``encoder``
     (a sentence-transformers model, embedder/sentence_encoder.py: its normalised embeddings in
     one more FAISS index, mode "encoder").
+
+    The corpus is encoded in shards of ``chunk_size`` documents, each committed to disk
+    atomically (indexer/shards.py): a build killed at any point resumes, when run again with
+    the same arguments, from the shards already committed, and ends with the same index.
+    ``workers`` > 1 encodes the shards in that many processes, each loading the embedder
+    from ``embedder_spec``; the index is the same as with one. Memory during encoding is
+    bounded by one shard; the merge writes the postings through memory maps.
 
     ``segments``: multi-vector documents (indexer/segments.py). A document longer than the
     embedder's ``max_length`` tokens is read whole, as consecutive windows of that length (at
@@ -95,10 +149,51 @@ def build_index(
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
     if top_k < 1:
         raise ValueError("top_k must be positive")
-    with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
-        manifest = _build_into(spec, tmp, embedder, top_k, dense, dense_kind, chunk_size, progress, embedfilter_tau, lexical, encoder, segments, max_segments)
-        _swap_into_place(tmp, target)
+    if chunk_size < 1:
+        raise ValueError("chunk_size (the shard size) must be positive")
+    if workers < 1 or (workers > 1 and embedder_spec is None):
+        raise ValueError("workers must be >= 1, and workers > 1 needs embedder_spec (how each worker loads the embedder)")
+    k = min(top_k, embedder.vocab_size)
+    keep_embeddings = dense or embedfilter_tau is not None
+    if max_segments is not None and max_segments < 1:
+        raise ValueError(f"max_segments must be positive, not {max_segments}")
+    windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
+    plan = _Plan(k, keep_embeddings, chunk_size, windows)
+    store = ShardStore(target, _shard_params(spec, embedder, encoder, plan))
+    done = False
+    try:
+        encode = _encode_all(spec, store, embedder, encoder, plan, progress, workers, embedder_spec)
+        with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
+            manifest = _merge_into(
+                spec, tmp, store, encode, embedder, plan, dense, dense_kind, embedfilter_tau, lexical, encoder, progress
+            )
+            _swap_into_place(tmp, target)
+        done = True
+    except Exception:
+        done = True  # a failure (bad input, full disk) is not resumed: the rerun starts clean
+        raise
+    finally:
+        # interrupted (KeyboardInterrupt, SIGTERM): keep the committed shards for the rerun
+        store.close(remove=done)
     return manifest
+
+
+def _shard_params(spec: CorpusSpec, embedder: Embedder, encoder, plan: _Plan) -> dict:
+    """Everything that decides the shards' content: the key of a resumable build."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "corpus": {**corpus_identity(spec.file), "format": spec.fmt, "id_field": spec.id_field, "text_field": spec.text_field,
+                   "title_field": spec.title_field, "on_empty": spec.on_empty},
+        "model": embedder.identity,
+        "adapter": embedder.adapter,
+        "embedding": embedder.config.to_dict(),
+        "runtime": {key: embedder.runtime_info().get(key) for key in ("name", "dtype")},
+        "top_k": plan.k,
+        "embeddings": plan.keep_embeddings,
+        "encoder": encoder.identity if encoder is not None else None,
+        "shard_size": plan.shard_size,
+        "segments": plan.windows,
+    }
 
 
 def _swap_into_place(tmp: Path, target: Path) -> None:
@@ -111,112 +206,172 @@ def _swap_into_place(tmp: Path, target: Path) -> None:
         os.replace(tmp, target)
 
 
-def _build_into(
+def _encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: _Plan) -> tuple[dict[str, np.ndarray], dict]:
+    """One shard's arrays and JSON (doc ids, tokens, seconds).
+
+    With segments, ``tokens``/``weights`` are already per document (max over its windows),
+    ``embeddings`` has one row per window and ``row_docs`` the shard-local document of each.
+    """
+    texts = [d.text for d in chunk]
+    units, owner = split_segments(embedder, texts, plan.windows or None) if plan.windows is not None else (texts, None)
+    k = plan.k
+    tok = np.zeros((len(units), k), np.int32)
+    wts = np.zeros((len(units), k), np.float32)
+    emb = np.zeros((len(units), embedder.dim), np.float32) if plan.keep_embeddings else None
+    n_tokens = 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for pos, h, ntok in embedder.iter_batches(units):
+            tok[pos], wts[pos] = embedder.top_tokens(h, k)
+            if emb is not None:
+                emb[pos] = h.cpu().numpy()
+            n_tokens += ntok
+    arrays = {"tokens": tok, "weights": wts}
+    if owner is not None:
+        arrays["tokens"], arrays["weights"] = max_over_segments(tok, wts, owner, len(texts), k)
+        arrays["row_docs"] = owner
+    if emb is not None:
+        arrays["embeddings"] = emb
+    meta = {"ids": [d.doc_id for d in chunk], "n_tokens": n_tokens, "encode_seconds": time.perf_counter() - t0}
+    if encoder is not None:
+        t0 = time.perf_counter()
+        arrays["encoder"] = encoder.encode(texts)
+        meta["encoder_seconds"] = time.perf_counter() - t0
+    return arrays, meta
+
+
+def _encode_shards(
+    spec: CorpusSpec, store_path: Path, embedder: Embedder, encoder, plan: _Plan,
+    mine: Callable[[int], bool], skip: set[int], progress: bool, position: int = 0,
+) -> tuple[int, int]:
+    """Stream the corpus; encode and commit each shard ``mine`` selects that is not in ``skip``.
+    Returns (number of shards in the corpus, documents skipped as empty)."""
+    bar = tqdm(total=_count_lines(spec.file), unit="doc", desc=f"indexing {spec.path.name}", disable=not progress, position=position)
+    n_tokens, seconds, n_shards = 0, 0.0, 0
+    for number, chunk in enumerate(_chunks(spec, plan.shard_size)):
+        n_shards = number + 1
+        if mine(number) and number not in skip:
+            arrays, meta = _encode_shard(chunk, embedder, encoder, plan)
+            commit_shard(store_path, number, arrays, meta)
+            n_tokens += meta["n_tokens"]
+            seconds += meta["encode_seconds"]
+            bar.set_postfix(tok_per_s=f"{n_tokens / max(seconds, 1e-9):.0f}")
+        bar.update(len(chunk))
+    bar.close()
+    return n_shards, spec.n_empty
+
+
+def _worker(args: tuple) -> tuple[int, int]:
+    """A ``--workers`` process: load the embedder, encode the shards ``number % n == w``."""
+    spec, store_path, embedder_spec, plan, w, n, skip, progress = args
+    embedder, encoder = embedder_spec.load()
+    # the machine's cores shared between workers, not each worker taking all of them
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
+    return _encode_shards(spec, store_path, embedder, encoder, plan, lambda i: i % n == w, skip, progress, w)
+
+
+def _encode_all(
+    spec: CorpusSpec, store: ShardStore, embedder: Embedder, encoder, plan: _Plan,
+    progress: bool, workers: int, embedder_spec: EmbedderSpec | None,
+) -> dict:
+    """Make sure every shard is committed; returns {"n_shards", "n_empty", "resumed"}."""
+    skip = store.committed()
+    if workers == 1:
+        n_shards, n_empty = _encode_shards(spec, store.path, embedder, encoder, plan, lambda i: True, skip, progress)
+    else:
+        import multiprocessing
+
+        # spawn, not fork: a forked copy of a process whose torch/OpenMP threads already run can hang
+        ctx = multiprocessing.get_context("spawn")
+        jobs = [(spec, store.path, embedder_spec, plan, w, workers, skip, progress) for w in range(workers)]
+        with ctx.Pool(workers) as pool:
+            results = pool.map(_worker, jobs)
+        n_shards, n_empty = results[0]
+    missing = set(range(n_shards)) - store.committed()
+    if missing:
+        raise RuntimeError(f"{store.path}: shards {sorted(missing)[:5]} were not committed")
+    if n_shards == 0:
+        raise ValueError(f"{spec.file}: no documents to index")
+    spec.n_empty = n_empty
+    return {"n_shards": n_shards, "n_empty": n_empty, "resumed": len(skip & set(range(n_shards)))}
+
+
+def _merge_into(
     spec: CorpusSpec,
     out: Path,
+    store: ShardStore,
+    encode: dict,
     embedder: Embedder,
-    top_k: int,
+    plan: _Plan,
     dense: bool,
     dense_kind: str,
-    chunk_size: int,
-    progress: bool,
     embedfilter_tau: int | None,
     lexical: str | None,
-    encoder: "SentenceEncoder | None" = None,
-    segments: bool = False,
-    max_segments: int | None = None,
+    encoder: "SentenceEncoder | None",
+    progress: bool,
 ) -> Manifest:
-    keep_embeddings = dense or embedfilter_tau is not None
-    bm25 = BM25Builder(make_analyzer(lexical, embedder.tokenizer)) if lexical else None
-    ids: list[str] = []
-    fwd_tokens: list[np.ndarray] = []
-    fwd_weights: list[np.ndarray] = []
-    embeddings: list[np.ndarray] = []
-    encoder_embeddings: list[np.ndarray] = []
-    encoder_seconds = 0.0
-    row_docs: list[np.ndarray] = []  # with segments: the document number of each embedding row
-    n_segments = 0
-    n_tokens = 0
-    encode_seconds = 0.0
+    """Write the index from the committed shards, one shard in memory at a time."""
     start = time.perf_counter()
-    bar = tqdm(total=_count_lines(spec.file), unit="doc", desc=f"indexing {spec.path.name}", disable=not progress)
-    k = min(top_k, embedder.vocab_size)
-    with torch.inference_mode():
-        for chunk in _chunks(spec, chunk_size):
-            texts = [d.text for d in chunk]
-            units, owner = split_segments(embedder, texts, max_segments) if segments else (texts, None)
-            tok = np.zeros((len(units), k), np.int32)
-            wts = np.zeros((len(units), k), np.float32)
-            emb = np.zeros((len(units), embedder.dim), np.float32) if keep_embeddings else None
-            t0 = time.perf_counter()
-            for pos, h, ntok in embedder.iter_batches(units):
-                tok[pos], wts[pos] = embedder.top_tokens(h, k)
-                if emb is not None:
-                    emb[pos] = h.cpu().numpy()
-                n_tokens += ntok
-                bar.update(len(pos) * len(texts) / len(units))  # in documents
-                elapsed = encode_seconds + time.perf_counter() - t0
-                bar.set_postfix(tok_per_s=f"{n_tokens / max(elapsed, 1e-9):.0f}")
-            encode_seconds += time.perf_counter() - t0
-            if owner is not None:
-                tok, wts = max_over_segments(tok, wts, owner, len(texts), k)
-                row_docs.append(owner + len(ids))
-                n_segments += len(units)
-            if encoder is not None:
-                t0 = time.perf_counter()
-                encoder_embeddings.append(encoder.encode(texts))
-                encoder_seconds += time.perf_counter() - t0
-            if bm25 is not None:
-                for text in texts:
-                    bm25.add(text)
-            ids.extend(d.doc_id for d in chunk)
-            fwd_tokens.append(tok)
-            fwd_weights.append(wts)
-            if emb is not None:
-                embeddings.append(emb)
-    bar.close()
-    if not ids:
-        raise ValueError(f"{spec.file}: no documents to index")
+    numbers = range(encode["n_shards"])
+
+    def arrays(*names: str) -> Callable[[], Iterator[tuple[np.ndarray, ...]]]:
+        def gen() -> Iterator[tuple[np.ndarray, ...]]:
+            for i in numbers:
+                got, _ = read_shard(store.path, i, names)
+                yield tuple(got[n] for n in names)
+
+        return gen
+
+    metas = [read_shard(store.path, i, ())[1] for i in numbers]
+    ids = [d for m in metas for d in m["ids"]]
+    n_tokens = sum(m["n_tokens"] for m in metas)
+    encode_seconds = sum(m["encode_seconds"] for m in metas)
+    encoder_seconds = sum(m.get("encoder_seconds", 0.0) for m in metas)
     t0 = time.perf_counter()
-    inv = InvertedIndex.from_forward(np.concatenate(fwd_tokens), np.concatenate(fwd_weights), embedder.vocab_size)
-    inv.save(out)
+    InvertedIndex.write_from_shards(arrays("tokens", "weights"), embedder.vocab_size, out)
     invert_seconds = time.perf_counter() - t0
     (out / DOC_IDS).write_text(json.dumps(ids), encoding="utf-8")
-    dense_info = ef_info = lexical_info = encoder_info = None
-    all_emb = np.concatenate(embeddings) if keep_embeddings else None
-    row_doc = np.concatenate(row_docs) if segments else None
-    segments_info = None
-    if segments:
+    dense_info = ef_info = lexical_info = encoder_info = segments_info = row_doc = None
+    embeddings = lambda: (e for (e,) in arrays("embeddings")())  # noqa: E731
+    if plan.windows is not None:
+        # shard-local document numbers of each window, made global
+        offsets = np.cumsum([0] + [len(m["ids"]) for m in metas])
+        row_doc = np.concatenate([r + offsets[i] for i, (r,) in zip(numbers, arrays("row_docs")())])
         per_doc = np.bincount(row_doc, minlength=len(ids))
         segments_info = {
-            "length": embedder.config.max_length, "max_segments": max_segments, "n_segments": int(n_segments),
+            "length": embedder.config.max_length, "max_segments": plan.windows or None, "n_segments": int(len(row_doc)),
             "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum()),
             "sparse": "max over segments", "dense": "one vector per segment, document = best segment",
         }
     if dense:
-        DenseIndex.build(all_emb, dense_kind, row_doc=row_doc).save(out)
+        DenseIndex.build_from_chunks(embeddings, dense_kind, row_doc=row_doc).save(out)
         dense_info = {"kind": dense_kind, "dim": embedder.dim, "normalised": True, "metric": "inner_product"}
-        if segments:
-            dense_info["n_vectors"] = len(all_emb)
+        if row_doc is not None:
+            dense_info["n_vectors"] = int(len(row_doc))
     if embedfilter_tau is not None:
         w_u = embedder.causal_lm.get_output_embeddings().weight.detach().float().cpu().numpy()
         proj, left, right = embedfilter_projection(w_u, embedfilter_tau)
-        DenseIndex.build(all_emb, dense_kind, projection=proj, row_doc=row_doc).save(out, EMBEDFILTER_NAME)
+        DenseIndex.build_from_chunks(embeddings, dense_kind, projection=proj, row_doc=row_doc).save(out, EMBEDFILTER_NAME)
         ef_info = {"tau": embedfilter_tau, "left": left, "right": right, "dim": right - left, "kind": dense_kind, "normalised": True}
     if encoder is not None:
-        DenseIndex.build(np.concatenate(encoder_embeddings), dense_kind).save(out, ENCODER_NAME)
+        DenseIndex.build_from_chunks(lambda: (e for (e,) in arrays("encoder")()), dense_kind).save(out, ENCODER_NAME)
         encoder_info = {**encoder.describe(), "kind": dense_kind, "normalised": True, "metric": "inner_product"}
-    if bm25 is not None:
+    if lexical:
+        # BM25 needs no model: the corpus is streamed again rather than its text kept in shards
+        bm25 = BM25Builder(make_analyzer(lexical, embedder.tokenizer))
+        for doc in tqdm(CorpusSpec(spec.path, spec.fmt, spec.id_field, spec.text_field, spec.title_field, spec.on_empty),
+                        total=len(ids), unit="doc", desc="bm25", disable=not progress):
+            bm25.add(doc.text)
         lex = bm25.finish()
         lex.save(out / LEXICAL_DIR)
         lexical_info = {"analyzer": lex.analyzer, "k1": lex.k1, "b": lex.b, "n_terms": len(lex.vocab)}
-    total = time.perf_counter() - start
+    total = encode_seconds + encoder_seconds + time.perf_counter() - start
     manifest = Manifest(
         model=embedder.identity,
         adapter=embedder.adapter,
         embedding=embedder.config.to_dict(),
         runtime=embedder.runtime_info(),
-        sparse={"top_k": k, "vocab_size": embedder.vocab_size, "weight": "logit"},
+        sparse={"top_k": plan.k, "vocab_size": embedder.vocab_size, "weight": "logit"},
         n_docs=len(ids),
         corpus=spec.describe(),
         dense=dense_info,
@@ -224,14 +379,16 @@ def _build_into(
         lexical=lexical_info,
         encoder=encoder_info,
         segments=segments_info,
-        format_version=SEGMENTS_FORMAT_VERSION if segments else FORMAT_VERSION,
+        format_version=SEGMENTS_FORMAT_VERSION if plan.windows is not None else FORMAT_VERSION,
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),
             "invert_seconds": round(invert_seconds, 3),
-            "docs_per_s": round(len(ids) / encode_seconds, 2),
-            "tokens_per_s": round(n_tokens / encode_seconds, 1),
+            "docs_per_s": round(len(ids) / max(encode_seconds, 1e-9), 2),
+            "tokens_per_s": round(n_tokens / max(encode_seconds, 1e-9), 1),
             "n_tokens": n_tokens,
+            "shards": encode["n_shards"],
+            "shards_resumed": encode["resumed"],
             **({"encoder_seconds": round(encoder_seconds, 3)} if encoder is not None else {}),
             "device": embedder.device,
             "torch_threads": torch.get_num_threads(),
@@ -248,4 +405,4 @@ def index_size_bytes(index_dir: Path) -> int:
     return sum(p.stat().st_size for p in Path(index_dir).iterdir() if p.is_file())
 
 
-__all__ = ["build_index", "DEFAULT_TOP_K", "DOC_IDS", "MANIFEST", "index_size_bytes"]
+__all__ = ["build_index", "EmbedderSpec", "DEFAULT_SHARD_SIZE", "DEFAULT_TOP_K", "DOC_IDS", "MANIFEST", "index_size_bytes"]

@@ -9,9 +9,10 @@ from pathlib import Path
 from embedder.encoder import POOLINGS, PROMPT_EOL, EmbedderConfig
 from embedder.hardware import DTYPES
 from embedder.models import DEFAULT_MODEL, ModelNotAvailable
-from indexer.build import DEFAULT_TOP_K, build_index, index_size_bytes
+from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
 from indexer.corpus import CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
+from indexer.shards import BuildInProgress
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,7 +50,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the encoder runs (default auto)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")
+    p.add_argument(
+        "--shard-size", type=int, default=DEFAULT_SHARD_SIZE,
+        help=f"documents per committed shard (default {DEFAULT_SHARD_SIZE}): a killed build rerun with the same command resumes from the last committed shard",
+    )
+    p.add_argument("--workers", type=int, default=1, help="processes encoding shards (each loads the model; the cores are split between them)")
     p.add_argument("--export-pyserini", type=Path, metavar="DIR", help="also export a Pyserini impact index (JsonVectorCollection + Lucene) to DIR")
+    p.add_argument("--export-milvus", metavar="URI", help="also export to a Milvus collection: a Milvus Lite file path or a server address (http://host:19530)")
+    p.add_argument("--milvus-collection", help="collection name for --export-milvus (default: at_<index directory name>)")
+    p.add_argument("--milvus-approximate", action="store_true", help="--export-milvus with approximate indexes (HNSW, sparse DAAT_MAXSCORE; a Milvus server) instead of exact ones")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -71,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = {k: v for k, v in given.items() if v is not None}
         settings |= {"max_length": args.max_length, "batch_size": args.batch_size, "fold_all_caps": not args.keep_case}
         embedder = Embedder.load(args.model, adapter=args.adapter, device=args.device, dtype=args.dtype, runtime=args.runtime, settings=settings)
+        # --workers load the same embedder again, with the settings resolved here
+        embedder_spec = EmbedderSpec(str(args.model), args.adapter, embedder.config.to_dict(), args.device, args.dtype, args.runtime, args.encoder)
         if not args.quiet:
             print(embedder.runtime_summary())
         encoder = None
@@ -81,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         m = build_index(
             spec, args.index, embedder, args.top_k, args.dense, args.dense_kind,
             overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=args.embedfilter, lexical=args.lexical,
-            encoder=encoder, segments=args.segments, max_segments=args.max_segments,
+            encoder=encoder, chunk_size=args.shard_size, workers=args.workers, embedder_spec=embedder_spec,
+            segments=args.segments, max_segments=args.max_segments,
         )
-    except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError) as exc:  # FileExistsError is an OSError
+    except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)
         return 2
     size = index_size_bytes(args.index)
@@ -91,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         f"indexed {m.n_docs} documents into {args.index} in {m.build['seconds']:.1f} s "
         f"({m.build['docs_per_s']:.1f} docs/s, {m.build['tokens_per_s']:.0f} tokens/s); "
         f"{size / m.n_docs:.0f} bytes/doc; skipped {m.corpus.get('n_empty_skipped', 0)} empty"
+        + (f"; resumed {m.build['shards_resumed']} of {m.build['shards']} shards" if m.build.get("shards_resumed") else "")
     )
     if args.export_pyserini:
-        from indexer.export_pyserini import ExportError, describe, export_pyserini, vocabulary_strings
+        from indexer.exports.lucene import ExportError, describe, export_pyserini, vocabulary_strings
 
         try:
             info = export_pyserini(
@@ -104,6 +117,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"build-index: error: Pyserini export: {exc}", file=sys.stderr)
             return 2
         print(describe(info, args.export_pyserini))
+    if args.export_milvus:
+        from indexer.exports.milvus import MilvusExportError, describe as describe_milvus, export_milvus
+
+        try:
+            info = export_milvus(
+                args.index, args.export_milvus, collection=args.milvus_collection, exact=not args.milvus_approximate,
+                overwrite=args.overwrite, progress=not args.quiet,
+            )
+        except (MilvusExportError, IndexFormatError, OSError, ValueError) as exc:
+            print(f"build-index: error: Milvus export: {exc}", file=sys.stderr)
+            return 2
+        print(describe_milvus(info, args.export_milvus))
     return 0
 
 

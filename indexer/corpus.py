@@ -26,6 +26,9 @@ class CorpusError(ValueError):
         super().__init__(f"{where}:{what} {problem}")
         self.path, self.line, self.field, self.problem = str(path), line, field_name, problem
 
+    def __reduce__(self):  # rebuilt from its parts, so that it crosses process boundaries (build workers)
+        return (CorpusError, (self.path, self.line, self.field, self.problem))
+
 
 @dataclass(frozen=True)
 class Document:
@@ -153,3 +156,33 @@ def _read_tsv(file: Path) -> Iterator[tuple[int, Document]]:
         if not parts[0].strip():
             raise CorpusError(file, lineno, "id", "empty id")
         yield lineno, Document(parts[0], " ".join(parts[1:]))
+
+
+def read_queries(file: Path) -> dict[str, str]:
+    """BEIR queries.jsonl as {query id: text}, in file order; bad lines raise CorpusError
+    naming the file, line and field."""
+    out: dict[str, str] = {}
+    with open(file, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise CorpusError(file, lineno, None, "not valid UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CorpusError(file, lineno, None, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(obj, dict):
+                raise CorpusError(file, lineno, None, "expected a JSON object")
+            qid = obj.get("_id", obj.get("id"))
+            if qid is None or str(qid).strip() == "":
+                raise CorpusError(file, lineno, "_id", "missing or empty query id")
+            text = obj.get("text")
+            if not isinstance(text, str):
+                raise CorpusError(file, lineno, "text", "missing query text" if text is None else f"expected a string, got {type(text).__name__}")
+            if str(qid) in out:
+                raise CorpusError(file, lineno, "_id", f"duplicate query id {qid!r}")
+            out[str(qid)] = text
+    return out

@@ -6,6 +6,7 @@ Embeddings are L2-normalised before indexing, so inner product = cosine similari
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -45,6 +46,37 @@ class DenseIndex:
         index.add(x)
         if row_doc is not None and len(row_doc) != len(x):
             raise ValueError(f"{len(x)} vectors but {len(row_doc)} row -> document entries")
+        return cls(index, projection, None if row_doc is None else np.asarray(row_doc, np.int64))
+
+    @classmethod
+    def build_from_chunks(
+        cls, chunks: Callable[[], Iterator[np.ndarray]], kind: str = "Flat", projection: np.ndarray | None = None,
+        row_doc: np.ndarray | None = None,
+    ) -> "DenseIndex":
+        """:meth:`build` over embeddings that come in chunks (a build's shards), added chunk by
+        chunk so that only one is in memory besides the index itself. A kind that must be
+        trained first (IVF, PQ) is trained on all of them, which needs them all at once.
+        ``row_doc``: as in :meth:`build`, the document of each row over all chunks."""
+        import faiss
+
+        index = None
+        pending: list[np.ndarray] = []
+        for chunk in chunks():
+            x = normalise(chunk @ projection if projection is not None else chunk)
+            if index is None:
+                index = faiss.index_factory(x.shape[1], kind, faiss.METRIC_INNER_PRODUCT)
+            if index.is_trained:
+                index.add(x)
+            else:
+                pending.append(x)
+        if index is None:
+            raise ValueError("no embeddings to index")
+        if pending:
+            x = np.concatenate(pending)
+            index.train(x)
+            index.add(x)
+        if row_doc is not None and len(row_doc) != index.ntotal:
+            raise ValueError(f"{index.ntotal} vectors but {len(row_doc)} row -> document entries")
         return cls(index, projection, None if row_doc is None else np.asarray(row_doc, np.int64))
 
     def save(self, directory: Path, name: str = DENSE_NAME) -> None:

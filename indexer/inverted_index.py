@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -45,6 +46,49 @@ class InvertedIndex:
         indptr = np.zeros(vocab_size + 1, dtype=np.int64)
         np.cumsum(np.bincount(flat_t, minlength=vocab_size), out=indptr[1:])
         return cls(indptr, docs, weights.reshape(-1)[order].astype(np.float32), n_docs)
+
+    @staticmethod
+    def write_from_shards(shards: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], vocab_size: int, directory: Path) -> int:
+        """Invert per-shard top-K arrays straight into the saved posting files, with memory
+        bounded by one shard (the outputs are memory-mapped); returns the number of documents.
+
+        ``shards()`` yields (token ids (n, K), weights (n, K)) per shard in document order; it is
+        called twice (counting, then placing). The files are byte for byte those of
+        ``from_forward(all rows).save(directory)``: within a shard a stable sort by token keeps
+        doc numbers ascending, and shards come in document order.
+        """
+        counts = np.zeros(vocab_size, np.int64)
+        n_docs = 0
+        for tok, _ in shards():
+            flat = tok.reshape(-1).astype(np.int64)
+            if flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
+                raise ValueError("token id outside the vocabulary")
+            counts += np.bincount(flat, minlength=vocab_size)
+            n_docs += tok.shape[0]
+        indptr = np.zeros(vocab_size + 1, np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        nnz = int(indptr[-1])
+        np.save(directory / "postings_indptr.npy", indptr)
+        docs = np.lib.format.open_memmap(directory / "postings_docs.npy", mode="w+", dtype=np.int32, shape=(nnz,))
+        weights = np.lib.format.open_memmap(directory / "postings_weights.npy", mode="w+", dtype=np.float32, shape=(nnz,))
+        cursor = indptr[:-1].copy()  # next free slot of each posting list
+        base = 0
+        for tok, wts in shards():
+            n, k = tok.shape
+            flat = tok.reshape(-1).astype(np.int64)
+            order = np.argsort(flat, kind="stable")
+            sorted_t = flat[order]
+            here = np.bincount(flat, minlength=vocab_size)
+            first = np.cumsum(here) - here  # where each token's run starts in sorted_t
+            dest = cursor[sorted_t] + (np.arange(sorted_t.size) - first[sorted_t])
+            docs[dest] = (base + order // max(k, 1)).astype(np.int32)
+            weights[dest] = wts.reshape(-1)[order].astype(np.float32)
+            cursor += here
+            base += n
+        docs.flush()
+        weights.flush()
+        del docs, weights
+        return n_docs
 
     def save(self, directory: Path) -> None:
         for name in _FILES:

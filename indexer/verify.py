@@ -29,7 +29,7 @@ from indexer.inverted_index import InvertedIndex
 from indexer.lexical import LEXICAL_DIR, BM25Index
 from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
 
-# indexer.export_pyserini.EXPORT_MANIFEST; not imported from there, which would pull in torch
+# indexer.exports.lucene.EXPORT_MANIFEST; not imported from there, which would pull in torch
 EXPORT_MANIFEST = "export.json"
 
 # A channel opener loads one channel of an index, checked against the manifest, or returns None

@@ -11,6 +11,7 @@ from pathlib import Path
 from embedder.hardware import DTYPES
 from embedder.models import ModelNotAvailable
 from indexer.manifest import IndexFormatError
+from retriever.backends import BACKENDS
 from retriever.query import DEFAULT_EXPANSION_M
 from retriever.retriever import DEFAULT_QUERY_WEIGHTING, MODES, QUERY_WEIGHTINGS, Retriever, check_k
 
@@ -30,6 +31,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="compare every index file with its recorded checksum first")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="query encoder precision (default auto: chosen for this machine)")
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the query encoder runs (default auto)")
+    p.add_argument("--backend", choices=BACKENDS, default="numba", help="who answers the channels (default numba: the index's own files)")
+    p.add_argument("--milvus-uri", help="--backend milvus: the Milvus Lite file or server address given to build-index --export-milvus")
+    p.add_argument("--milvus-collection", help="--backend milvus: collection name (default: at_<index directory name>)")
+    p.add_argument("--lucene-index", type=Path, help="--backend lucene: the export directory of build-index --export-pyserini")
     return p
 
 
@@ -46,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             extra["encoder"] = SentenceEncoder.load(args.encoder)
         retriever = Retriever.load(
             args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify,
-            dtype=args.dtype, runtime=args.runtime, **extra
+            dtype=args.dtype, runtime=args.runtime, backend=args.backend, lucene_index=args.lucene_index, milvus_uri=args.milvus_uri,
+            milvus_collection=args.milvus_collection, **extra
         )
         results = retriever.batch_search(queries, k=args.k, mode=args.mode)
     except (IndexFormatError, ModelNotAvailable, ValueError, OSError) as exc:

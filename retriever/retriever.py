@@ -24,6 +24,7 @@ from indexer.inverted_index import InvertedIndex
 from indexer.lexical import BM25Index, make_analyzer
 from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
 from indexer.verify import open_channels
+from retriever.backends import Backend, open_backend
 from retriever.fusion import fuse
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries
 
@@ -85,13 +86,20 @@ class Retriever:
         mmap: bool = True,
         backend: str = "numba",
         lucene_index: str | os.PathLike[str] | None = None,
+        milvus_uri: str | os.PathLike[str] | None = None,
+        milvus_collection: str | None = None,
+        milvus_search_params: dict | None = None,
         encoder=None,
         doc_ids: list[str] | None = None,
         channels: dict[str, Any] | None = None,
     ) -> None:
-        """``backend``: "numba" (this index's postings) or "lucene": sparse search goes to the
-        Pyserini/Lucene impact export at ``lucene_index`` (``build-index --export-pyserini``),
-        scores in the same units (integer scores / scales, see retriever/lucene_backend.py).
+        """``backend``: who answers the channels (retriever/backends/__init__.py): "numba" (this
+        index's own files), "lucene" (sparse search goes to the Pyserini/Lucene impact export at
+        ``lucene_index``, ``build-index --export-pyserini``; scores in the same units, integer
+        scores / scales, see retriever/backends/lucene.py) or "milvus" (sparse, dense and bm25
+        go to the Milvus collection at ``milvus_uri``, a Milvus Lite file or a server address,
+        ``build-index --export-milvus``; ``milvus_collection`` when not the export's default
+        name, ``milvus_search_params`` for an approximate index, see retriever/backends/milvus.py).
         ``encoder``: the index's sentence-transformers encoder (embedder/sentence_encoder.py), if
         already loaded; by default the one its manifest names is loaded. Another one is refused.
         ``fusion``: the hybrid setting; default DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER
@@ -111,14 +119,11 @@ class Retriever:
         self.doc_ids: list[str] = doc_ids if doc_ids is not None else check_doc_ids(self.index_dir / DOC_IDS, manifest.n_docs)
         channels = channels if channels is not None else open_channels(self.index_dir, manifest, mmap=mmap)
         self.sparse: InvertedIndex = channels["sparse"]
-        if backend not in ("numba", "lucene") or (backend == "lucene") != (lucene_index is not None):
-            raise ValueError("backend must be 'numba', or 'lucene' with lucene_index=<export directory>")
-        self.backend = backend
-        self.lucene = None
-        if backend == "lucene":
-            from retriever.lucene_backend import LuceneBackend
-
-            self.lucene = LuceneBackend(self.index_dir, lucene_index)
+        self.backend = backend  # its name, as recorded in benchmark results
+        self.engine: Backend = open_backend(
+            backend, self.index_dir, manifest, channels, lucene_index=lucene_index, milvus_uri=milvus_uri,
+            milvus_collection=milvus_collection, milvus_search_params=milvus_search_params,
+        )
         df = np.diff(np.asarray(self.sparse.indptr))
         # smoothed IDF of each token among the documents' aligned tokens
         self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
@@ -285,24 +290,21 @@ class Retriever:
         if mode == "encoder":
             if q.encoder_embedding is None:
                 raise ValueError("mode 'encoder': the query was encoded without the encoder (Retriever.encode(queries, mode='encoder'))")
-            docs, scores = self.encoder_index.search(q.encoder_embedding[None, :], k)
-            return docs[0], scores[0]
+            return self.engine.search_dense(mode, q.encoder_embedding, k)
         if mode == "sparse":
-            return (self.lucene or self.sparse).search(q.tokens, q.weights, k)
+            return self.engine.search_sparse(mode, q.tokens, q.weights, k)
         if mode in ("dense", "dense-ef"):
-            index = self.dense if mode == "dense" else self.dense_ef
-            docs, scores = index.search(q.embedding[None, :], k)
-            return docs[0], scores[0]
+            return self.engine.search_dense(mode, q.embedding, k)
         terms, weights, _ = self.lexical.encode_query(self._analyze(q.text))
-        return self.lexical.postings.search(terms, weights, k)
+        return self.engine.search_sparse(mode, terms, weights, k)
 
     def _matched(self, q: EncodedQuery, mode: str, doc: int) -> dict[str, float]:
         if mode == "sparse":
-            contrib = (self.lucene or self.sparse).contributions(q.tokens, doc) * q.weights
+            contrib = self.engine.contributions(mode, q.tokens, doc) * q.weights
             names = self.embedder.token_strings(q.tokens)
         elif mode == "bm25":
             terms, weights, names = self.lexical.encode_query(self._analyze(q.text))
-            contrib = self.lexical.postings.contributions(terms, doc) * weights
+            contrib = self.engine.contributions(mode, terms, doc) * weights
         else:
             return {}
         nz = np.flatnonzero(contrib)
@@ -317,9 +319,12 @@ class Retriever:
         used = self.channels_of("hybrid")  # channels the index lacks are skipped
         if not used:
             raise ValueError(f"{self.index_dir}: none of the fusion's channels {sorted(weights)} is in this index (modes {self.modes})")
+        method = self.fusion.get("method", "minmax")
+        if method.startswith("milvus-"):
+            return self._engine_hybrid(q, k, used, method, explain)
         channels = {m: self._channel(q, m, FUSION_DEPTH) for m in used}
         hits = []
-        for f in fuse(channels, weights, k, self.fusion.get("method", "minmax"), self.fusion.get("rrf_k", 60)):
+        for f in fuse(channels, weights, k, method, self.fusion.get("rrf_k", 60)):
             if not explain:
                 hits.append(Hit(self.doc_ids[f.doc], f.score, {}, f.contributions))
                 continue
@@ -329,6 +334,36 @@ class Retriever:
             hits.append(Hit(self.doc_ids[f.doc], f.score, matched, f.contributions))
         return hits
 
+    def _engine_hybrid(self, q: EncodedQuery, k: int, used: list[str], method: str, explain: bool) -> list[Hit]:
+        """Hybrid fused by the engine itself (Milvus's WeightedRanker / RRFRanker, fusion method
+        "milvus-weighted" / "milvus-rrf"): each channel's top FUSION_DEPTH, ranked by Milvus."""
+        if not hasattr(self.engine, "hybrid"):
+            raise ValueError(f"fusion method {method!r} needs backend='milvus', not {self.backend!r}")
+        queries: dict[str, Any] = {}
+        for m in used:
+            if m == "sparse":
+                queries[m] = (q.tokens, q.weights)
+            elif m == "bm25":
+                terms, weights, _ = self.lexical.encode_query(self._analyze(q.text))
+                queries[m] = (terms, weights)
+            elif m == "dense":
+                queries[m] = q.embedding
+            else:
+                raise ValueError(f"fusion method {method!r}: channel {m!r} is not in the Milvus collection (give it weight 0)")
+        docs, scores = self.engine.hybrid(
+            queries, self.fusion["weights"], k, method, FUSION_DEPTH, self.fusion.get("rrf_k", 60), self.fusion.get("norm_score", True)
+        )
+        hits = []
+        for d, s in zip(docs.tolist(), scores.tolist()):
+            if d < 0:
+                continue
+            matched = {}
+            if explain:
+                matched = self._matched(q, "sparse", d) if q.tokens.size else {}
+                if "bm25" in used:
+                    matched.update({f"bm25:{t}": w for t, w in self._matched(q, "bm25", d).items()})
+            hits.append(Hit(self.doc_ids[d], float(s), matched))
+        return hits
 
 
 def check_k(k: object) -> int:

@@ -175,6 +175,15 @@ def test_crash_while_encoding_leaves_nothing(make_corpus, tiny_embedder, monkeyp
     with pytest.raises(type(exc)):
         build_index(corpus, out / "index", tiny_embedder, top_k=8, chunk_size=8, progress=False)
     assert len(calls) == 4
+    if isinstance(exc, KeyboardInterrupt):
+        # interrupted, not failed: the committed shard (8 docs = 2 batches of 4) is kept for the rerun
+        (left,) = out.iterdir()
+        assert left.name.startswith(".index.shards-") and sorted(p.name for p in left.glob("shard-*")) == ["shard-000000"]
+        monkeypatch.setattr(tiny_embedder, "top_tokens", real)
+        manifest = build_index(corpus, out / "index", tiny_embedder, top_k=8, chunk_size=8, progress=False)
+        assert manifest.build["shards_resumed"] == 1 and manifest.n_docs == 40
+        assert_no_index_left(out, keep={"index"})
+        return
     assert_no_index_left(out)
 
 

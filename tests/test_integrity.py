@@ -400,7 +400,7 @@ def test_no_code_path_unpickles_or_runs_remote_code():
 
 
 def test_export_records_checksums_and_verifies(index, tmp_path, capsys, tiny_tokenizer):
-    from indexer.export_pyserini import EXPORT_MANIFEST, export_pyserini, vocabulary_strings
+    from indexer.exports.lucene import EXPORT_MANIFEST, export_pyserini, vocabulary_strings
 
     assert verify_cli.EXPORT_MANIFEST == EXPORT_MANIFEST
     vocab = Manifest.read(index).sparse["vocab_size"]

@@ -13,7 +13,7 @@ import pytest
 import scipy.sparse as sp
 
 from conftest import data_dir
-from indexer.export_pyserini import (
+from indexer.exports.lucene import (
     COLLECTION_DIR,
     COLLECTION_FILE,
     MAX_TERM_CHARS,
@@ -31,7 +31,7 @@ from indexer.export_pyserini import (
     write_collection,
 )
 from indexer.inverted_index import InvertedIndex
-from retriever.lucene_backend import same_up_to_ties
+from retriever.ties import same_up_to_ties
 
 # Strings a real vocabulary holds (byte-level BPE, SentencePiece, Gemma's whitespace runs)
 # and worse ones: every one must come out whitespace-free, short, unique and reversible.
@@ -170,7 +170,7 @@ def test_same_up_to_ties():
 # ------------------------------------------------------------------ against Lucene
 @pytest.fixture(scope="module")
 def pyserini_ready():
-    from benchmarks.pyserini_env import PyseriniUnavailable, import_pyserini
+    from indexer.exports.lucene_jvm import PyseriniUnavailable, import_pyserini
 
     try:
         import_pyserini()
@@ -196,8 +196,8 @@ def assert_lucene_equals_numba(backend, queries: list[tuple[np.ndarray, np.ndarr
 def test_lucene_matches_numba_on_toy_index(pyserini_ready, tiny_embedder, toy_corpus, tmp_path):
     """Tiny model: logits 0.1-0.6 at scale 20 give impacts 3-12, so ties are everywhere."""
     from indexer.build import build_index
-    from indexer.export_pyserini import export_pyserini, read_export, read_token_map
-    from retriever.lucene_backend import LuceneBackend
+    from indexer.exports.lucene import export_pyserini, read_export, read_token_map
+    from retriever.backends.lucene import LuceneBackend
     from retriever.retriever import Retriever
 
     index = tmp_path / "index"
@@ -265,8 +265,8 @@ def test_lucene_equals_numba_on_adi_top100(pyserini_ready, smollm, tmp_path_fact
     if not (adi / "corpus.jsonl").exists():
         pytest.skip(f"ADI not found at {adi} (set ALIGNED_TOKENS_DATA to the shared data folder)")
     from indexer.build import build_index
-    from indexer.export_pyserini import export_pyserini
-    from retriever.lucene_backend import LuceneBackend
+    from indexer.exports.lucene import export_pyserini
+    from retriever.backends.lucene import LuceneBackend
     from retriever.retriever import Retriever
 
     work = tmp_path_factory.mktemp("adi-lucene")
@@ -287,9 +287,9 @@ def test_lucene_equals_numba_on_adi_top100(pyserini_ready, smollm, tmp_path_fact
 
 
 def test_build_index_export_pyserini_and_docs_cli(pyserini_ready, toy_corpus, tiny_model_dir, tmp_path, capsys):
-    """``build-index --export-pyserini`` and ``python -m indexer.export_pyserini docs``, tiny model on disk."""
+    """``build-index --export-pyserini`` and ``python -m indexer.exports.lucene docs``, tiny model on disk."""
     from indexer import cli as build_cli
-    from indexer import export_pyserini as exp
+    from indexer.exports import lucene as exp
 
     index, out = tmp_path / "index", tmp_path / "exp"
     args = ["--corpus", str(toy_corpus), "--index", str(index), "--model", str(tiny_model_dir), "--quiet", "--top-k", "16"]

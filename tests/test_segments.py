@@ -80,6 +80,15 @@ def test_index_with_segments(make_corpus, docs_factory, make_embedder, tmp_path)
     np.testing.assert_allclose([h.score for h in hits], sorted(best.values(), reverse=True)[:5], rtol=1e-4)
     assert r.search("river and sea", k=5, mode="sparse")
     assert r.search("river and sea", k=5, mode="dense-ef")
+    # the same index when the windows are encoded in several shards (the long document in the second)
+    build_index(corpus, tmp_path / "sharded", emb, top_k=8, dense=True, embedfilter_tau=2, progress=False, segments=True, chunk_size=3)
+    for name in ("dense_rows.npy", "dense_ef_rows.npy", "doc_ids.json"):
+        assert (tmp_path / "sharded" / name).read_bytes() == (tmp_path / "multi" / name).read_bytes(), name
+    sharded = Retriever.load(tmp_path / "sharded", embedder=emb)
+    for mode in ("sparse", "dense"):  # other batches, so float noise in the last digits
+        a, b = sharded.search("river and sea", k=5, mode=mode), r.search("river and sea", k=5, mode=mode)
+        assert [h.doc_id for h in a] == [h.doc_id for h in b]
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], rtol=1e-5)
 
 
 def test_an_unknown_format_version_is_refused(make_corpus, tiny_embedder, tmp_path):

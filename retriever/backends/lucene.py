@@ -1,6 +1,6 @@
 """Lucene backend: search a Pyserini export of an index with Pyserini's LuceneImpactSearcher.
 
-The export (``indexer.export_pyserini``) holds the documents' aligned-token vectors with
+The export (``indexer.exports.lucene``) holds the documents' aligned-token vectors with
 integer impacts ``round(w * doc_scale)``. A query (token ids, weights) is turned into
 ``{spelling: round(w * query_scale)}`` and handed to ``LuceneImpactSearcher`` through a
 pass-through query encoder; Lucene's score is ``sum(query_int * doc_int)`` over matched
@@ -14,16 +14,22 @@ can route sparse search to it; ``search_quantised`` gives Lucene's raw integer s
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from indexer.build import DOC_IDS
-from indexer.export_pyserini import (
+from indexer.exports.lucene import (
+    LUCENE_DIR,
+    QUERIES_JSONL,
+    QUERIES_TSV,
     check_export_matches,
+    export_queries,
     quantise_index,
     quantise_query,
     read_export,
@@ -47,6 +53,9 @@ class LuceneBackend:
     its doc ids map Lucene's hits back to doc numbers and its postings explain hits.
     """
 
+    name = "lucene"
+    explains_hits = True  # quantised weights: explanations in Lucene's own units
+
     def __init__(self, index_dir: str | os.PathLike[str], export_dir: str | os.PathLike[str], query_scale: float | None = None) -> None:
         self.index_dir, self.export_dir = Path(index_dir), Path(export_dir)
         info = read_export(self.export_dir)
@@ -62,7 +71,7 @@ class LuceneBackend:
         self._number = {d: i for i, d in enumerate(self.doc_ids)}
         self._quantised: InvertedIndex | None = None
 
-        from benchmarks.pyserini_env import import_pyserini
+        from indexer.exports.lucene_jvm import import_pyserini
 
         lucene = import_pyserini()  # starts the JVM (seconds) on first use
         self.searcher = lucene.LuceneImpactSearcher(str(self.export_dir / info["lucene_index"]), PassThroughEncoder(), min_idf=-1)
@@ -118,9 +127,18 @@ class LuceneBackend:
         d, s = self.batch_search_quantised(queries, k)
         return d, s / self.unit
 
-    def contributions(self, q_tokens: np.ndarray, doc: int) -> np.ndarray:
+    # ------------------------------------------------------------------ the Backend interface
+    def search_sparse(self, channel: str, ids: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The aligned-token channel through Lucene (retriever/backends/__init__.py)."""
+        if channel != "sparse":
+            raise ValueError(f"the Lucene export holds the aligned-token channel only, not {channel!r}")
+        return self.search(ids, weights, k)
+
+    def contributions(self, channel: str, ids: np.ndarray, doc: int) -> np.ndarray:
         """The document's quantised weight (divided by doc_scale) for each query token."""
-        return self.quantised_index().contributions(q_tokens, doc) / np.float32(self.doc_scale)
+        if channel != "sparse":
+            raise ValueError(f"the Lucene export holds the aligned-token channel only, not {channel!r}")
+        return self.quantised_index().contributions(ids, doc) / np.float32(self.doc_scale)
 
     def quantised_index(self) -> InvertedIndex:
         """The Numba index over the very integers Lucene holds (built on first use)."""
@@ -133,31 +151,45 @@ class LuceneBackend:
         self.searcher.close()
 
 
-def same_up_to_ties(
-    docs_a: np.ndarray, scores_a: np.ndarray, docs_b: np.ndarray, scores_b: np.ndarray, k: int | None = None
-) -> str | None:
-    """Compare two top-k lists (doc -1 = padding): None when they agree, else what differs.
+# ------------------------------------------------------------------ command line
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m retriever.backends.lucene", description="Encode queries with an index's model and write them as Pyserini impact topics.")
+    sub = p.add_subparsers(dest="what", required=True)
+    q = sub.add_parser("queries", help="encode queries and write them as Pyserini impact topics")
+    q.add_argument("--index", required=True, type=Path, help="index directory (its model encodes the queries)")
+    q.add_argument("--export", required=True, type=Path, help="export directory made by build-index --export-pyserini")
+    q.add_argument("--queries", required=True, type=Path, help="BEIR queries.jsonl ({'_id', 'text'} lines)")
+    q.add_argument("--expansion-m", type=int, default=None, help="expansion tokens per query (default: the engine's)")
+    q.add_argument("--query-scale", type=float, default=None, help="query weight scale (default: the export's)")
+    return p
 
-    They agree when the scores are equal position by position and, for every score, the two
-    lists hold the same documents, except at the last score of a full list (``k`` hits, or
-    ``k`` unknown), where a tie may have been cut differently: only the count must match
-    there, which equal scores already imply.
-    """
-    a_d, b_d = np.asarray(docs_a), np.asarray(docs_b)
-    a_s, b_s = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64)
-    keep_a, keep_b = a_d >= 0, b_d >= 0
-    a_d, a_s, b_d, b_s = a_d[keep_a], a_s[keep_a], b_d[keep_b], b_s[keep_b]
-    if len(a_d) != len(b_d):
-        return f"{len(a_d)} hits vs {len(b_d)}"
-    if not np.array_equal(a_s, b_s):
-        j = int(np.flatnonzero(a_s != b_s)[0])
-        return f"score at rank {j + 1}: {a_s[j]} vs {b_s[j]}"
-    full = k is None or len(a_s) >= k
-    last = a_s[-1] if len(a_s) and full else None
-    for score in np.unique(a_s):
-        if score == last:
-            continue  # the boundary tie group may be cut differently
-        sa, sb = set(a_d[a_s == score].tolist()), set(b_d[b_s == score].tolist())
-        if sa != sb:
-            return f"documents with score {score}: {sorted(sa - sb)} vs {sorted(sb - sa)}"
-    return None
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m retriever.backends.lucene queries``: the query side of the Pyserini export
+    (it needs the Retriever's query encoding, so it lives here rather than beside the writer)."""
+    args = _parser().parse_args(argv)
+    from indexer.corpus import CorpusError, read_queries
+    from retriever.retriever import Retriever
+
+    try:
+        kw = {"expansion_m": args.expansion_m} if args.expansion_m is not None else {}
+        retriever = Retriever.load(args.index, **kw)
+        info = read_export(args.export)
+        check_export_matches(info, args.index)
+        scale = args.query_scale if args.query_scale is not None else info["quantisation"]["query_scale"]
+        queries = read_queries(args.queries)
+        encoded = retriever.encode(list(queries.values()))
+        stats = export_queries(
+            ((qid, e.text, e.tokens, e.weights) for qid, e in zip(queries, encoded)), read_token_map(args.export), args.export, scale
+        )
+    except (IndexFormatError, CorpusError, ValueError, OSError) as exc:
+        print(f"lucene queries: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {stats['queries']} queries to {args.export / QUERIES_TSV} and {QUERIES_JSONL}; search them with:\n"
+          f"  python -m pyserini.search.lucene --index {args.export / LUCENE_DIR} --topics {args.export / QUERIES_TSV} "
+          f"--impact --min-idf -1 --hits 100 --output run.trec")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
