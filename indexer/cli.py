@@ -20,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", required=True, type=Path, help="BEIR folder (corpus.jsonl), .jsonl or .tsv file")
     p.add_argument("--index", required=True, type=Path, help="index directory to create")
     p.add_argument("--model", default=DEFAULT_MODEL, help="registered name, local directory, .gguf file or hub id")
-    p.add_argument("--adapter", default="default", help="'default' (shipped adapter, if any), 'none' or a LoRA directory")
+    p.add_argument("--adapter", default="default", help="'default' (the backbone's default shipped adapter, if any), 'none', a shipped adapter's name (smollm2-135m-text2token) or a LoRA directory")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="aligned tokens kept per document")
     p.add_argument("--dense", action="store_true", help="also store dense embeddings in a FAISS index")
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string for the dense index (Flat, HNSW32, ...)")
