@@ -42,7 +42,11 @@ def resolve_adapter(adapter: str | Path | None, model_name: str) -> Path | None:
     if str(adapter) == "default":
         return shipped_adapter(model_name)
     if str(adapter) in shipped_adapters() and not Path(adapter).exists():
-        return (SHIPPED_DIR / str(adapter)).resolve()
+        path = (SHIPPED_DIR / str(adapter)).resolve()
+        trained_on = ((adapter_record(path) or {}).get("backbone") or {}).get("name")
+        if trained_on is not None and trained_on != model_name:
+            raise ModelNotAvailable(f"shipped adapter {adapter} was trained on {trained_on}, not on {model_name}")
+        return path
     path = Path(adapter).expanduser()
     if not (path / "adapter_config.json").exists():
         raise ModelNotAvailable(

@@ -27,6 +27,11 @@ def test_names_none_default_and_directories_resolve(tmp_path):
     assert resolve_adapter(tmp_path, "smollm2-135m") == tmp_path.resolve()
 
 
+def test_a_shipped_adapter_of_another_backbone_is_refused():
+    with pytest.raises(ModelNotAvailable, match="trained on smollm2-135m, not on tiny"):
+        resolve_adapter(DEFAULT_ADAPTERS["smollm2-135m"], "tiny")
+
+
 def test_unknown_adapter_lists_the_shipped_ones(tmp_path):
     with pytest.raises(ModelNotAvailable, match="nor a shipped adapter") as info:
         resolve_adapter(tmp_path / "nope", "smollm2-135m")

@@ -131,7 +131,7 @@ class Recipe:
     symmetric: bool = False  # add the positive -> anchor direction
     kl_weight: float = 0.0  # joint Text2Token KL (data-driven target) on the same texts; 0 = contrastive only
     max_pairs_per_source: int | None = None  # seeded sample of each pairs file
-    init_adapter: str | None = None  # continue from this LoRA adapter ("default" = the shipped one)
+    init_adapter: str | None = None  # continue from this LoRA adapter (a shipped adapter's name, "default" or a folder)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size:
@@ -218,7 +218,8 @@ CONTRASTIVE_RECIPE = Recipe(
     lr=1e-4,
     warmup_steps=50,
     schedule="linear",
-    init_adapter="default",
+    # by name, not "default": the default adapter is now this recipe's own output
+    init_adapter="smollm2-135m-text2token",
     save_every=10,
 )
 # "contrastive-cpu": what 2 CPU cores without native bf16 finish in about 40 minutes. Measured
