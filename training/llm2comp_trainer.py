@@ -227,16 +227,17 @@ class LLM2CompTrainer:
         _, history = self._loop().load_checkpoint(Path(checkpoint))
         self.peft_model.eval()
         round_lora_to_bf16(self.peft_model)
-        record = self.record(history) | {"exported_from_checkpoint": str(checkpoint)}
-        return save_adapter(self.peft_model, Path(directory), record, record_name=RECORD, extra=self._save_memory)
+        return self._write_adapter(Path(directory), history, {"exported_from_checkpoint": str(checkpoint)})
 
     # ----------------------------------------------------------- outputs
     def _save_memory(self, directory: Path) -> None:
         if self.memory is not None:
             self.memory.save(directory)
 
-    def _write_adapter(self, directory: Path, history: list[dict]) -> Path:
-        return save_adapter(self.peft_model, directory, self.record(history), record_name=RECORD, extra=self._save_memory)
+    def _write_adapter(self, directory: Path, history: list[dict], note: dict | None = None) -> Path:
+        """The adapter folder: LoRA, memory vectors and the record (plus ``note``'s fields)."""
+        record = self.record(history) | (note or {})
+        return save_adapter(self.peft_model, directory, record, record_name=RECORD, extra=self._save_memory)
 
     def record(self, history: list[dict]) -> dict:
         """What ``llm2comp.json`` in the adapter directory says about this run."""

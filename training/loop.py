@@ -66,6 +66,8 @@ class LoopStage:
 
 @dataclass
 class TrainResult:
+    """What a run did: where its outputs are, its history, time, tokens, and whether it finished."""
+
     adapter_dir: Path
     run_dir: Path
     history: list[dict]
@@ -76,6 +78,7 @@ class TrainResult:
 
 # ------------------------------------------------------------------ set-up
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global RNGs (what a trainer draws before the loop starts)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -247,6 +247,7 @@ class Text2TokenTrainer:
         orders = stage_orders(r, pools, np.array([len(x) for x in prompt_ids]))
         out = []
         for k, s in enumerate(r.stages):
+            # each step function binds its stage's data through default arguments
             if s.target == "pairs":
                 plan = pair_batches(self.pairs.sources, s.steps, r.batch_size, r.seed, k) if s.steps else []
 
