@@ -2,6 +2,8 @@
 mask, the losses, resume, and the adapter read back as token-group features."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -88,7 +90,7 @@ def _trainer(make_embedder, run_dir, steps=4):
     words = [w for ws in TOPICS.values() for w in ws]
     texts = [" ".join(rng.choice(words, 40)) for _ in range(12)]
     emb = make_embedder()
-    recipe = BTMRRecipe(steps=steps, batch_pairs=4, lr=1e-3, checkpoint_every=1, lora_r=4, lora_alpha=8,
+    recipe = BTMRRecipe(steps=steps, batch_size=4, lr=1e-3, save_every=1, lora_r=4, lora_alpha=8,
                         btmr={"segment_length": 6, "group_size": 2, "units_per_side": 2})
     return BTMRTrainer(emb, texts, run_dir, recipe, bmt_token_id=emb.tokenizer.convert_tokens_to_ids("[EOS]"))
 
@@ -118,7 +120,7 @@ def test_resume_refuses_another_recipe(make_embedder, tmp_path):
     t = _trainer(make_embedder, tmp_path / "run")
     t.train(stop_after=1, progress=False)
     other = _trainer(make_embedder, tmp_path / "run")
-    other.recipe.lr = 5e-4
+    other.recipe = replace(other.recipe, lr=5e-4)  # recipes are frozen
     with pytest.raises(ValueError, match="different recipe"):
         other.train(progress=False)
 

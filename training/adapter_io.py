@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,10 +25,13 @@ RECORD = "text2token.json"
 WEIGHTS = "adapter_model.safetensors"
 
 
-def save_adapter(peft_model, directory: Path, record: dict, record_name: str = RECORD, memory=None) -> Path:
+def save_adapter(
+    peft_model, directory: Path, record: dict, record_name: str = RECORD, extra: Callable[[Path], None] | None = None
+) -> Path:
     """Write the LoRA weights (bf16), the peft config and the record (``text2token.json``) into ``directory``.
 
-    memory: LLM2Comp memory vectors (embedder/memory.py), written beside the LoRA weights (fp32).
+    extra: writes the objective's own files into the folder before it is renamed into place
+    (LLM2Comp's memory vectors, BTMR's <BMT> embedding), so that they appear with the rest.
     """
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
@@ -44,8 +48,8 @@ def save_adapter(peft_model, directory: Path, record: dict, record_name: str = R
         )
         peft_model.peft_config["default"].save_pretrained(str(tmp))
         (tmp / record_name).write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
-        if memory is not None:
-            memory.save(tmp)
+        if extra is not None:
+            extra(tmp)
         make_readable(tmp)
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old")

@@ -4,34 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from training.config import RECIPES, DataTargetConfig, ModelTargetConfig, Stage
-
-log = logging.getLogger("training")
-
-
-def _setup(threads: int | None, quiet: bool) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+from training.cli_common import fail, recipe_with_args, report_adapter, set_threads, setup, staged_parser
+from training.config import RECIPES, Stage
 
 
 def load_embedder(
     model: str, adapter: str, max_length: int | None = None, batch_size: int | None = None, threads: int | None = None
 ):
     """An Embedder for a backbone and adapter, pooling the way the adapter was trained to."""
-    import torch
-
     from embedder.adapters import resolve_adapter
     from embedder.encoder import Embedder, EmbedderConfig
     from embedder.models import resolve_model
@@ -44,30 +29,22 @@ def load_embedder(
         base = EmbedderConfig()
         cfg = EmbedderConfig(max_length=max_length or base.max_length, batch_size=batch_size or base.batch_size)
     emb = Embedder.load(model, adapter=str(adapter_dir) if adapter_dir else "none", config=cfg)
-    if threads:
-        torch.set_num_threads(threads)  # Embedder.load sets all cores; respect the caller's choice
+    set_threads(threads)
     return emb
 
 
 # --------------------------------------------------------------- training
-def _parse_stages(spec: str) -> tuple[Stage, ...]:
-    stages = []
-    for part in spec.split(","):
-        try:
-            target, steps = part.split(":")
-            stages.append(Stage(target.strip(), int(steps)))
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"--stages expects e.g. data:500,model:200, got {spec!r} ({exc})") from None
-    return tuple(stages)
-
-
 def train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="train-text2token",
-        description="Train an embedder (LoRA adapter) from a backbone: Text2Token on an unlabeled corpus (documents only), "
+    p = staged_parser(
+        "train-text2token",
+        "Train an embedder (LoRA adapter) from a backbone: Text2Token on an unlabeled corpus (documents only), "
         "and/or supervised contrastive on pairs files (--pairs, with a contrastive recipe).",
+        RECIPES,
+        Stage,
+        "data:500,model:200",
+        corpus_required=False,
+        recipe_help=", under an hour on 2 cores",
     )
-    p.add_argument("--corpus", action="append", help="corpus to train on (BEIR folder, .jsonl, .tsv); repeatable")
     p.add_argument(
         "--pairs",
         action="append",
@@ -82,26 +59,11 @@ def train_parser() -> argparse.ArgumentParser:
         help="evaluation texts that training must never see: a BEIR folder (its queries), an STS TSV, a folder of them; "
         "pairs containing one are dropped; repeatable",
     )
-    p.add_argument("--max-pairs", type=int, help="seeded sample of this many pairs per pairs file")
+    p.add_argument("--max-pairs", dest="max_pairs_per_source", type=int, help="seeded sample of this many pairs per pairs file")
     p.add_argument("--kl-weight", type=float, help="weight of the joint Text2Token KL in the contrastive stage (0 = off)")
-    p.add_argument("--temperature", type=float, help="InfoNCE temperature (initial value if learned)")
     p.add_argument("--learn-temperature", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None, help="add the positive -> anchor loss")
     p.add_argument("--init-adapter", help="continue from this adapter ('default' = shipped, 'none' = fresh LoRA)")
-    p.add_argument("--format", choices=["beir", "jsonl", "tsv"], help="corpus format (guessed from the path by default)")
-    p.add_argument("--output", required=True, type=Path, help="run folder: adapter/, checkpoints/, loss_curve.{json,png}")
-    p.add_argument(
-        "--recipe", choices=sorted(RECIPES), default="cpu", help="starting recipe (default: cpu, under an hour on 2 cores)"
-    )
-    p.add_argument("--model", help="backbone: registry name, local HF folder or .gguf (default: the recipe's)")
-    p.add_argument("--stages", type=_parse_stages, help="e.g. data:500,model:200 (targets: data, model)")
-    p.add_argument("--batch-size", type=int, help="texts per optimizer step")
-    p.add_argument("--micro-batch-size", type=int, help="texts per forward pass (gradient accumulation = batch / micro)")
-    p.add_argument("--max-length", type=int, help="text tokens kept per text (template added on top)")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--schedule", choices=["constant", "linear"])
-    p.add_argument("--seed", type=int)
     p.add_argument(
         "--group-by-length",
         action=argparse.BooleanOptionalAction,
@@ -109,9 +71,6 @@ def train_parser() -> argparse.ArgumentParser:
         help="batch texts of similar length together (less padding)",
     )
     p.add_argument("--pooling", choices=["last", "mean"])
-    p.add_argument("--attention", choices=["causal", "bidirectional"])
-    p.add_argument("--lora-r", type=int)
-    p.add_argument("--lora-alpha", type=int)
     p.add_argument("--top-n", type=int, help="target entries cached per text")
     p.add_argument(
         "--data-reading",
@@ -124,100 +83,61 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau", type=float, help="Eq. 19 temperature (paper: 1e-4)")
     p.add_argument("--common-size", type=int, help="texts averaged into the common distribution Q̄")
     p.add_argument("--model-pool", type=int, help="texts given a model-derived target (stage-2 pool); 0 = all")
-    p.add_argument("--max-texts", type=int, help="train on a seeded sample of this many documents")
-    p.add_argument("--save-every", type=int, help="optimizer steps between checkpoints")
     p.add_argument(
         "--targets-cache",
         default=None,
         help="folder caching targets per corpus/model/config, or 'none' (default: the model cache)",
     )
-    p.add_argument("--no-resume", action="store_true", help="start over even if the run folder holds checkpoints")
     p.add_argument("--targets-only", action="store_true", help="compute and cache the targets, then stop")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores)")
-    p.add_argument("--quiet", action="store_true")
     return p
 
 
 def recipe_from_args(args: argparse.Namespace):
-    r = RECIPES[args.recipe]
-    r = r.with_overrides(
-        model=args.model,
-        stages=args.stages,
-        batch_size=args.batch_size,
-        micro_batch_size=args.micro_batch_size,
-        max_length=args.max_length,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        schedule=args.schedule,
-        seed=args.seed,
-        pooling=args.pooling,
-        attention=args.attention,
-        lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        top_n=args.top_n,
-        save_every=args.save_every,
-        group_by_length=args.group_by_length,
-        max_pairs_per_source=args.max_pairs,
-        kl_weight=args.kl_weight,
-        temperature=args.temperature,
-        learn_temperature=args.learn_temperature,
-        symmetric=args.symmetric,
-    )
+    """The named recipe with the command line's overrides, target settings included."""
+    r = recipe_with_args(RECIPES[args.recipe], args)
     if args.init_adapter is not None:
         r = replace(r, init_adapter=None if args.init_adapter == "none" else args.init_adapter)
-    if args.batch_size and not args.micro_batch_size and args.batch_size % r.micro_batch_size:
-        r = replace(r, micro_batch_size=args.batch_size)
-    dt = r.data_target
-    r = replace(
+    dt, mt = r.data_target, r.model_target
+    return replace(
         r,
-        data_target=DataTargetConfig(
-            reading=args.data_reading or dt.reading,
-            temperature=args.data_temperature or dt.temperature,
-            tf=args.tf or dt.tf,
-            pos_keep=dt.pos_keep,
-            spacy_model=dt.spacy_model,
+        data_target=replace(
+            dt, reading=args.data_reading or dt.reading, temperature=args.data_temperature or dt.temperature, tf=args.tf or dt.tf
         ),
-    )
-    mt = r.model_target
-    pool = mt.pool_size if args.model_pool is None else (args.model_pool or None)
-    r = replace(
-        r,
-        model_target=ModelTargetConfig(
+        model_target=replace(
+            mt,
             filter=args.filter or mt.filter,
             tau=args.tau or mt.tau,
             common_size=args.common_size or mt.common_size,
-            pool_size=pool,
+            pool_size=mt.pool_size if args.model_pool is None else (args.model_pool or None),
         ),
     )
-    return r
 
 
 def train_main(argv: list[str] | None = None) -> int:
     args = train_parser().parse_args(argv)
-    _setup(args.threads, args.quiet)
+    setup(args.threads, args.quiet)
     from embedder.models import ModelNotAvailable, cache_dir
     from indexer.corpus import CorpusError
     from training.texts import corpus_texts
     from training.trainer import Text2TokenTrainer
 
+    prog = "train-text2token"
     try:
         recipe = recipe_from_args(args)
     except ValueError as exc:
-        print(f"train-text2token: {exc}", file=sys.stderr)
-        return 2
+        return fail(prog, exc)
     from training.pairs import PairsFileError, holdout_texts, load_pairs
 
     has_pairs_stage = any(s.target == "pairs" and s.steps for s in recipe.stages)
     if has_pairs_stage != bool(args.pairs):
-        print(
-            "train-text2token: "
-            + ("the recipe has a pairs stage: give --pairs FILE" if has_pairs_stage else "--pairs needs a recipe with a pairs stage (e.g. --recipe contrastive-cpu)"),
-            file=sys.stderr,
+        return fail(
+            prog,
+            "the recipe has a pairs stage: give --pairs FILE"
+            if has_pairs_stage
+            else "--pairs needs a recipe with a pairs stage (e.g. --recipe contrastive-cpu)",
         )
-        return 2
     if not args.corpus and not args.pairs:
-        print("train-text2token: give --corpus (Text2Token) and/or --pairs (contrastive)", file=sys.stderr)
-        return 2
+        return fail(prog, "give --corpus (Text2Token) and/or --pairs (contrastive)")
     pairs, texts, info = None, [], {}
     try:
         if args.pairs:
@@ -229,11 +149,9 @@ def train_main(argv: list[str] | None = None) -> int:
             texts += corpus
             info |= cinfo
     except (CorpusError, PairsFileError) as exc:
-        print(f"train-text2token: {exc}", file=sys.stderr)
-        return 2
+        return fail(prog, exc)
     if not texts:
-        print("train-text2token: the corpus holds no documents", file=sys.stderr)
-        return 2
+        return fail(prog, "the corpus holds no documents")
     cache = None if args.targets_cache == "none" else Path(args.targets_cache or cache_dir() / "text2token-targets")
     t0 = time.perf_counter()
     try:
@@ -241,12 +159,8 @@ def train_main(argv: list[str] | None = None) -> int:
             recipe, texts, args.output, cache_dir=cache, progress=not args.quiet, corpus_info=info, pairs=pairs
         )
     except ModelNotAvailable as exc:
-        print(f"train-text2token: {exc}", file=sys.stderr)
-        return 2
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+        return fail(prog, exc)
+    set_threads(args.threads)
     print(
         f"train-text2token: {len(texts)} texts"
         + (f" ({sum(len(s) for s in pairs.sources)} pairs in {len(pairs.sources)} sources, {sum(pairs.dropped.values())} dropped as held-out overlap)" if pairs else "")
@@ -272,8 +186,7 @@ def train_main(argv: list[str] | None = None) -> int:
     print(
         f"train-text2token: done in {time.perf_counter() - t0:.0f} s ({rate:.0f} training tokens/s), loss {first:.4f} -> {last:.4f}"
     )
-    print(f"adapter: {result.adapter_dir}")
-    print(f"use it: build-index --corpus CORPUS --index INDEX --model {recipe.model} --adapter {result.adapter_dir}")
+    report_adapter(result, recipe.model)
     return 0
 
 
@@ -288,7 +201,7 @@ def sts_main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true", help="print a JSON object")
     args = p.parse_args(argv)
-    _setup(args.threads, quiet=True)
+    setup(args.threads, quiet=True)
     from embedder.models import ModelNotAvailable
     from training.sts import Pairs, PairsError, read_pairs, sts_spearman
 
@@ -298,8 +211,7 @@ def sts_main(argv: list[str] | None = None) -> int:
             pairs = Pairs(pairs.left[: args.limit], pairs.right[: args.limit], pairs.scores[: args.limit])
         emb = load_embedder(args.model, args.adapter, batch_size=args.batch_size, threads=args.threads)
     except (PairsError, ModelNotAvailable) as exc:
-        print(f"sts-eval: {exc}", file=sys.stderr)
-        return 2
+        return fail("sts-eval", exc)
     t0 = time.perf_counter()
     res = sts_spearman(emb, pairs)
     res |= {
@@ -342,7 +254,7 @@ def diagnose_main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    _setup(args.threads, quiet=True)
+    setup(args.threads, quiet=True)
     from embedder.models import ModelNotAvailable
     from indexer.corpus import CorpusError
     from training.diagnostics import compare_embedders
@@ -358,13 +270,9 @@ def diagnose_main(argv: list[str] | None = None) -> int:
 
         # The backbone read with the trained embedder's prompt, pooling and attention.
         before = Embedder.load(args.model, adapter="none", config=after.config)
-        if args.threads:
-            import torch
-
-            torch.set_num_threads(args.threads)
+        set_threads(args.threads)
     except (CorpusError, ModelNotAvailable) as exc:
-        print(f"text2token-diagnose: {exc}", file=sys.stderr)
-        return 2
+        return fail("text2token-diagnose", exc)
     report = compare_embedders(before, after, texts, args.k, args.show, args.out)
     report["adapter"] = after.adapter
     args.out.mkdir(parents=True, exist_ok=True)

