@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         encoded = {}
         for ds in collections:
             qids = list(ds.queries)
-            encoded[ds.name] = (embed([d.text for d in ds.docs]), embed([ds.queries[q] for q in qids]), [d.doc_id for d in ds.docs], qids)
+            queries = embed([ds.queries[q] for q in qids], role="query")  # STS sentences and documents: the document template
+            encoded[ds.name] = (embed([d.text for d in ds.docs]), queries, [d.doc_id for d in ds.docs], qids)
             print(f"{name}: {ds.name} embedded", file=sys.stderr, flush=True)
         for tau in taus:
             proj, left, right = embedfilter_projection(w_u, tau)

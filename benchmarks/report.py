@@ -127,6 +127,8 @@ def _model_bits(p: dict) -> list[str]:
     bits.append(f"adapter {adapter.get('path')} ({str(adapter.get('sha256', ''))[:12]})" if adapter else f"adapter: none (raw backbone; --adapter {p.get('adapter_arg')})")
     emb = p.get("embedding") or {}
     bits.append(f"pooling {emb.get('pooling')}, attention {emb.get('attention')}, max_length {emb.get('max_length')}")
+    if emb.get("query_prompt"):  # an asymmetric embedder: queries read their own template
+        bits.append(f"query template {emb['query_prompt']!r} (documents: {emb.get('prompt')!r})")
     return bits
 
 

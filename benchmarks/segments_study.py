@@ -29,22 +29,25 @@ MODES = ("sparse", "dense", "hybrid")
 
 
 class _QueryCache:
-    """An embedder whose ``embed`` (queries) reads and fills an ArrayCache; all else delegated."""
+    """An embedder whose ``embed`` (queries, read with the query template) reads and fills an ArrayCache; all else delegated."""
 
     def __init__(self, embedder, directory: Path) -> None:
         from embedder.cache import ArrayCache, embedder_key
 
         inner = getattr(embedder, "embedder", embedder)
         self._e = embedder
-        self._cache = ArrayCache(directory / f"queries-{embedder_key(inner)}")
+        self._cache = ArrayCache(directory / f"queries-{embedder_key(inner, role='query')}")
 
     def __getattr__(self, name):
         return getattr(self._e, name)
 
-    def embed(self, texts):
+    def embed(self, texts, role: str = "query"):
         from embedder.cache import cached_arrays
 
-        return cached_arrays(self._cache, list(texts), self._e.embed, (self._e.dim,), desc="queries", progress=False)
+        if role != "query":  # the cache holds query-template embeddings only
+            return self._e.embed(texts, role=role)
+        encode = lambda part: self._e.embed(part, role="query")  # noqa: E731
+        return cached_arrays(self._cache, list(texts), encode, (self._e.dim,), desc="queries", progress=False)
 
 
 def study(ds, embedder, work: Path, k: int = 100) -> list[dict]:

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         h_docs = emb.embed(texts)
         doc_tok, doc_w = emb.top_tokens(h_docs, max(ks))
-        h_q = emb.embed([queries[q] for q in qids])
+        h_q = emb.embed([queries[q] for q in qids], role="query")
         q_top, _ = emb.top_tokens(h_q, max(ms) or 1)
         print(f"{folder.name}: encoded {len(texts)} docs + {len(qids)} queries in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         qrels = Qrels(qrels_d)

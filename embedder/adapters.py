@@ -58,7 +58,9 @@ def resolve_adapter(adapter: str | Path | None, model_name: str) -> Path | None:
 # The record a trainer writes beside the LoRA weights (training/adapter_io.py), first match wins.
 RECORD_FILES = ("llm2comp.json", "text2token.json")
 # The embedding settings an adapter's record fixes (indexing keeps its own max_length / batch size).
-RECORDED_SETTINGS = ("prompt", "pooling", "attention", "memory_tokens")
+# query_prompt: recorded only by runs trained with a query template (training/trainer.py), so
+# that an asymmetric adapter reads queries with it wherever it is loaded.
+RECORDED_SETTINGS = ("prompt", "query_prompt", "pooling", "attention", "memory_tokens")
 
 
 def adapter_record(path: Path | None) -> dict | None:
@@ -76,7 +78,7 @@ def adapter_record(path: Path | None) -> dict | None:
 
 
 def adapter_embedding(path: Path | None) -> dict:
-    """The prompt / pooling / attention / memory tokens an adapter was trained with ({} if unknown)."""
+    """The prompt / query prompt / pooling / attention / memory tokens an adapter was trained with ({} if unknown)."""
     rec = adapter_record(path) or {}
     emb = rec.get("embedding") or {}
     return {k: emb[k] for k in RECORDED_SETTINGS if k in emb}

@@ -6,8 +6,9 @@ tokens, dense, EmbedFilter, fusion) is cheap. Benchmarks that rebuild indexes of
 collections with other channels or settings wrap the embedder in :class:`CachedEmbedder`.
 
 The cache is keyed by the model's weights hash, the adapter's hash and the embedding
-settings (batch size excepted: it changes padding only), and within that by each text's
-hash, so a changed text, model or prompt is a miss, never a stale hit.
+settings (batch size excepted: it changes padding only) with the template the texts were
+read with (documents: ``prompt``; queries of an asymmetric embedder: ``query_prompt``), and
+within that by each text's hash, so a changed text, model or prompt is a miss, never a stale hit.
 Cached runs do not measure encoding speed; :attr:`CachedEmbedder.hits` says when one was served.
 """
 from __future__ import annotations
@@ -25,9 +26,15 @@ import torch
 from embedder.encoder import Embedder
 
 
-def embedder_key(embedder: Embedder) -> str:
-    """A short hash of everything that decides an embedding (batch size excepted)."""
-    config = {k: v for k, v in embedder.config.to_dict().items() if k != "batch_size"}
+def embedder_key(embedder: Embedder, role: str = "document") -> str:
+    """A short hash of everything that decides the embedding of a text read as ``role`` (batch size excepted).
+
+    The config enters with the template that role reads as ``prompt`` and no ``query_prompt``:
+    a document's embedding does not depend on the query template, and a symmetric embedder
+    keeps the key it had before query templates existed.
+    """
+    config = {k: v for k, v in embedder.config.to_dict().items() if k not in ("batch_size", "query_prompt")}
+    config["prompt"] = embedder.config.template(role)
     what = {
         "model": (embedder.identity or {}).get("sha256") or (embedder.identity or {}).get("name"),
         "adapter": (embedder.adapter or {}).get("sha256"),
@@ -49,32 +56,38 @@ class CachedEmbedder:
     encodes the others and adds them to it. Query encoding (``embed``) and everything else
     goes to the wrapped embedder unchanged, so query latency is always measured.
 
+    ``directory`` holds the documents' embeddings; texts read as queries (``role="query"``,
+    offline studies through :meth:`embed_texts`) go to the folder of their own template's key,
+    which is the same folder for a symmetric embedder.
+
     Each miss writes one ``.npz`` file (text hashes, embeddings, token counts); all of them
     are read once, on first use.
     """
 
     def __init__(self, embedder: Embedder, directory: str | os.PathLike[str]) -> None:
         self.embedder = embedder
-        self.directory = Path(directory) / embedder_key(embedder)
+        self.root = Path(directory)
+        self.directory = self.root / embedder_key(embedder)
         self.hits = 0  # texts served from the cache
         self.misses = 0  # texts encoded
-        self._store: dict[bytes, tuple[np.ndarray, int]] | None = None
+        self._stores: dict[Path, dict[bytes, tuple[np.ndarray, int]]] = {}
 
     def __getattr__(self, name: str):
         return getattr(self.embedder, name)
 
-    def _load(self) -> dict[bytes, tuple[np.ndarray, int]]:
-        if self._store is None:
-            self._store = {}
-            for path in sorted(self.directory.glob("*.npz")):
+    def _load(self, directory: Path) -> dict[bytes, tuple[np.ndarray, int]]:
+        if directory not in self._stores:
+            store = self._stores[directory] = {}
+            for path in sorted(directory.glob("*.npz")):
                 with np.load(path) as z:
                     for key, h, n in zip(z["keys"], z["h"], z["n_tokens"]):
-                        self._store[bytes(key)] = (h, int(n))
-        return self._store
+                        store[bytes(key)] = (h, int(n))
+        return self._stores[directory]
 
-    def iter_batches(self, texts: Sequence[str]) -> Iterable[tuple[np.ndarray, torch.Tensor, int]]:
+    def iter_batches(self, texts: Sequence[str], role: str = "document") -> Iterable[tuple[np.ndarray, torch.Tensor, int]]:
         """As :meth:`Embedder.iter_batches`: cached texts first, then the others as encoded."""
-        store = self._load()
+        directory = self.root / embedder_key(self.embedder, role)
+        store = self._load(directory)
         keys = [text_key(t) for t in texts]
         cached = np.array([i for i, k in enumerate(keys) if k in store], np.int64)
         missing = np.array([i for i, k in enumerate(keys) if k not in store], np.int64)
@@ -89,31 +102,31 @@ class CachedEmbedder:
             return
         todo = [texts[i] for i in missing]
         h = np.zeros((len(todo), self.embedder.dim), np.float32)
-        n_tokens = np.array([len(x) for x in self.embedder.prompt_ids(todo)], np.int64)
-        for pos, emb, ntok in self.embedder.iter_batches(todo):
+        n_tokens = np.array([len(x) for x in self.embedder.prompt_ids(todo, role)], np.int64)
+        for pos, emb, ntok in self.embedder.iter_batches(todo, role):
             h[pos] = emb.float().cpu().numpy()
             yield missing[pos], emb, ntok
         new_keys = [keys[i] for i in missing]
-        self._write(np.array(new_keys, dtype="S16"), h, n_tokens)
+        self._write(directory, np.array(new_keys, dtype="S16"), h, n_tokens)
         for key, row, n in zip(new_keys, h, n_tokens):
             store[key] = (row, int(n))
 
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        """Pooled embeddings (n, d) of documents, through the cache (for offline studies)."""
+    def embed_texts(self, texts: Sequence[str], role: str = "document") -> np.ndarray:
+        """Pooled embeddings (n, d) of texts read as ``role``, through the cache (for offline studies)."""
         out = np.zeros((len(texts), self.embedder.dim), np.float32)
         with torch.inference_mode():
-            for pos, h, _ in self.iter_batches(texts):
+            for pos, h, _ in self.iter_batches(texts, role):
                 out[pos] = h.float().cpu().numpy()
         return out
 
-    def _write(self, keys: np.ndarray, h: np.ndarray, n_tokens: np.ndarray) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".npz")
+    def _write(self, directory: Path, keys: np.ndarray, h: np.ndarray, n_tokens: np.ndarray) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".npz")
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, keys=keys, h=h, n_tokens=n_tokens)
             os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
-            os.replace(tmp, self.directory / f"{hashlib.sha256(keys.tobytes()).hexdigest()[:24]}.npz")
+            os.replace(tmp, directory / f"{hashlib.sha256(keys.tobytes()).hexdigest()[:24]}.npz")
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -25,6 +25,15 @@ log = logging.getLogger(__name__)
 PROMPT_EOL = 'This sentence: "[text]" means in one word:"'
 PLACEHOLDER = "[text]"
 POOLINGS = ("last", "mean", "memory")
+# What a text is to the embedder: documents read ``EmbedderConfig.prompt``, queries
+# ``EmbedderConfig.query_prompt`` where one is set (asymmetric embedders, as E5 and GTE).
+ROLES = ("document", "query")
+
+
+def check_role(role: str) -> None:
+    """Refuse a role other than "document" or "query" (a typo would silently embed as a document)."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, not {role!r}")
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,8 @@ class EmbedderConfig:
     "memory" (LLM2Comp: mean of the final states of ``memory_tokens`` learned vectors appended
     after the prompt; embedder/memory.py; the vectors come with the adapter).
     attention: "causal" (as pretrained) or "bidirectional" (every token sees every token).
+    query_prompt: the template of queries (asymmetric embedders, E5/GTE style); None (or the
+    same text as ``prompt``): queries read ``prompt`` as documents do.
     max_length: text tokens kept; the template is added on top and never truncated.
     fold_all_caps: lowercase a text that has letters but no lower-case letter. Byte-level
     BPE vocabularies hold common words in lower/title case only, so an ALL-CAPS text (every
@@ -49,10 +60,16 @@ class EmbedderConfig:
     batch_size: int = 16
     fold_all_caps: bool = True
     memory_tokens: int = 0  # memory slots read by pooling "memory" (0 with any other pooling)
+    query_prompt: str | None = None
 
     def __post_init__(self) -> None:
         if PLACEHOLDER not in self.prompt:
             raise ValueError(f"prompt must contain the placeholder {PLACEHOLDER!r}: {self.prompt!r}")
+        if self.query_prompt is not None and PLACEHOLDER not in self.query_prompt:
+            raise ValueError(f"query_prompt must contain the placeholder {PLACEHOLDER!r}: {self.query_prompt!r}")
+        if self.query_prompt == self.prompt:
+            # one template is the symmetric embedder: recorded (manifests, cache keys) as such
+            object.__setattr__(self, "query_prompt", None)
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, not {self.pooling!r}")
         if self.memory_tokens < 0 or (self.memory_tokens and self.pooling != "memory"):
@@ -62,8 +79,22 @@ class EmbedderConfig:
         if self.max_length < 1 or self.batch_size < 1:
             raise ValueError("max_length and batch_size must be positive")
 
+    def template(self, role: str = "document") -> str:
+        """The prompt template a text of ``role`` ("document" or "query") is read with."""
+        check_role(role)
+        return self.query_prompt if role == "query" and self.query_prompt is not None else self.prompt
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings as recorded in manifests, adapter records and cache keys.
+
+        ``query_prompt`` appears only when set, so that a symmetric config records exactly
+        what it did before the field existed: old manifests, embedding-cache keys and build
+        shards keep matching.
+        """
+        d = asdict(self)
+        if d["query_prompt"] is None:
+            del d["query_prompt"]
+        return d
 
 
 def set_bidirectional(model: torch.nn.Module, bidirectional: bool) -> None:
@@ -86,7 +117,8 @@ class Embedder:
     model and tokenizer already in memory (tests use a tiny random Llama).
 
     Two ways through the network:
-    - :meth:`embed` / :meth:`iter_batches` (indexing, queries) go through a *runtime*
+    - :meth:`embed` / :meth:`iter_batches` (indexing, queries: ``role="query"`` reads the
+      config's query template) go through a *runtime*
       (embedder/runtime.py: torch or OpenVINO, fp32 / bf16 / int8, the template prefix
       computed once), chosen by :meth:`load` from the hardware (embedder/hardware.py).
       A runtime snapshots the weights (prefix keys/values, an exported graph): an embedder
@@ -137,9 +169,8 @@ class Embedder:
         self._runtime_lock = threading.Lock()
         set_bidirectional(self.causal_lm, self.config.attention == "bidirectional")
         self._pad_id = self._pick_pad_id()
-        prefix, suffix = self.config.prompt.split(PLACEHOLDER, 1)
-        self._prefix = self._special_prefix() + tokenizer(prefix, add_special_tokens=False)["input_ids"]
-        self._suffix = tokenizer(suffix, add_special_tokens=False)["input_ids"] if suffix else []
+        self._prefix, self._suffix = self._template_ids(self.config.template("document"))
+        self._query_prefix, self._query_suffix = self._template_ids(self.config.template("query"))
         self._vocab_tokens: list[str] | None = None
 
     # ----------------------------------------------------------------- loading
@@ -158,7 +189,7 @@ class Embedder:
         """Load a backbone (and optionally a LoRA adapter) by name or path.
 
         Without ``config``, the embedding settings are the ones the adapter was trained with
-        (its record: prompt, pooling, attention, memory tokens; embedder/adapters.py), then
+        (its record: prompt, query prompt, pooling, attention, memory tokens; embedder/adapters.py), then
         ``settings`` (EmbedderConfig fields) on top. An adapter with memory vectors
         (LLM2Comp) brings them along, so that ``Embedder.load(model, adapter=DIR)`` is the
         embedder that training wrote.
@@ -220,6 +251,12 @@ class Embedder:
                 return int(cand)
         return 0  # padded positions are masked out, any id works
 
+    def _template_ids(self, template: str) -> tuple[list[int], list[int]]:
+        """Token ids of a template's parts before and after the placeholder (special prefix included)."""
+        prefix, suffix = template.split(PLACEHOLDER, 1)
+        before = self._special_prefix() + self.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        return before, (self.tokenizer(suffix, add_special_tokens=False)["input_ids"] if suffix else [])
+
     def _special_prefix(self) -> list[int]:
         # Whatever the tokenizer puts before a text by default (e.g. Llama's BOS).
         with_sp = self.tokenizer("a", add_special_tokens=True)["input_ids"]
@@ -234,19 +271,22 @@ class Embedder:
             return text.lower()
         return text
 
-    def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text inside the prompt template; only the text is truncated."""
+    def prompt_ids(self, texts: Sequence[str], role: str = "document") -> list[list[int]]:
+        """Token ids of each text inside the prompt template of ``role``; only the text is truncated."""
+        check_role(role)
         if not texts:  # fast tokenizers fail on an empty batch
             return []
         body = self.tokenizer([self.normalise(t) for t in texts], add_special_tokens=False, truncation=True, max_length=self.config.max_length)
-        return self.wrap_ids(body["input_ids"])
+        return self.wrap_ids(body["input_ids"], role)
 
-    def wrap_ids(self, text_ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Put already tokenised texts into the prompt (template, then memory slots if any); no truncation."""
+    def wrap_ids(self, text_ids: Sequence[Sequence[int]], role: str = "document") -> list[list[int]]:
+        """Put already tokenised texts into the prompt of ``role`` (template, then memory slots if any); no truncation."""
+        check_role(role)
+        prefix, suffix = (self._query_prefix, self._query_suffix) if role == "query" else (self._prefix, self._suffix)
         # Memory slots go after the whole prompt: they read the text, the text never reads them
         # under causal attention, and they are never truncated.
         tail = memory_ids(self.causal_lm.get_input_embeddings().weight.shape[0], self.memory.n) if self.memory is not None else []
-        return [self._prefix + list(ids) + self._suffix + tail for ids in text_ids]
+        return [prefix + list(ids) + suffix + tail for ids in text_ids]
 
     def literal_token_ids(self, text: str) -> list[int]:
         """The text's own tokens (T_s in the paper), deduplicated, special tokens dropped.
@@ -296,6 +336,21 @@ class Embedder:
         body = self.causal_lm.base_model
         return MemoryBody(body, self.memory) if self.memory is not None else body
 
+    def shared_prefix(self) -> list[int]:
+        """The leading prompt ids every text starts with, whatever its role.
+
+        The document template's prefix; with a query template, only the ids the two prefixes
+        share (under causal attention their states are the same for both). One runtime then
+        serves both roles, with one exported graph: a query template that starts as the
+        document template does keeps the whole prefix cached.
+        """
+        shared = []
+        for doc_id, query_id in zip(self._prefix, self._query_prefix):
+            if doc_id != query_id:
+                break
+            shared.append(doc_id)
+        return shared
+
     def runtime(self) -> Runtime | None:
         """The inference runtime (built on first use; None for the plain torch path)."""
         if self.runtime_name is None:
@@ -305,10 +360,11 @@ class Embedder:
                 # The prefix is computed once only where it cannot depend on the text:
                 # causal attention, and last-token pooling (mean pooling needs its states;
                 # memory pooling runs the whole prompt, which keeps one path to test).
-                cacheable = self.prefix_cache and self.config.attention == "causal" and self.config.pooling == "last" and self._prefix
+                prefix = self.shared_prefix()
+                cacheable = self.prefix_cache and self.config.attention == "causal" and self.config.pooling == "last" and prefix
                 self._runtime = make_runtime(
                     self.runtime_name, self.dtype, self.body(), self.identity, self.adapter,
-                    list(self._prefix) if cacheable else None, self.device,
+                    prefix if cacheable else None, self.device,
                 )
         return self._runtime
 
@@ -326,12 +382,13 @@ class Embedder:
         """
         return self._forward_pooled(batch_ids)
 
-    def iter_batches(self, texts: Sequence[str]) -> Iterable[tuple[np.ndarray, torch.Tensor, int]]:
-        """Yield (positions, pooled embeddings, n_tokens) per batch, longest texts first.
+    def iter_batches(self, texts: Sequence[str], role: str = "document") -> Iterable[tuple[np.ndarray, torch.Tensor, int]]:
+        """Yield (positions, pooled embeddings, n_tokens) per batch, longest texts first, of
+        ``texts`` read as ``role`` ("document" or "query": the config's query template).
 
         Sorting by length keeps padding (wasted compute) small.
         """
-        all_ids = self.prompt_ids(texts)
+        all_ids = self.prompt_ids(texts, role)
         order = np.argsort([-len(x) for x in all_ids], kind="stable")
         bs = self.config.batch_size
         for start in range(0, len(order), bs):
@@ -341,10 +398,11 @@ class Embedder:
             yield pos, h, sum(len(x) for x in batch)
 
     @torch.inference_mode()
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Pooled embeddings h, shape (n, d), float32, in input order (not normalised)."""
+    def embed(self, texts: Sequence[str], role: str = "document") -> np.ndarray:
+        """Pooled embeddings h, shape (n, d), float32, in input order (not normalised), of
+        ``texts`` read as ``role`` ("document", or "query": retrieval queries)."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for pos, h, _ in self.iter_batches(texts):
+        for pos, h, _ in self.iter_batches(texts, role):
             out[pos] = h.cpu().numpy()
         return out
 

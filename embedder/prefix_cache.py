@@ -4,7 +4,9 @@ Every text is embedded inside the same template (PromptEOL: ``This sentence: "[t
 in one word:"``), so under causal attention the keys and values of the template's prefix
 tokens are the same for every text. :class:`PrefixCachedBody` computes them once and runs
 only the text and the template's suffix; the exported runtimes (embedder/runtime.py) trace
-this module, so the prefix is baked into their graph as constants.
+this module, so the prefix is baked into their graph as constants. Where queries read another
+template (``EmbedderConfig.query_prompt``), the cached prefix is the part both templates share
+(``Embedder.shared_prefix``), so that one runtime serves documents and queries.
 
 Only valid for causal attention: with bidirectional attention the prefix tokens see the
 text, and their states differ per text.

@@ -221,7 +221,8 @@ def _encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: _Pla
     n_tokens = 0
     t0 = time.perf_counter()
     with torch.inference_mode():
-        for pos, h, ntok in embedder.iter_batches(units):
+        # the document template; the manifest records the query template for the Retriever
+        for pos, h, ntok in embedder.iter_batches(units, role="document"):
             tok[pos], wts[pos] = embedder.top_tokens(h, k)
             if emb is not None:
                 emb[pos] = h.cpu().numpy()

@@ -36,7 +36,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=EmbedderConfig.batch_size)
     p.add_argument("--pooling", choices=list(POOLINGS), help="default: what the adapter was trained with, else last (memory: LLM2Comp adapters)")
     p.add_argument("--attention", choices=["causal", "bidirectional"], help="default: what the adapter was trained with, else causal")
-    p.add_argument("--prompt", help=f"template with a [text] placeholder (default: the adapter's, else {PROMPT_EOL!r})")
+    p.add_argument(
+        "--prompt", help=f"documents' template with a [text] placeholder (default: the adapter's, else {PROMPT_EOL!r})"
+    )
+    p.add_argument(
+        "--query-prompt",
+        help="queries' template with a [text] placeholder, recorded in the manifest for search (default: the adapter's, "
+        "else the document template); 'none': queries read the document template",
+    )
     p.add_argument("--keep-case", action="store_true", help="embed ALL-CAPS texts as they are (default: lower-cased first)")
     p.add_argument("--format", choices=["beir", "jsonl", "tsv"], help="corpus format (guessed from the path)")
     p.add_argument("--id-field", help="JSONL id field (default _id, then id)")
@@ -74,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             raise FileExistsError(f"{args.index} exists; pass --overwrite to replace it")
         if args.export_pyserini and args.export_pyserini.exists() and not args.overwrite:
             raise FileExistsError(f"{args.export_pyserini} exists; pass --overwrite to replace it")
-        # Prompt, pooling and attention default to the adapter's record (an LLM2Comp adapter
+        # Prompts, pooling and attention default to the adapter's record (an LLM2Comp adapter
         # pools its memory tokens); what is given on the command line wins.
         given = {"prompt": args.prompt, "pooling": args.pooling, "attention": args.attention}
         settings = {k: v for k, v in given.items() if v is not None}
+        if args.query_prompt is not None:  # "none" overrides an asymmetric adapter's query template
+            settings["query_prompt"] = None if args.query_prompt == "none" else args.query_prompt
         settings |= {"max_length": args.max_length, "batch_size": args.batch_size, "fold_all_caps": not args.keep_case}
         embedder = Embedder.load(args.model, adapter=args.adapter, device=args.device, dtype=args.dtype, runtime=args.runtime, settings=settings)
         # --workers load the same embedder again, with the settings resolved here

@@ -55,8 +55,12 @@ def literal_ids(embedder: Embedder, text: str, forms: str) -> list[int]:
 def encode_queries(
     embedder: Embedder, queries: Sequence[str], m: int = DEFAULT_EXPANSION_M, literal: str = "both"
 ) -> list[EncodedQuery]:
-    """Encode queries into weighted token sets (and keep their embeddings for dense search)."""
-    h = embedder.embed(list(queries))
+    """Encode queries into weighted token sets (and keep their embeddings for dense search).
+
+    Queries are read with the embedder's query template (``EmbedderConfig.query_prompt``, the
+    document template when none is set); the index's documents were read with ``prompt``.
+    """
+    h = embedder.embed(list(queries), role="query")
     top_ids, _ = embedder.top_tokens(h, m) if m > 0 else (np.zeros((len(queries), 0), np.int32), None)
     out = []
     for i, q in enumerate(queries):

@@ -173,7 +173,8 @@ class Retriever:
         kwargs["doc_ids"] = check_doc_ids(index_dir / DOC_IDS, manifest.n_docs)
         kwargs["channels"] = open_channels(index_dir, manifest, mmap=kwargs.get("mmap", True))
         if embedder is None:
-            # indexes built before all-caps folding existed were built without it
+            # indexes built before all-caps folding existed were built without it; the query
+            # template is the manifest's too (none recorded: queries read the document template)
             try:
                 config = EmbedderConfig(**{"fold_all_caps": False, **manifest.embedding})
             except (TypeError, ValueError) as exc:

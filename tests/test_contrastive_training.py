@@ -45,7 +45,8 @@ def pair_recipe(**kw):
 
 def make_pair_trainer(make_embedder, recipe, run_dir, paths):
     pairs = load_pairs(paths, recipe.max_pairs_per_source, recipe.seed)
-    emb = make_embedder(EmbedderConfig(max_length=recipe.max_length, batch_size=recipe.micro_batch_size))
+    config = EmbedderConfig(max_length=recipe.max_length, batch_size=recipe.micro_batch_size, query_prompt=recipe.query_prompt)
+    emb = make_embedder(config)
     tr = Text2TokenTrainer(recipe, pairs.texts, run_dir, embedder=emb, progress=False, pairs=pairs)
     if recipe.kl_weight > 0:
         tr.targets = {"data": data_targets_without_spacy(emb, pairs.texts, recipe)}

@@ -36,9 +36,9 @@ def spy_on_encoded_texts(embedder, monkeypatch) -> list[str]:
     encoded: list[str] = []
     real_iter_batches = embedder.iter_batches
 
-    def iter_batches(texts):
+    def iter_batches(texts, role="document"):
         encoded.extend(texts)
-        return real_iter_batches(texts)
+        return real_iter_batches(texts, role)
 
     monkeypatch.setattr(embedder, "iter_batches", iter_batches)
     return encoded

@@ -80,7 +80,7 @@ def read_record(directory: Path) -> dict | None:
 def embedding_config_for(
     directory: Path | None, max_length: int | None = None, batch_size: int | None = None
 ) -> EmbedderConfig | None:
-    """The prompt / pooling / attention an adapter was trained with (None: use the defaults).
+    """The prompt / query prompt / pooling / attention an adapter was trained with (None: use the defaults).
 
     ``max_length`` and ``batch_size`` are not taken from training (indexing keeps longer texts).
     """

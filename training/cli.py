@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from training.cli_common import fail, recipe_with_args, report_adapter, set_threads, setup, staged_parser
+from training.cli_common import add_prompt_arguments, fail, recipe_with_args, report_adapter, set_threads, setup, staged_parser
 from training.config import RECIPES, Stage
 
 
@@ -71,6 +71,7 @@ def train_parser() -> argparse.ArgumentParser:
         help="batch texts of similar length together (less padding)",
     )
     p.add_argument("--pooling", choices=["last", "mean"])
+    add_prompt_arguments(p)
     p.add_argument("--top-n", type=int, help="target entries cached per text")
     p.add_argument(
         "--data-reading",
@@ -192,7 +193,11 @@ def train_main(argv: list[str] | None = None) -> int:
 
 # ------------------------------------------------------------------- STS
 def sts_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="sts-eval", description="Spearman correlation of cosine similarity with gold STS scores.")
+    p = argparse.ArgumentParser(
+        prog="sts-eval",
+        description="Spearman correlation of cosine similarity with gold STS scores. STS is symmetric: both sentences "
+        "read the document template, also with an adapter trained with a query template.",
+    )
     p.add_argument("--model", default="smollm2-135m", help="registry name, local HF folder or .gguf")
     p.add_argument("--adapter", default="default", help="default | none | adapter folder")
     p.add_argument("--pairs", required=True, type=Path, help="TSV with header sentence1, sentence2, score (STS-B layout)")

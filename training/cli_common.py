@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from training.recipe import SCHEDULES, TrainRecipe
@@ -96,6 +96,16 @@ def staged_parser(
     return p
 
 
+def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
+    """The templates (recipe fields ``prompt`` and ``query_prompt``), each with a [text] placeholder."""
+    p.add_argument("--prompt", help="documents' template (default: the recipe's)")
+    p.add_argument(
+        "--query-prompt",
+        help="queries' template: contrastive anchors read it, and the adapter's record makes search read queries with it "
+        "(default: the recipe's); 'none': queries read the documents' template",
+    )
+
+
 def stage_parser(stage_type: type, example: str) -> Callable[[str], tuple]:
     """An argparse type reading "name:steps,name:steps" into a tuple of ``stage_type``."""
 
@@ -124,7 +134,12 @@ def recipe_with_args(recipe: TrainRecipe, args: argparse.Namespace, skip: tuple[
     if "micro_batch_size" in names and "batch_size" in kw and "micro_batch_size" not in kw:
         if kw["batch_size"] % recipe.micro_batch_size:
             kw["micro_batch_size"] = kw["batch_size"]
-    return recipe.with_overrides(**kw)
+    # "--query-prompt none": no query template (None itself means "not given")
+    symmetric = kw.get("query_prompt") == "none"
+    if symmetric:
+        del kw["query_prompt"]
+    recipe = recipe.with_overrides(**kw)
+    return replace(recipe, query_prompt=None) if symmetric else recipe
 
 
 def report_adapter(result, model: str) -> None:

@@ -185,6 +185,14 @@ CONTRASTIVE_CPU_RECIPE = replace(
 )
 # The same with the Text2Token KL on the same texts, so that the aligned tokens stay aligned.
 CONTRASTIVE_JOINT_CPU_RECIPE = replace(CONTRASTIVE_CPU_RECIPE, kl_weight=0.1)
+# Asymmetric templates (issue 17; E5 and GTE prefix queries and passages differently): the pairs'
+# anchors, which are queries or query-like, read QUERY_PROMPT, positives and negatives the
+# document template. Not yet measured. The query template stays in the PromptEOL family: only the
+# noun changes, and the ending 'means in one word:"' is kept, because that ending is what makes
+# the last state predict the text's one-word meaning, so that the LM head still reads a query's
+# embedding as its key tokens (the sparse channel's query expansion) as it reads a document's.
+QUERY_PROMPT = 'This query: "[text]" means in one word:"'
+CONTRASTIVE_ASYM_CPU_RECIPE = replace(CONTRASTIVE_CPU_RECIPE, query_prompt=QUERY_PROMPT)
 
 RECIPES: dict[str, Recipe] = {
     "paper": Recipe(),
@@ -192,4 +200,5 @@ RECIPES: dict[str, Recipe] = {
     "contrastive": CONTRASTIVE_RECIPE,
     "contrastive-cpu": CONTRASTIVE_CPU_RECIPE,
     "contrastive-joint-cpu": CONTRASTIVE_JOINT_CPU_RECIPE,
+    "contrastive-asym-cpu": CONTRASTIVE_ASYM_CPU_RECIPE,
 }

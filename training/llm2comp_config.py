@@ -79,6 +79,11 @@ class LLM2CompRecipe(EmbedderRecipe):
             raise ValueError("need 0 < span_min <= span_max")
         if not 0.0 <= self.sentence_share <= 1.0 or not 0.0 <= self.dropout < 1.0:
             raise ValueError("sentence_share must lie in [0, 1] and dropout in [0, 1)")
+        if self.query_prompt is not None:
+            # its stages pair texts with texts (spans, dropout views): no side reads as a query
+            raise ValueError(
+                "recipe field query_prompt: LLM2Comp trains no queries; query templates are trained by train-text2token's pairs stage"
+            )
 
     def embedder_config(self) -> EmbedderConfig:
         """As the recipe's, but memory pooling starts as "last": the trainer adds the memory vectors."""

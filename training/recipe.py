@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
-from embedder.encoder import PROMPT_EOL, EmbedderConfig
+from embedder.encoder import PLACEHOLDER, PROMPT_EOL, EmbedderConfig
 
 SCHEDULES = ("constant", "linear")
 
@@ -91,6 +91,9 @@ class EmbedderRecipe(TrainRecipe):
     attention: str = "causal"
     temperature: float = 0.05  # InfoNCE τ of the contrastive stages
     init_adapter: str | None = None  # start LoRA from this adapter (a shipped adapter's name, "default" or a folder) instead of a fresh one
+    # The queries' template (asymmetric, E5/GTE style): the pairs stage reads anchors with it and
+    # the adapter record carries it to search. None (or ``prompt`` itself): one template for all.
+    query_prompt: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size:
@@ -102,6 +105,20 @@ class EmbedderRecipe(TrainRecipe):
             raise ValueError("a recipe needs at least one stage")
         if self.max_length < 1:
             raise ValueError("max_length must be positive")
+        for name in ("prompt", "query_prompt"):
+            value = getattr(self, name)
+            if value is not None and PLACEHOLDER not in value:
+                raise ValueError(f"recipe field {name} must contain the placeholder {PLACEHOLDER!r}: {value!r}")
+        if self.query_prompt == self.prompt:  # one template: the symmetric recipe, fingerprinted as such
+            object.__setattr__(self, "query_prompt", None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As :meth:`TrainRecipe.to_dict`, with ``query_prompt`` only when set: the records and
+        fingerprints of symmetric recipes stay what they were (runs resume, records compare)."""
+        d = super().to_dict()
+        if d["query_prompt"] is None:
+            del d["query_prompt"]
+        return d
 
     @property
     def total_steps(self) -> int:
@@ -118,5 +135,5 @@ class EmbedderRecipe(TrainRecipe):
         """How the trained embedder reads a text; a forward pass takes one micro-batch."""
         return EmbedderConfig(
             prompt=self.prompt, pooling=self.pooling, attention=self.attention, max_length=self.max_length,
-            batch_size=self.micro_batch_size,
+            batch_size=self.micro_batch_size, query_prompt=self.query_prompt,
         )

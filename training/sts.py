@@ -71,7 +71,11 @@ def unique_sentences(pairs: Pairs) -> list[str]:
 
 
 def sts_spearman(embedder, pairs: Pairs) -> dict:
-    """Spearman ρ between cos(embed(s1), embed(s2)) and the gold scores; each sentence embedded once."""
+    """Spearman ρ between cos(embed(s1), embed(s2)) and the gold scores; each sentence embedded once.
+
+    STS is symmetric (neither sentence is a query), so both read the document template (``embed``'s
+    default role), also with an asymmetric embedder's ``query_prompt``.
+    """
     unique = unique_sentences(pairs)
     return spearman_of_embeddings(embedder.embed(unique), pairs)
 

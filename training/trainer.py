@@ -1,7 +1,8 @@
 """Text2Token training (§3.3, §4.4, §5.1): KL to cached token targets, and the contrastive pairs stage.
 
 The backbone is the project's :class:`~embedder.encoder.Embedder`, so training pools exactly
-as indexing does (same prompt template, pooling and attention). peft injects LoRA into the
+as indexing does (same prompt template, pooling and attention); with a recipe's
+``query_prompt`` the pairs stage reads anchors as search reads queries, with that template. peft injects LoRA into the
 backbone's q/v projections; W_lm stays frozen. Targets are computed first, with the frozen
 backbone (the model-derived target needs θ0, not the stage-1 model), and cached.
 
@@ -110,6 +111,12 @@ class Text2TokenTrainer:
         self.texts_hash = texts_fingerprint(self.texts) + (f"+pairs:{pairs.fingerprint()}" if pairs is not None else "")
         self.temperature = Temperature(recipe.temperature, learn=recipe.learn_temperature)
         self.embedder = embedder if embedder is not None else load_backbone(recipe.model, recipe.embedder_config(), recipe.bf16)
+        if self.embedder.config.query_prompt != recipe.query_prompt:
+            # the record promises search the recipe's query template: training must read anchors with it
+            raise ValueError(
+                f"the embedder's query_prompt is {self.embedder.config.query_prompt!r}, "
+                f"the recipe field query_prompt {recipe.query_prompt!r}"
+            )
         self.peft_model = None
         self.init_adapter_path: str | None = None
         self.targets: dict[str, SparseTargets] = {}
@@ -191,21 +198,31 @@ class Text2TokenTrainer:
         return loss_sum / len(rows), n_tok, {}
 
     def _pairs_step(
-        self, source, picked: np.ndarray, prompt_ids: list[list[int]], data_targets: SparseTargets | None
+        self,
+        source,
+        picked: np.ndarray,
+        prompt_ids: list[list[int]],
+        query_ids: list[list[int]],
+        data_targets: SparseTargets | None,
     ) -> tuple[float, int, dict]:
         """One contrastive step over a batch of pairs of one source (gradients accumulated, no update).
 
+        Anchors are read from ``query_ids`` (the query template; ``prompt_ids`` again for a
+        symmetric recipe), positives and negatives from ``prompt_ids`` (the document template).
         The loss is InfoNCE over the batch's positives and hard negatives (training/contrastive.py),
-        plus ``kl_weight`` x the Text2Token KL of every text of the batch to its data-driven
-        target: the embedding is pulled to its positive while still predicting its own key tokens.
-        Returns (mean loss, real tokens, per-step readings).
+        plus ``kl_weight`` x the Text2Token KL of every document-template text of the batch to its
+        data-driven target: the embedding is pulled to its positive while still predicting its own
+        key tokens. Returns (mean loss, real tokens, per-step readings).
         """
         r = self.recipe
         a_rows, p_rows = source.anchor[picked], source.positive[picked]
         n_rows = source.negative[picked]
         n_rows = n_rows[n_rows >= 0]
         groups_rows = [a_rows, p_rows] + ([n_rows] if len(n_rows) else [])
-        groups = [[prompt_ids[i] for i in g] for g in groups_rows]
+        groups = [[query_ids[i] for i in a_rows]] + [[prompt_ids[i] for i in g] for g in groups_rows[1:]]
+        # The KL targets are documents' key tokens, learnt through the document template (what
+        # indexing reads): anchors read with a query template are left out of it.
+        kl_from = 1 if r.query_prompt is not None else 0
         texts = [[self.texts[i] for i in g] for g in groups_rows]
         readings: dict = {}
 
@@ -215,8 +232,9 @@ class Text2TokenTrainer:
             loss = con.mean()
             readings["contrastive"] = float(loss.detach())
             if r.kl_weight > 0 and data_targets is not None:
-                h = torch.cat([a, p] + ([n] if n is not None else []))
-                rows = np.concatenate(groups_rows)
+                embedded = [a, p] + ([n] if n is not None else [])
+                h = torch.cat(embedded[kl_from:])
+                rows = np.concatenate(groups_rows[kl_from:])
                 ok = torch.from_numpy(data_targets.valid()[rows])
                 ids, probs, rest = data_targets.batch(rows, self.embedder.device)
                 kl = text2token_loss(self.embedder, h, ids, probs, rest)
@@ -244,6 +262,9 @@ class Text2TokenTrainer:
             for s in r.stages
         ]
         prompt_ids = self.embedder.prompt_ids(self.texts)
+        # anchors are rows of the pair texts, which come first in self.texts
+        asym = r.query_prompt is not None and self.pairs is not None
+        query_ids = self.embedder.prompt_ids(self.pairs.texts, role="query") if asym else prompt_ids
         orders = stage_orders(r, pools, np.array([len(x) for x in prompt_ids]))
         out = []
         for k, s in enumerate(r.stages):
@@ -253,7 +274,7 @@ class Text2TokenTrainer:
 
                 def step(local: int, plan=plan) -> tuple[float, int, dict]:
                     source, rows = plan[local]
-                    return self._pairs_step(self.pairs.sources[source], rows, prompt_ids, targets.get("data"))
+                    return self._pairs_step(self.pairs.sources[source], rows, prompt_ids, query_ids, targets.get("data"))
             else:
 
                 def step(local: int, order=orders[k], target=targets.get(s.target)) -> tuple[float, int, dict]:
@@ -294,7 +315,9 @@ class Text2TokenTrainer:
             "pairs": self.pairs.describe() if self.pairs is not None else None,
             "autocast_bf16": bool(self.embedder.bf16),
             "backbone": self.embedder.identity,
-            "embedding": {"prompt": r.prompt, "pooling": r.pooling, "attention": r.attention, "max_length": r.max_length},
+            "embedding": {"prompt": r.prompt, "pooling": r.pooling, "attention": r.attention, "max_length": r.max_length}
+            # only when set: the records of symmetric runs stay what they were
+            | ({"query_prompt": r.query_prompt} if r.query_prompt is not None else {}),
             "corpus": self.corpus_info | {"n_texts": len(self.texts), "sha256": self.texts_hash},
             "targets": {k: t.meta for k, t in self.targets.items()},
         }
