@@ -55,7 +55,9 @@ def training_cost(adapter: str, model: str) -> dict:
     curve = Path(path).parent / "loss_curve.json"
     if curve.exists():
         hist = json.loads(curve.read_text(encoding="utf-8"))["history"]
-        if hist and hist[-1].get("tokens_per_s"):
+        if hist and all("seconds" in h for h in hist):
+            out["seconds"] = round(sum(h["seconds"] for h in hist))
+        elif hist and hist[-1].get("tokens_per_s"):  # runs before per-step seconds: exact only without a resume
             out["seconds"] = round(sum(h["tokens"] for h in hist) / hist[-1]["tokens_per_s"])
     return out
 
@@ -76,6 +78,20 @@ def _baseline_rows(runs: Path, fusion: Path | None, datasets: list[str]) -> list
     return rows
 
 
+def _named_values(specs: list[str], flag: str, what: str) -> dict[str, float]:
+    """``NAME=VALUE`` options as {name: value}; the name may itself contain '='."""
+    out = {}
+    for spec in specs:
+        name, eq, value = spec.rpartition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            name = ""
+        if not eq or not name:
+            raise SystemExit(f"{flag} expects NAME={what}, got {spec!r}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=Path, required=True, help="STS-B style TSV (sentence1, sentence2, score)")
@@ -89,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=RHO",
         help="a variant's STS-B figure measured before (by sts-eval or another table), instead of measuring it here",
     )
+    p.add_argument(
+        "--seconds",
+        action="append",
+        default=[],
+        metavar="NAME=S",
+        help="a variant's training seconds read from its logs, for runs whose history has no per-step seconds and were resumed",
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--title", default="Embedders of the same backbone against the baselines (STS-B test Spearman, nDCG@10)")
     p.add_argument("--out", type=Path, required=True)
@@ -98,12 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     from training.sts import read_pairs, sts_spearman
 
     pairs = read_pairs(args.pairs)
-    known = {}
-    for spec in args.sts:
-        name, eq, value = spec.rpartition("=")
-        if not eq or not name:
-            raise SystemExit(f"--sts expects NAME=RHO, got {spec!r}")
-        known[name] = float(value)
+    known = _named_values(args.sts, "--sts", "RHO")
+    seconds = _named_values(args.seconds, "--seconds", "S")
     entries = []
     for name, adapter, results_dir in args.variant:
         nd = _ndcg_by_dataset(results_dir, resolve_adapter(adapter, args.model)) if results_dir else {}
@@ -112,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         sts = known[name] if name in known else sts_spearman(load_embedder(args.model, adapter), pairs)["spearman"]
         print(f"{name}: STS-B spearman {sts:.4f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-        entries.append((name, adapter, round(sts, 4), nd, training_cost(adapter, args.model)))
+        cost = training_cost(adapter, args.model)
+        if name in seconds:
+            cost["seconds"] = round(seconds[name])
+        entries.append((name, adapter, round(sts, 4), nd, cost))
     datasets = sorted({d for *_, nd, _ in entries for d in nd})
     if args.baseline_runs is not None:
         from embedder.sentence_encoder import SentenceEncoder
@@ -152,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 if known
                 else ""
             )
+            + (f" Training seconds of {', '.join(seconds)}: from the run's logs, passed with --seconds (a resumed run)." if seconds else "")
             + " A '–' marks a collection the variant was not run on; a mean needs all of them."
         ),
         columns=columns,

@@ -382,3 +382,22 @@ def test_text2token_table_reads_ndcg_and_refuses_a_run_of_another_adapter(tmp_pa
     assert _ndcg_by_dataset(tmp_path, adapter) == {"cisi": {"sparse": 0.25, "dense": 0.2}}
     with pytest.raises(ValueError, match="systems.sparse.params.adapter"):
         _ndcg_by_dataset(tmp_path, None)  # the run used an adapter, the variant says raw backbone
+
+
+def test_embedder_table_training_cost_sums_step_seconds_across_a_resume(tmp_path):
+    from benchmarks.embedder_table import training_cost
+
+    adapter = tmp_path / "run" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    recipe = {"batch_size": 32, "stages": [{"target": "pairs", "steps": 3}]}
+    (adapter / "text2token.json").write_text(json.dumps({"steps": 3, "recipe": recipe}))
+    # steps 1-2 before a kill, step 3 after the resume: the rate of the last session alone would say 300 s
+    hist = [{"tokens": 100, "seconds": 10.0, "tokens_per_s": 10.0}, {"tokens": 100, "seconds": 10.0, "tokens_per_s": 10.0},
+            {"tokens": 100, "seconds": 100.0, "tokens_per_s": 1.0}]
+    (tmp_path / "run" / "loss_curve.json").write_text(json.dumps({"history": hist}))
+    assert training_cost(str(adapter), "tiny") == {"steps": 3, "batch": 32, "seen": "96 pairs", "seconds": 120}
+    for h in hist:
+        del h["seconds"]  # an older history: only the rate is known
+    (tmp_path / "run" / "loss_curve.json").write_text(json.dumps({"history": hist}))
+    assert training_cost(str(adapter), "tiny")["seconds"] == 300

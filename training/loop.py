@@ -315,6 +315,7 @@ class TrainingLoop:
         bar = tqdm(total=total, initial=start, desc=self.name, unit="step", disable=not self.progress)
         self.model.train()
         t0, tokens_run, completed = time.perf_counter(), 0, True
+        t_step = t0
         for step in range(start, total):
             if stop_after is not None and step - start >= stop_after:
                 completed = False
@@ -328,11 +329,14 @@ class TrainingLoop:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             tokens_run += n_tok
-            elapsed = time.perf_counter() - t0
+            now = time.perf_counter()
+            elapsed = now - t0
+            # per-step seconds add up to the training time even across resumes (a rate does not)
             history.append(
                 {"step": step + 1, "stage": k + 1, **stage.row, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": n_tok,
-                 "tokens_per_s": round(tokens_run / elapsed, 1), **readings}
+                 "seconds": round(now - t_step, 3), "tokens_per_s": round(tokens_run / elapsed, 1), **readings}
             )
+            t_step = now
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {step + 1} (stage {k + 1}: {stage.name})")
             bar.update(1)
