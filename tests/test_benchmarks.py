@@ -372,16 +372,26 @@ def test_text2token_table_reads_ndcg_and_refuses_a_run_of_another_adapter(tmp_pa
     assert _parse_variant("stage1=runs/a/adapter-stage1") == ("stage1", "runs/a/adapter-stage1", None)
     with pytest.raises(argparse.ArgumentTypeError):
         _parse_variant("no-equals-sign")
+    from embedder.adapters import adapter_identity
+
     adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
     run = {
         "kind": "beir-eval",
-        "systems": {c: {"params": {"adapter": {"path": str(adapter), "sha256": "x"}}} for c in ("sparse", "dense")},
+        "systems": {c: {"params": {"adapter": adapter_identity(adapter)}} for c in ("sparse", "dense")},
         "datasets": [{"name": "cisi", "results": {c: {"metrics": {"ndcg@10": v}} for c, v in (("sparse", 0.25), ("dense", 0.2))}}],
     }
     (tmp_path / "results.json").write_text(json.dumps(run))
     assert _ndcg_by_dataset(tmp_path, adapter) == {"cisi": {"sparse": 0.25, "dense": 0.2}}
     with pytest.raises(ValueError, match="systems.sparse.params.adapter"):
         _ndcg_by_dataset(tmp_path, None)  # the run used an adapter, the variant says raw backbone
+    renamed = tmp_path / "renamed"
+    adapter.rename(renamed)  # the same weights in another folder (a shipped adapter renamed) still match
+    assert _ndcg_by_dataset(tmp_path, renamed) == {"cisi": {"sparse": 0.25, "dense": 0.2}}
+    (renamed / "adapter_model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(ValueError, match="expected the weights of"):
+        _ndcg_by_dataset(tmp_path, renamed)
 
 
 def test_embedder_table_training_cost_sums_step_seconds_across_a_resume(tmp_path):
