@@ -187,7 +187,7 @@ CONTRASTIVE_CPU_RECIPE = replace(
 CONTRASTIVE_JOINT_CPU_RECIPE = replace(CONTRASTIVE_CPU_RECIPE, kl_weight=0.1)
 # Asymmetric templates (issue 17; E5 and GTE prefix queries and passages differently): the pairs'
 # anchors, which are queries or query-like, read QUERY_PROMPT, positives and negatives the
-# document template. Not yet measured. The query template stays in the PromptEOL family: only the
+# document template. Measured: no gain over contrastive-cpu (training/README.md). The query template stays in the PromptEOL family: only the
 # noun changes, and the ending 'means in one word:"' is kept, because that ending is what makes
 # the last state predict the text's one-word meaning, so that the LM head still reads a query's
 # embedding as its key tokens (the sparse channel's query expansion) as it reads a document's.
