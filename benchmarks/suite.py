@@ -129,9 +129,8 @@ def run_suite(
         "datasets": [],
     }
 
-    done = _resumable(out_dir / RESULTS_FILE, system_names, depth) if resume else {}
+    done, previous_wall = _resumable(out_dir / RESULTS_FILE, system_names, depth) if resume else ({}, None)
     if done:
-        previous_wall = done.pop("__wall__", None)
         results["resumed"] = {"datasets": sorted(done), "previous_wall_seconds": previous_wall}
     datasets = [ds for ds in datasets if ds.name not in done]
     shared: dict = {}
@@ -164,13 +163,11 @@ def run_suite(
     return _write(results, out_dir, start)
 
 
-def _resumable(path: Path, system_names: list[str], depth: int) -> dict:
-    """Datasets of an earlier results file that hold every requested system, by name.
-
-    Returns ``{}`` where there is no file; the key ``__wall__`` carries its wall time.
-    """
+def _resumable(path: Path, system_names: list[str], depth: int) -> tuple[dict, float | None]:
+    """Datasets of an earlier results file that hold every requested system, by name, and
+    that file's wall seconds; ``({}, None)`` where there is no file."""
     if not path.exists():
-        return {}
+        return {}, None
     old = load_results(path)
     if old.get("settings", {}).get("depth") != depth:
         raise ValueError(f"{path}: field 'settings.depth': {old['settings'].get('depth')} here, {depth} asked; cannot resume")
@@ -178,9 +175,7 @@ def _resumable(path: Path, system_names: list[str], depth: int) -> dict:
     if missing:
         raise ValueError(f"{path}: field 'systems': no {', '.join(missing)}; cannot resume a run of other systems")
     done = {d["name"]: d for d in old.get("datasets", []) if all(n in d.get("results", {}) for n in system_names)}
-    if done:
-        done["__wall__"] = old.get("wall_seconds")
-    return done
+    return done, old.get("wall_seconds")
 
 
 def _write(results: dict, out_dir: Path, start: float) -> dict:
