@@ -36,25 +36,47 @@ def _hybrid_loco(results_dir: Path) -> dict[str, float]:
     return {name: v["loco"] for name, v in d["details"]["per_collection"].items()}
 
 
+# The adapter records of the trainers that write stage-wise runs (training/loop.py).
+RECORDS = ("text2token.json", "llm2comp.json")
+
+
+def _stage_seen(stage: dict, recipe: dict) -> str:
+    """What one stage read: texts (Text2Token targets, CTKD, SimCSE dropout views) or pairs."""
+    if "target" in stage:  # Text2Token: a target stage reads texts, the pairs stage pairs
+        return f"{stage['steps'] * recipe.get('batch_size', 0)} {'pairs' if stage['target'] == 'pairs' else 'texts'}"
+    if stage["kind"] == "ctkd":
+        return f"{stage['steps'] * recipe.get('batch_size', 0)} texts (CTKD)"
+    n = stage["steps"] * recipe.get("contrastive_batch_size", 0)
+    return f"{n} texts (SimCSE)" if stage["kind"] == "simcse" else f"{n} span pairs"
+
+
 def training_cost(adapter: str, model: str) -> dict:
-    """Steps, pairs/texts seen and seconds of the run that wrote ``adapter`` (from its files)."""
+    """Steps, pairs/texts seen and seconds of the run that wrote ``adapter`` (from its files).
+
+    A stage snapshot (``adapter-stageK``) counts only the steps it had seen: its record's ``steps``
+    and the completed stages of its ``stage_losses``.
+    """
     from embedder.adapters import resolve_adapter
 
     path = resolve_adapter(adapter, model)
     if path is None:
         return {}
-    rec_path = Path(path) / "text2token.json"
-    if not rec_path.exists():
+    rec_path = next((Path(path) / r for r in RECORDS if (Path(path) / r).exists()), None)
+    if rec_path is None:
         return {}
     rec = json.loads(rec_path.read_text(encoding="utf-8"))
     recipe = rec.get("recipe", {})
-    out = {"steps": rec.get("steps"), "batch": recipe.get("batch_size")}
+    steps = rec.get("steps")
+    out = {"steps": steps, "batch": recipe.get("batch_size")}
     stages = recipe.get("stages", [])
+    done = rec.get("stage_losses")
+    if done is not None:  # the stages this adapter had completed (a snapshot stops before the last)
+        stages = [s for k, s in enumerate(stages) if str(k + 1) in done]
     if stages:
-        out["seen"] = " + ".join(f"{s['steps'] * recipe.get('batch_size', 0)} {'pairs' if s['target'] == 'pairs' else 'texts'}" for s in stages)
+        out["seen"] = " + ".join(_stage_seen(s, recipe) for s in stages)
     curve = Path(path).parent / "loss_curve.json"
     if curve.exists():
-        hist = json.loads(curve.read_text(encoding="utf-8"))["history"]
+        hist = json.loads(curve.read_text(encoding="utf-8"))["history"][: steps or None]
         if hist and all("seconds" in h for h in hist):
             out["seconds"] = round(sum(h["seconds"] for h in hist))
         elif hist and hist[-1].get("tokens_per_s"):  # runs before per-step seconds: exact only without a resume
@@ -76,6 +98,13 @@ def _baseline_rows(runs: Path, fusion: Path | None, datasets: list[str]) -> list
     if loco:
         rows.append(("BM25 + MiniLM (LOCO fusion)", "bm25-pyserini, minilm", {d: {"hybrid": loco[d]} for d in datasets if d in loco}))
     return rows
+
+
+def _mean(nd: dict[str, dict[str, float]], datasets: list[str], channel: str) -> float | None:
+    """The channel's mean nDCG@10 over ``datasets``; None unless the variant has every one of them."""
+    if not all(channel in nd.get(d, {}) for d in datasets):
+        return None
+    return sum(nd[d][channel] for d in datasets) / len(datasets)
 
 
 def _named_values(specs: list[str], flag: str, what: str) -> dict[str, float]:
@@ -147,12 +176,18 @@ def main(argv: list[str] | None = None) -> int:
                 enc = SentenceEncoder.load("minilm")
                 sts = round(spearman_of_embeddings(enc.encode(unique_sentences(pairs)), pairs)["spearman"], 4)
             entries.append((name, system, sts, nd, {}))
+    # Variants run on fewer collections still compare with the others over the ones all variants share.
+    common = [d for d in datasets if all(d in nd for _, _, _, nd, _ in entries[: len(args.variant)])]
+    mean_over = [datasets] + ([common] if common and common != datasets else [])
     columns = ["embedder", "adapter / system", "STS-B ρ"] + [f"{d} {c}" for d in datasets for c in CHANNELS]
-    columns += [f"mean {c}" for c in CHANNELS] + ["training steps", "seen", "training s"]
+    columns += [f"mean {c}" for c in CHANNELS]
+    if len(mean_over) > 1:
+        columns += [f"mean {c} ({', '.join(common)})" for c in CHANNELS]
+    columns += ["training steps", "seen", "training s"]
     rows = []
     for name, adapter, sts, nd, cost in entries:
         cells = [nd.get(d, {}).get(c) for d in datasets for c in CHANNELS]
-        means = [sum(nd[d][c] for d in datasets) / len(datasets) if all(c in nd.get(d, {}) for d in datasets) else None for c in CHANNELS]
+        means = [_mean(nd, over, c) for over in mean_over for c in CHANNELS]
         fmt = [round(x, 4) if x is not None else "–" for x in cells + means]
         rows.append([name, adapter, sts if sts is not None else "–"] + fmt + [cost.get("steps", "–"), cost.get("seen", "–"), cost.get("seconds", "–")])
     from benchmarks.tables import write_table
@@ -175,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
             + (f" Training seconds of {', '.join(seconds)}: from the run's logs, passed with --seconds (a resumed run)." if seconds else "")
-            + " A '–' marks a collection the variant was not run on; a mean needs all of them."
+            + " A '–' marks a collection the variant was not run on; a mean needs all of them. Where some variants"
+            " were run on fewer collections, the means over the collections every variant has are given too; the"
+            " hybrid of such a variant chose its LOCO weights among those collections only."
         ),
         columns=columns,
         rows=rows,

@@ -411,3 +411,23 @@ def test_embedder_table_training_cost_sums_step_seconds_across_a_resume(tmp_path
         del h["seconds"]  # an older history: only the rate is known
     (tmp_path / "run" / "loss_curve.json").write_text(json.dumps({"history": hist}))
     assert training_cost(str(adapter), "tiny")["seconds"] == 300
+
+
+def test_embedder_table_training_cost_of_an_llm2comp_stage_snapshot_counts_its_own_steps(tmp_path):
+    from benchmarks.embedder_table import training_cost
+
+    recipe = {"batch_size": 8, "contrastive_batch_size": 32,
+              "stages": [{"kind": "ctkd", "steps": 2}, {"kind": "simcse", "steps": 1}, {"kind": "spans", "steps": 1}]}
+    hist = [{"stage": 1, "seconds": 5.0}, {"stage": 1, "seconds": 5.0}, {"stage": 2, "seconds": 60.0}, {"stage": 3, "seconds": 70.0}]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "loss_curve.json").write_text(json.dumps({"history": hist}))
+    for name, steps, done in (("adapter-stage1", 2, ["1"]), ("adapter", 4, ["1", "2", "3"])):
+        adapter = tmp_path / "run" / name
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text("{}")
+        record = {"steps": steps, "recipe": recipe, "stage_losses": {k: {} for k in done}}
+        (adapter / "llm2comp.json").write_text(json.dumps(record))
+    assert training_cost(str(tmp_path / "run" / "adapter-stage1"), "tiny") == {
+        "steps": 2, "batch": 8, "seen": "16 texts (CTKD)", "seconds": 10}
+    assert training_cost(str(tmp_path / "run" / "adapter"), "tiny") == {
+        "steps": 4, "batch": 8, "seen": "16 texts (CTKD) + 32 texts (SimCSE) + 32 span pairs", "seconds": 140}
