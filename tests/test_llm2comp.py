@@ -241,3 +241,17 @@ def test_build_index_and_retriever_use_an_llm2comp_adapter_unchanged(make_embedd
     # another pooling asked for on the command line wins over the adapter's record
     assert build_cli.main(argv[:3] + [str(tmp_path / "index-last")] + argv[4:] + ["--pooling", "last"]) == 0
     assert Manifest.read(tmp_path / "index-last").embedding["pooling"] == "last"
+
+
+def test_diagnose_compares_an_llm2comp_adapter_with_the_backbone_read_its_default_way(make_embedder, tiny_model_dir, toy_corpus, tmp_path, capsys):
+    # the raw backbone has no memory vectors: "before" is read with the default template and last token
+    from training.cli import diagnose_main
+
+    adapter = make_trainer(make_embedder, tiny_recipe(stages=(LLM2CompStage("ctkd", 1),)), tmp_path / "run").train().adapter_dir
+    capsys.readouterr()
+    argv = ["--model", str(tiny_model_dir), "--adapter", str(adapter), "--corpus", str(toy_corpus), "--n", "4",
+            "--out", str(tmp_path / "diag"), "--json"]
+    assert diagnose_main(argv) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    assert report["before_reading"]["pooling"] == "last" and report["before_reading"]["prompt"] != "[text]"
+    assert report["n_texts"] == 4 and 0.0 <= report["after"]["hit@10"] <= 1.0

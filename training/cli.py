@@ -273,13 +273,21 @@ def diagnose_main(argv: list[str] | None = None) -> int:
             raise ModelNotAvailable(f"--adapter {args.adapter!r} resolves to no adapter: nothing to compare")
         from embedder.encoder import Embedder
 
-        # The backbone read with the trained embedder's prompt, pooling and attention.
-        before = Embedder.load(args.model, adapter="none", config=after.config)
+        from embedder.encoder import EmbedderConfig
+
+        # The backbone read with the trained embedder's prompt, pooling and attention; memory
+        # pooling reads learned vectors the backbone does not have, so the backbone is then read
+        # the engine's default way (its prompt, last token).
+        before_config = after.config
+        if after.config.pooling == "memory":
+            before_config = EmbedderConfig(max_length=after.config.max_length, batch_size=after.config.batch_size)
+        before = Embedder.load(args.model, adapter="none", config=before_config)
         set_threads(args.threads)
     except (CorpusError, ModelNotAvailable) as exc:
         return fail("text2token-diagnose", exc)
     report = compare_embedders(before, after, texts, args.k, args.show, args.out)
     report["adapter"] = after.adapter
+    report["before_reading"] = {"prompt": before.config.prompt, "pooling": before.config.pooling, "attention": before.config.attention}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "diagnostics.json", report)
     if args.json:
