@@ -36,10 +36,6 @@ def _hybrid_loco(results_dir: Path) -> dict[str, float]:
     return {name: v["loco"] for name, v in d["details"]["per_collection"].items()}
 
 
-# The adapter records of the trainers that write stage-wise runs (training/loop.py).
-RECORDS = ("text2token.json", "llm2comp.json")
-
-
 def _stage_seen(stage: dict, recipe: dict) -> str:
     """What one stage read: texts (Text2Token targets, CTKD, SimCSE dropout views) or pairs."""
     if "target" in stage:  # Text2Token: a target stage reads texts, the pairs stage pairs
@@ -56,15 +52,12 @@ def training_cost(adapter: str, model: str) -> dict:
     A stage snapshot (``adapter-stageK``) counts only the steps it had seen: its record's ``steps``
     and the completed stages of its ``stage_losses``.
     """
-    from embedder.adapters import resolve_adapter
+    from embedder.adapters import adapter_record, resolve_adapter
 
     path = resolve_adapter(adapter, model)
-    if path is None:
+    rec = adapter_record(path)
+    if rec is None:
         return {}
-    rec_path = next((Path(path) / r for r in RECORDS if (Path(path) / r).exists()), None)
-    if rec_path is None:
-        return {}
-    rec = json.loads(rec_path.read_text(encoding="utf-8"))
     recipe = rec.get("recipe", {})
     steps = rec.get("steps")
     out = {"steps": steps, "batch": recipe.get("batch_size")}
