@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--label", default=None, help="row name in the report (default: derived from the embedder)")
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "int8"), default="auto", help="LLM encoder precision (default auto)")
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="LLM encoder runtime (default auto)")
+    p.add_argument("--threads", type=int, default=None, help="compute threads for encoding and classifiers (default: all cores; 1 beside another job)")
     p.add_argument("--cache", type=Path, default=None, help="embedding cache folder (default <cache root>/cls-states)")
     p.add_argument("--json", action="store_true", help="print one JSON object with each task's accuracy")
     p.add_argument("--out", type=Path, default=None, help="write results.json into this folder")
@@ -59,6 +60,16 @@ def _llm_encoder(args: argparse.Namespace):
     model = args.model or DEFAULT_MODEL
     emb = Embedder.load(model, args.adapter, dtype=args.dtype, runtime=args.runtime)
     adapter_dir = resolve_adapter(args.adapter, resolve_model(model).name)
+    if not btmr_config(adapter_dir) and (emb.config.pooling != "last" or emb.config.attention != "causal"):
+        # The template-tail positions are the engine's embedding only for a causal last-token
+        # reader; any other (an LLM2Comp memory reader, mean pooling) is read through its own
+        # pooled vector, one state per text, so --boost has no prefixes to fuse there.
+        if args.boost:
+            print(f"cls-eval: pooling {emb.config.pooling!r} with {emb.config.attention} attention gives one pooled vector per text; "
+                  "--boost is skipped", file=sys.stderr)
+        desc = {**emb.describe(), "token_states": {"k": 1, "order": f"the engine's pooled vector ({emb.config.pooling} pooling)"}, "btmr": None}
+        key = embedder_key(emb) + "-pooled"
+        return (lambda texts: emb.embed(texts)[:, None, :]), 1, emb.dim, desc, key, emb.runtime_summary()
     spec = install_bmt_embedding(emb, adapter_dir) if btmr_config(adapter_dir) else GroupSpec(args.k)
     desc = {**emb.describe(), "token_states": spec.to_dict(), "btmr": btmr_config(adapter_dir)}
     key = embedder_key(emb) + "-" + hashlib.sha256(json.dumps(spec.to_dict(), sort_keys=True).encode()).hexdigest()[:8]
@@ -82,31 +93,13 @@ def _default_label(args: argparse.Namespace, desc: dict) -> str:
     return f"{name} raw" if str(args.adapter) == "none" else f"{name} + adapter {args.adapter}"
 
 
-def run(args: argparse.Namespace, command: str) -> dict:
-    """Encode (cached), evaluate every task, write and return the results object."""
-    from benchmarks.classification import evaluate_task, load_task
-    from benchmarks.suite import git_commit, machine_info
-    from embedder.cache import ArrayCache, cached_arrays
-
-    if args.boost and args.embedder == "minilm":
-        raise SystemExit("cls-eval: error: --boost needs several token states per text; minilm gives one pooled vector")
-    start = time.perf_counter()
-    tasks = [load_task(d, args.max_rows, args.seed) for d in args.task]
-    encode, k, dim, desc, key, runtime_line = (_minilm_encoder if args.embedder == "minilm" else _llm_encoder)(args)
-    print(runtime_line, file=sys.stderr)
-    cache = ArrayCache((args.cache or benchmarks.cache_root() / "cls-states") / key)
-    texts = list(dict.fromkeys(t for task in tasks for t in task.texts))
-    t0 = time.perf_counter()
-    states_all = cached_arrays(cache, texts, encode, (k, dim), desc="encoding sentences", progress=not args.no_progress)
-    encode_s = time.perf_counter() - t0
-    row = {t: i for i, t in enumerate(texts)}
-    results: dict = {}
+def _classify(tasks: list, states_all: np.ndarray, row: dict[str, int], args: argparse.Namespace, k: int, c_grid: tuple[float, ...]) -> dict:
+    """Each task's scores (benchmarks.classification.evaluate_task) on its rows of the encoded states."""
     from tqdm.auto import tqdm
 
-    from benchmarks.classification import C_GRID
+    from benchmarks.classification import evaluate_task
 
-    c_grid = (args.c,) if args.c is not None else C_GRID
-
+    results: dict = {}
     for task in tasks:
         states = states_all[[row[t] for t in task.texts]]
         n_splits = 1 if task.protocol == "split" else 10
@@ -116,6 +109,38 @@ def run(args: argparse.Namespace, command: str) -> dict:
         res["fit_s"] = round(time.perf_counter() - t1, 1)
         res["source"] = task.source
         results[task.name] = res
+    return results
+
+
+def run(args: argparse.Namespace, command: str) -> dict:
+    """Encode (cached), evaluate every task, write and return the results object."""
+    from contextlib import nullcontext
+
+    from threadpoolctl import threadpool_limits
+
+    from benchmarks.classification import C_GRID, load_task
+    from benchmarks.suite import git_commit, machine_info
+    from benchmarks.systems import set_threads
+    from embedder.cache import ArrayCache, cached_arrays
+
+    if args.boost and args.embedder == "minilm":
+        raise SystemExit("cls-eval: error: --boost needs several token states per text; minilm gives one pooled vector")
+    start = time.perf_counter()
+    tasks = [load_task(d, args.max_rows, args.seed) for d in args.task]
+    encode, k, dim, desc, key, runtime_line = (_minilm_encoder if args.embedder == "minilm" else _llm_encoder)(args)
+    print(runtime_line, file=sys.stderr)
+    if args.threads:
+        set_threads(args.threads)  # after loading (Embedder.load sizes torch's pool), before the runtime is built
+    cache = ArrayCache((args.cache or benchmarks.cache_root() / "cls-states") / key)
+    texts = list(dict.fromkeys(t for task in tasks for t in task.texts))
+    t0 = time.perf_counter()
+    states_all = cached_arrays(cache, texts, encode, (k, dim), desc="encoding sentences", progress=not args.no_progress)
+    encode_s = time.perf_counter() - t0
+    c_grid = (args.c,) if args.c is not None else C_GRID
+    # BLAS inside the classifiers would otherwise take every core whatever --threads says
+    limits = threadpool_limits(args.threads) if args.threads else nullcontext()
+    with limits:
+        results = _classify(tasks, states_all, {t: i for i, t in enumerate(texts)}, args, k, c_grid)
     mean = lambda key: float(np.mean([r[key]["accuracy"] if key != "accuracy" else r["accuracy"] for r in results.values()]))  # noqa: E731
     out = {
         "kind": "cls-eval",
@@ -129,6 +154,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
         "k": k,
         "max_rows": args.max_rows,
         "seed": args.seed,
+        "threads": args.threads,
         "classifier": f"StandardScaler + LogisticRegression (L2, fixed C={args.c}, not tuned)" if args.c is not None
         else f"StandardScaler + LogisticRegression (L2, C from inner 3-fold CV on the training part over {list(C_GRID)})",
         "booster": "HistGradientBoostingClassifier(max_iter=100) on out-of-fold prefix probabilities" if args.boost and k > 1 else None,

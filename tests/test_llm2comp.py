@@ -255,3 +255,31 @@ def test_diagnose_compares_an_llm2comp_adapter_with_the_backbone_read_its_defaul
     report = json.loads(capsys.readouterr().out)
     assert report["before_reading"]["pooling"] == "last" and report["before_reading"]["prompt"] != "[text]"
     assert report["n_texts"] == 4 and 0.0 <= report["after"]["hit@10"] <= 1.0
+
+
+def test_cls_eval_reads_an_llm2comp_adapter_through_its_memory_pooling(make_embedder, tiny_model_dir, tmp_path, capsys):
+    # the template tail is not what a memory reader embeds: cls-eval must classify the engine's own pooled vectors
+    from benchmarks.cls_eval import main
+
+    adapter = make_trainer(make_embedder, tiny_recipe(stages=(LLM2CompStage("ctkd", 1),)), tmp_path / "run").train().adapter_dir
+    task = tmp_path / "toy"
+    task.mkdir()
+    rows = [(TEXTS[i % len(TEXTS)], "ab"[i % 2]) for i in range(20)]
+    (task / "all.tsv").write_text("text\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in rows), encoding="utf-8")
+    cache = tmp_path / "cache"
+    capsys.readouterr()
+    argv = ["--task", str(task), "--model", str(tiny_model_dir), "--adapter", str(adapter), "--runtime", "torch", "--boost",
+            "--cache", str(cache), "--c", "1.0", "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(argv) == 0
+    assert "--boost is skipped" in capsys.readouterr().err
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert res["k"] == 1 and not res["boost"] and res["embedder"]["token_states"]["order"].startswith("the engine's pooled vector (memory")
+    from embedder.cache import ArrayCache
+
+    (npz,) = cache.rglob("*.npz")
+    texts = list(dict.fromkeys(t for t, _ in rows))
+    found, missing = ArrayCache(npz.parent).get(texts)
+    assert not missing
+    loaded = Embedder.load(tiny_model_dir, adapter=adapter, device="cpu", runtime="torch", dtype="fp32")
+    cached = np.stack([found[i] for i in range(len(texts))])[:, 0]
+    assert np.allclose(cached, loaded.embed(texts), atol=1e-5)
