@@ -46,8 +46,17 @@ def embedder_key(embedder: Embedder, role: str = "document") -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
+KEY_BYTES = 16
+
+
 def text_key(text: str) -> bytes:
-    return hashlib.sha256(text.encode("utf-8")).digest()[:16]
+    return hashlib.sha256(text.encode("utf-8")).digest()[:KEY_BYTES]
+
+
+def _stored_key(key: np.bytes_) -> bytes:
+    """A text key as written: NumPy's fixed-width bytes ("S16") drop trailing NUL bytes on read,
+    so about one key in 256 comes back short and would never be found again."""
+    return bytes(key).ljust(KEY_BYTES, b"\0")
 
 
 class CachedEmbedder:
@@ -81,7 +90,7 @@ class CachedEmbedder:
             for path in sorted(directory.glob("*.npz")):
                 with np.load(path) as z:
                     for key, h, n in zip(z["keys"], z["h"], z["n_tokens"]):
-                        store[bytes(key)] = (h, int(n))
+                        store[_stored_key(key)] = (h, int(n))
         return self._stores[directory]
 
     def iter_batches(self, texts: Sequence[str], role: str = "document") -> Iterable[tuple[np.ndarray, torch.Tensor, int]]:
@@ -107,7 +116,7 @@ class CachedEmbedder:
             h[pos] = emb.float().cpu().numpy()
             yield missing[pos], emb, ntok
         new_keys = [keys[i] for i in missing]
-        self._write(directory, np.array(new_keys, dtype="S16"), h, n_tokens)
+        self._write(directory, np.array(new_keys, dtype=f"S{KEY_BYTES}"), h, n_tokens)
         for key, row, n in zip(new_keys, h, n_tokens):
             store[key] = (row, int(n))
 
@@ -151,7 +160,7 @@ class ArrayCache:
             for path in sorted(self.directory.glob("*.npz")):
                 with np.load(path) as z:
                     for key, row in zip(z["keys"], z["values"]):
-                        self._store[bytes(key)] = row
+                        self._store[_stored_key(key)] = row
         return self._store
 
     def get(self, texts: Sequence[str]) -> tuple[dict[int, np.ndarray], list[int]]:
@@ -172,7 +181,7 @@ class ArrayCache:
             raise ValueError(f"{len(texts)} texts but {len(values)} arrays")
         if not len(texts):
             return
-        keys = np.array([text_key(t) for t in texts], dtype="S16")
+        keys = np.array([text_key(t) for t in texts], dtype=f"S{KEY_BYTES}")
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".npz")
         try:

@@ -132,3 +132,27 @@ def test_embed_texts_equals_embed_on_misses_and_on_hits(texts, tiny_embedder, tm
     np.testing.assert_allclose(cached.embed_texts(texts), want, atol=1e-5)  # all encoded
     np.testing.assert_allclose(cached.embed_texts(texts), want, atol=1e-5)  # all from the cache
     assert (cached.misses, cached.hits) == (len(texts), len(texts))
+
+
+def _texts_whose_key_ends_with_nul(n: int) -> list[str]:
+    from embedder.cache import text_key
+
+    found = [t for t in (f"a text numbered {i}" for i in range(20000)) if text_key(t).endswith(b"\0")]
+    assert len(found) >= n  # about one text in 256
+    return found[:n]
+
+
+def test_a_key_ending_with_a_nul_byte_is_found_again(tiny_embedder, tmp_path):
+    # NumPy's "S16" strips trailing NUL bytes on read: such keys used to miss for ever
+    from embedder.cache import ArrayCache
+
+    texts = _texts_whose_key_ends_with_nul(3) + ["a plain text"]
+    values = np.arange(len(texts) * 2, dtype=np.float32).reshape(len(texts), 2)
+    ArrayCache(tmp_path / "arrays").put(texts, values)
+    found, missing = ArrayCache(tmp_path / "arrays").get(texts)
+    assert missing == [] and all(np.array_equal(found[i], values[i]) for i in range(len(texts)))
+
+    CachedEmbedder(tiny_embedder, tmp_path / "emb").embed_texts(texts)
+    again = CachedEmbedder(tiny_embedder, tmp_path / "emb")
+    again.embed_texts(texts)
+    assert (again.hits, again.misses) == (len(texts), 0)
