@@ -92,12 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runtime", choices=("auto", "reference"), default="auto")
     p.add_argument("--embedding-cache", type=Path, default=None)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores; 1 beside another job)")
     args = p.parse_args(argv)
     from benchmarks.datasets import load_beir_folder
     from embedder.cache import CachedEmbedder
     from embedder.encoder import Embedder
 
     emb = Embedder.load(adapter=args.adapter, runtime=None if args.runtime == "reference" else "auto")
+    if args.threads:
+        from benchmarks.systems import set_threads
+
+        set_threads(args.threads)  # after loading (Embedder.load sizes torch's pool), before the runtime is built
     if args.embedding_cache:
         emb = _QueryCache(CachedEmbedder(emb, args.embedding_cache), args.embedding_cache)
     rows: list[dict] = []
@@ -126,7 +131,7 @@ def _write(args, argv, emb, rows: list[dict]) -> None:
             "runs them (hybrid: the default minmax fusion with BM25). *multi*: a document longer than 256 tokens is read whole "
             "as 256-token windows; sparse = each token's maximum over windows, dense = the best window. *Docs split*: documents "
             "with more than one window. *Build s* includes encoding only for the *Texts encoded* (the rest came from the "
-            "embedding cache); ms/q: search of a pre-encoded query, on a machine shared with other jobs (load average above 5): "
+            "embedding cache); ms/q: search of a pre-encoded query, on a machine shared with other jobs: "
             "compare the two variants, not absolute values."
         ),
         header,
