@@ -8,6 +8,21 @@ TASK_ORDER = ("mr", "cr", "subj", "mpqa", "trec", "banking77", "emotion")
 MULTI_CLASS = ("trec", "banking77", "emotion")
 
 
+def row_order(item: tuple[Path, dict]) -> tuple[int, str]:
+    """Baseline first, then the raw backbone, its adapters, and BTMR last (the issue's table order)."""
+    path, d = item
+    emb = d.get("embedder") or {}
+    if emb.get("kind") == "sentence-transformers":
+        rank = 0
+    elif emb.get("btmr"):
+        rank = 3
+    elif emb.get("adapter") is None:
+        rank = 1
+    else:
+        rank = 2
+    return rank, str(path)
+
+
 def _tasks(files: list[tuple[Path, dict]]) -> list[str]:
     names = {t for _, d in files for t in d["tasks"]}
     return [t for t in TASK_ORDER if t in names] + sorted(names - set(TASK_ORDER))
@@ -30,6 +45,7 @@ def plot_classification(files: list[tuple[Path, dict]]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    files = sorted(files, key=row_order)
     tasks = _tasks(files)
     series = []
     for _, d in files:
@@ -54,6 +70,7 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
     """Markdown: accuracy per task and embedder (single token; boosted where measured), macro-F1, and per-prefix detail."""
     from benchmarks.report import _machine, _table
 
+    files = sorted(files, key=row_order)
     tasks = _tasks(files)
     header = ["Embedder"] + tasks + ["mean"]
     acc, f1, detail, cmds = [], [], [], []

@@ -148,6 +148,21 @@ def test_report_renders_the_classification_table(tmp_path):
     assert "+5.00" in text and "classification.png" in text
 
 
+def test_report_rows_run_baseline_raw_adapters_btmr():
+    from pathlib import Path
+
+    from benchmarks.cls_report import row_order
+
+    rows = {
+        "a-btmr": {"embedder": {"adapter": {"sha256": "b"}, "btmr": {"group_size": 4}}},
+        "b-raw": {"embedder": {"adapter": None, "btmr": None}},
+        "c-minilm": {"embedder": {"kind": "sentence-transformers"}},
+        "d-text2token": {"embedder": {"adapter": {"sha256": "t"}, "btmr": None}},
+    }
+    got = [p.name for p, _ in sorted(((Path(n), d) for n, d in rows.items()), key=row_order)]
+    assert got == ["c-minilm", "b-raw", "d-text2token", "a-btmr"]
+
+
 def test_a_fixed_c_skips_the_grid(monkeypatch):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40, 2, 3)).astype(np.float32)
