@@ -118,7 +118,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
 
     from threadpoolctl import threadpool_limits
 
-    from benchmarks.classification import C_GRID, load_task
+    from benchmarks.classification import BOOSTER, C_GRID, load_task
     from benchmarks.suite import git_commit, machine_info
     from benchmarks.systems import set_threads
     from embedder.cache import ArrayCache, cached_arrays
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
         "threads": args.threads,
         "classifier": f"StandardScaler + LogisticRegression (L2, fixed C={args.c}, not tuned)" if args.c is not None
         else f"StandardScaler + LogisticRegression (L2, C from inner 3-fold CV on the training part over {list(C_GRID)})",
-        "booster": "HistGradientBoostingClassifier(max_iter=100) on out-of-fold prefix probabilities" if args.boost and k > 1 else None,
+        "booster": BOOSTER if args.boost and k > 1 else None,
         "texts_encoded": len(texts),
         "encode_s": round(encode_s, 1),
         "wall_s": round(time.perf_counter() - start, 1),

@@ -179,3 +179,26 @@ def test_a_fixed_c_skips_the_grid(monkeypatch):
     res = evaluate_task(task, x, boost=True, c_grid=(0.01,))
     assert grids and set(grids) == {(0.01,)}
     assert len(res["prefixes"]) == 2
+
+
+def test_booster_does_not_collapse_with_many_classes_and_few_texts_each():
+    # 40 classes, 30 texts each: inputs are class probabilities that are right 80% of the time.
+    # Unregularised Newton leaves (tiny p(1-p)) used to fall far below their own inputs here.
+    from benchmarks.classification import make_booster
+
+    rng = np.random.default_rng(0)
+    n_classes, per_class = 40, 30
+
+    def probabilities(y):
+        guess = np.where(rng.random(len(y)) < 0.8, y, rng.integers(0, n_classes, len(y)))
+        p = rng.dirichlet(np.ones(n_classes) * 0.3, len(y)) * 0.3
+        p[np.arange(len(y)), guess] += 0.7
+        return p
+
+    y_train = np.repeat(np.arange(n_classes), per_class)
+    y_test = np.repeat(np.arange(n_classes), 10)
+    x_train = np.hstack([probabilities(y_train), probabilities(y_train)])
+    x_test = np.hstack([probabilities(y_test), probabilities(y_test)])
+    single = (x_test[:, :n_classes].argmax(1) == y_test).mean()
+    boosted = (make_booster(y_train).fit(x_train, y_train).predict(x_test) == y_test).mean()
+    assert single > 0.75 and boosted > single - 0.05
