@@ -10,11 +10,11 @@ strength C is chosen by an inner stratified cross-validation on the training par
 prediction that is scored.
 
 Token Fusion Boosting (btmr-multiple-tokens §3.3, Algorithm 1): one logistic regression per
-prefix (the first 1, 2, ..., k token states concatenated); their class probabilities are
-concatenated and a gradient-boosting classifier (scikit-learn's HistGradientBoosting) is fit on
-them. The probabilities it is trained on are *out-of-fold* predictions on the training part
-(cross_val_predict), so the booster learns how the prefixes err on unseen texts, not how they
-fit their own training data.
+prefix (the first 1, 2, ..., k token states concatenated), fused by gradient boosting over their
+class probabilities (benchmarks/fusion_boosting.py: the prefix classifiers as the weak learners by
+default, trees for comparison). The probabilities the boosters are trained on are *out-of-fold*
+predictions on the training part, so they learn how the prefixes err on unseen texts, not how
+they fit their own training data.
 """
 from __future__ import annotations
 
@@ -164,36 +164,17 @@ def _proba(model, x: np.ndarray, n_classes: int) -> np.ndarray:
     return out
 
 
-BOOSTER = ("HistGradientBoostingClassifier(learning_rate=0.1, l2_regularization=1.0, max_iter=300, early stopping on 10% "
-           "of the training rows, patience 10) on out-of-fold prefix probabilities")
-
-
-def make_booster(y_train: np.ndarray, seed: int = 0):
-    """The Token Fusion Boosting learner (Algorithm 1: a constant start, then trees on the prefixes' predictions).
-
-    L2 on the leaves: a Newton leaf value is sum(gradient) / sum(hessian), and with many classes
-    each probability p is small, so p(1-p) is tiny and an unregularised leaf jumps by tens of
-    logits in one round (Banking77: 77 classes, ~26 training texts each, boosted accuracy fell to
-    0.27 where every prefix scored ~0.80). Early stopping on held-out training rows picks the
-    number of rounds without touching the test texts; it is skipped where too few rows per class remain.
-    """
-    from sklearn.ensemble import HistGradientBoostingClassifier
-
-    validation = int(0.1 * len(y_train))
-    stop = validation >= 2 * len(np.unique(y_train))
-    return HistGradientBoostingClassifier(max_iter=300 if stop else 100, learning_rate=0.1, l2_regularization=1.0,
-                                          early_stopping=stop, validation_fraction=0.1, n_iter_no_change=10, random_state=seed)
-
-
 def fusion_boost(
     prefix_x_train: list[np.ndarray], y_train: np.ndarray, prefix_x_test: list[np.ndarray], n_classes: int, seed: int = 0, c_grid: tuple[float, ...] = C_GRID
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Token Fusion Boosting: (boosted test predictions, each prefix's test predictions).
+) -> tuple[dict[str, tuple[np.ndarray, dict]], list[np.ndarray]]:
+    """Token Fusion Boosting: ({booster: (test predictions, what it learned)}, each prefix's test predictions).
 
     Each prefix's classifier is fit on the whole training part (C by inner CV) for its test
     probabilities; its out-of-fold training probabilities (inner folds, that C kept: choosing
-    C again per fold costs 13x and touches no test text either way) are the booster's features.
+    C again per fold costs 13x and touches no test text either way) are the boosters' features.
     """
+    from benchmarks.fusion_boosting import fuse
+
     cv = _inner_cv(y_train, seed)
     oof, test_p, single = [], [], []
     for xtr, xte in zip(prefix_x_train, prefix_x_test):
@@ -206,9 +187,7 @@ def fusion_boost(
         oof.append(p_oof)
         test_p.append(p)
         single.append(p.argmax(1))
-    booster = make_booster(y_train, seed)
-    booster.fit(np.hstack(oof), y_train)
-    return booster.predict(np.hstack(test_p)), single
+    return fuse(oof, y_train, test_p, seed), single
 
 
 def scores(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
@@ -225,18 +204,22 @@ def evaluate_task(task: Task, states: np.ndarray, boost: bool, seed: int = 0, on
     (SentEval averages fold accuracies; with equal-sized stratified folds the two agree to
     rounding, and pooled macro-F1 is defined on every class).
     """
+    from benchmarks.fusion_boosting import BOOSTERS
     from embedder.token_groups import prefix_features
 
     k = states.shape[1] if boost else 1
     feats = [prefix_features(states, i) for i in range(1, k + 1)]
     y = task.labels
     pred_single = [np.full(len(y), -1) for _ in range(k)]
-    pred_boost = np.full(len(y), -1)
+    pred_boost = {name: np.full(len(y), -1) for name in BOOSTERS}
+    learned: dict[str, list[dict]] = {name: [] for name in BOOSTERS}
     tested = np.zeros(len(y), bool)
     for train, test in outer_splits(task, seed):
         if boost:
-            b, singles = fusion_boost([f[train] for f in feats], y[train], [f[test] for f in feats], task.n_classes, seed, c_grid)
-            pred_boost[test] = b
+            fused, singles = fusion_boost([f[train] for f in feats], y[train], [f[test] for f in feats], task.n_classes, seed, c_grid)
+            for name, (pred, what) in fused.items():
+                pred_boost[name][test] = pred
+                learned[name].append(what)
             for j, s in enumerate(singles):
                 pred_single[j][test] = s
         else:
@@ -255,10 +238,14 @@ def evaluate_task(task: Task, states: np.ndarray, boost: bool, seed: int = 0, on
         "prefixes": prefixes,
     }
     if boost:
-        result["boosted"] = scores(yt, pred_boost[tested])
+        # "boosted" is the default booster (the prefix classifiers as weak learners); the trees beside it
+        result["boosted"] = scores(yt, pred_boost["prefix"][tested])
+        result["boosted_trees"] = scores(yt, pred_boost["trees"][tested])
         best = max(p["accuracy"] for p in prefixes)
         result["boost_gain_over_best_prefix"] = result["boosted"]["accuracy"] - best
+        result["booster_weights"] = np.mean([w["weights"] for w in learned["prefix"]], 0).round(4).tolist()  # mean over splits
+        result["booster_rounds"] = {name: [w["rounds"] for w in learned[name]] for name in BOOSTERS}
     return result
 
 
-__all__ = ["Task", "TaskError", "read_tsv", "load_task", "outer_splits", "fit_logreg", "fusion_boost", "make_booster", "BOOSTER", "scores", "evaluate_task", "C_GRID"]
+__all__ = ["Task", "TaskError", "read_tsv", "load_task", "outer_splits", "fit_logreg", "fusion_boost", "scores", "evaluate_task", "C_GRID"]

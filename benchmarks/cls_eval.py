@@ -118,7 +118,8 @@ def run(args: argparse.Namespace, command: str) -> dict:
 
     from threadpoolctl import threadpool_limits
 
-    from benchmarks.classification import BOOSTER, C_GRID, load_task
+    from benchmarks.classification import C_GRID, load_task
+    from benchmarks.fusion_boosting import PREFIX_BOOSTER, TREE_BOOSTER
     from benchmarks.suite import git_commit, machine_info
     from benchmarks.systems import set_threads
     from embedder.cache import ArrayCache, cached_arrays
@@ -157,7 +158,8 @@ def run(args: argparse.Namespace, command: str) -> dict:
         "threads": args.threads,
         "classifier": f"StandardScaler + LogisticRegression (L2, fixed C={args.c}, not tuned)" if args.c is not None
         else f"StandardScaler + LogisticRegression (L2, C from inner 3-fold CV on the training part over {list(C_GRID)})",
-        "booster": BOOSTER if args.boost and k > 1 else None,
+        "booster": PREFIX_BOOSTER if args.boost and k > 1 else None,
+        "booster_trees": TREE_BOOSTER if args.boost and k > 1 else None,
         "texts_encoded": len(texts),
         "encode_s": round(encode_s, 1),
         "wall_s": round(time.perf_counter() - start, 1),
@@ -166,6 +168,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
     }
     if out["boost"]:
         out["mean_boosted_accuracy"] = mean("boosted")
+        out["mean_boosted_trees_accuracy"] = mean("boosted_trees")
     if args.out:
         _write_json(args.out / "results.json", out)
     return out
@@ -191,6 +194,7 @@ def summary(res: dict) -> dict:
         t = {"accuracy": r["accuracy"], "macro_f1": r["macro_f1"]}
         if "boosted" in r:
             t["boosted_accuracy"] = r["boosted"]["accuracy"]
+            t["boosted_trees_accuracy"] = r["boosted_trees"]["accuracy"]
             t["prefix_accuracy"] = [p["accuracy"] for p in r["prefixes"]]
         tasks[name] = t
     return {"label": res["label"], "tasks": tasks, "mean_accuracy": res["mean_accuracy"], **({"mean_boosted_accuracy": res["mean_boosted_accuracy"]} if res["boost"] else {})}
@@ -212,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary(res)))
     else:
         for name, r in res["tasks"].items():
-            extra = f"  boosted {r['boosted']['accuracy']:.4f} (gain over best prefix {r['boost_gain_over_best_prefix']:+.4f})" if "boosted" in r else ""
+            extra = (f"  boosted {r['boosted']['accuracy']:.4f} (gain over best prefix {r['boost_gain_over_best_prefix']:+.4f}; "
+                     f"trees {r['boosted_trees']['accuracy']:.4f})" if "boosted" in r else "")
             print(f"{name:12s} accuracy {r['accuracy']:.4f}  macro-F1 {r['macro_f1']:.4f}{extra}")
-        print(f"{'mean':12s} accuracy {res['mean_accuracy']:.4f}" + (f"  boosted {res['mean_boosted_accuracy']:.4f}" if res["boost"] else ""))
+        print(f"{'mean':12s} accuracy {res['mean_accuracy']:.4f}" + (f"  boosted {res['mean_boosted_accuracy']:.4f} (trees {res['mean_boosted_trees_accuracy']:.4f})" if res["boost"] else ""))
     return 0
 
 

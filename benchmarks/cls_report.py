@@ -80,11 +80,16 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
         if d["boost"]:
             acc.append(_row(f"{d['label']} + Token Fusion Boosting (k={d['k']})", d, tasks, lambda r: r["boosted"]["accuracy"]))
             f1.append(_row(f"{d['label']} + Token Fusion Boosting (k={d['k']})", d, [t for t in tasks if t in MULTI_CLASS], lambda r: r["boosted"]["macro_f1"]))
+            trees = all("boosted_trees" in r for r in d["tasks"].values())  # results files before the prefix booster have one booster
+            if trees:
+                acc.append(_row(f"{d['label']} + boosted trees (k={d['k']}, comparison)", d, tasks, lambda r: r["boosted_trees"]["accuracy"]))
             for t in tasks:
                 r = d["tasks"].get(t)
                 if r:
-                    best = max(p["accuracy"] for p in r["prefixes"])
-                    detail.append([d["label"], t] + [_pct(p["accuracy"]) for p in r["prefixes"]] + [_pct(r["boosted"]["accuracy"]), f"{100 * r['boost_gain_over_best_prefix']:+.2f}", f"{100 * (r['boosted']['accuracy'] - r['accuracy']):+.2f}"])
+                    detail.append([d["label"], t] + [_pct(p["accuracy"]) for p in r["prefixes"]] + [
+                        _pct(r["boosted"]["accuracy"]), _pct(r["boosted_trees"]["accuracy"]) if trees else "–",
+                        " ".join(f"{w:.2f}" for w in r.get("booster_weights", [])) or "–",
+                        f"{100 * r['boost_gain_over_best_prefix']:+.2f}", f"{100 * (r['boosted']['accuracy'] - r['accuracy']):+.2f}"])
         cmds.append(f"- {d['label']}: `{d['command']}` (`{os.path.relpath(path, base)}`; {d['texts_encoded']} texts; encoding {d['encode_s']} s"
                     f"{' (from cache)' if d['encode_s'] < 5 else ''}; wall {d['wall_s']} s)")
     first = files[0][1]
@@ -96,7 +101,9 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
         "Accuracy in %, predictions of all folds pooled. For this project's embedders, *one token* is the engine's pooled token "
         "(the last prompt position); *Token Fusion Boosting* (BTMR §3.3) fits one classifier per prefix of the k token states "
         "(for an embedder without BTMR groups: the last k prompt positions, last first) and fuses their out-of-fold class "
-        "probabilities with gradient boosting.\n",
+        "probabilities with gradient boosting (Algorithm 1) whose weak learners are those prefix classifiers "
+        "(benchmarks/fusion_boosting.py: a log-linear pool f_0 + sum_j w_j log p_j, the w_j shown per task below); "
+        "*boosted trees* is the same algorithm with regression trees as the weak learners, for comparison.\n",
     ]
     if sampled != {None}:
         cap = min(x for x in sampled if x)
@@ -112,12 +119,14 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
         _table(["Embedder"] + [t for t in tasks if t in MULTI_CLASS] + ["mean"], f1, ["l"] + ["r"] * 4) + "\n",
     ]
     if detail:
-        k = max(len(r) - 5 for r in detail)
+        k = max(len(r) - 7 for r in detail)
         parts += [
-            "Each prefix alone, boosted, and the gain of boosting over the best single prefix (measured on the test texts, "
-            "so an optimistic bar for the prefix) and over the one-token row:\n",
-            _table(["Embedder", "task"] + [f"prefix {i}" for i in range(1, k + 1)] + ["boosted", "gain vs best prefix", "gain vs one token"],
-                   detail, ["l", "l"] + ["r"] * (k + 3)) + "\n",
+            "Each prefix alone, boosted (and with trees), the booster's weight per prefix (mean over splits), and the gain of "
+            "boosting over the best single prefix (measured on the test texts, so an optimistic bar for the prefix) and over "
+            "the one-token row:\n",
+            _table(["Embedder", "task"] + [f"prefix {i}" for i in range(1, k + 1)]
+                   + ["boosted", "trees", "weights w_1..w_k", "gain vs best prefix", "gain vs one token"],
+                   detail, ["l", "l"] + ["r"] * (k + 5)) + "\n",
         ]
     if plot:
         parts.append(f"![Sentence classification accuracy]({plot})\n")

@@ -135,7 +135,8 @@ def test_report_renders_the_classification_table(tmp_path):
 
     results = tmp_path / "benchmarks" / "results"
     task = {"accuracy": 0.8, "macro_f1": 0.7, "prefixes": [{"accuracy": 0.8, "macro_f1": 0.7}, {"accuracy": 0.75, "macro_f1": 0.7}],
-            "boosted": {"accuracy": 0.85, "macro_f1": 0.8}, "boost_gain_over_best_prefix": 0.05}
+            "boosted": {"accuracy": 0.85, "macro_f1": 0.8}, "boost_gain_over_best_prefix": 0.05,
+            "boosted_trees": {"accuracy": 0.78, "macro_f1": 0.7}, "booster_weights": [0.9, 0.1]}
     data = {"kind": "cls-eval", "label": "toy", "command": "cls-eval --task x", "boost": True, "k": 2, "max_rows": 300,
             "texts_encoded": 10, "encode_s": 1.0, "wall_s": 2.0, "machine": {"cpu": "test cpu"}, "tasks": {"mr": task, "trec": task}}
     (results / "cls").mkdir(parents=True)
@@ -145,6 +146,8 @@ def test_report_renders_the_classification_table(tmp_path):
     assert "## Sentence classification (cls-eval)" in text
     assert "| toy (one token) | 80.00 | 80.00 | 80.00 |" in text
     assert "| toy + Token Fusion Boosting (k=2) | 85.00 | 85.00 | 85.00 |" in text
+    assert "| toy + boosted trees (k=2, comparison) | 78.00 | 78.00 | 78.00 |" in text
+    assert "| 0.90 0.10 |" in text  # the prefix booster's weights
     assert "+5.00" in text and "classification.png" in text
 
 
@@ -185,7 +188,7 @@ def test_booster_does_not_collapse_with_many_classes_and_few_texts_each():
     # 40 classes, 30 texts each: inputs are class probabilities that are right 80% of the time.
     # A sanity bound only: this synthetic case does not reproduce the Banking77 collapse of the
     # unregularised booster (0.27 boosted against 0.80 per prefix, BENCHMARKS.md), which it also passes.
-    from benchmarks.classification import make_booster
+    from benchmarks.fusion_boosting import make_tree_booster
 
     rng = np.random.default_rng(0)
     n_classes, per_class = 40, 30
@@ -201,5 +204,5 @@ def test_booster_does_not_collapse_with_many_classes_and_few_texts_each():
     x_train = np.hstack([probabilities(y_train), probabilities(y_train)])
     x_test = np.hstack([probabilities(y_test), probabilities(y_test)])
     single = (x_test[:, :n_classes].argmax(1) == y_test).mean()
-    boosted = (make_booster(y_train).fit(x_train, y_train).predict(x_test) == y_test).mean()
+    boosted = (make_tree_booster(y_train).fit(x_train, y_train).predict(x_test) == y_test).mean()
     assert single > 0.75 and boosted > single - 0.05
