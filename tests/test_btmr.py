@@ -151,3 +151,24 @@ def test_template_tail_state_zero_is_the_pooled_token(tiny_embedder):
     states = group_states(tiny_embedder, texts, GroupSpec(3))
     np.testing.assert_allclose(states[:, 0], tiny_embedder.embed(texts), rtol=1e-5, atol=1e-5)
     assert not np.allclose(states[:, 1], states[:, 0])
+
+
+def test_bf16_autocast_trains_and_is_recorded(make_embedder, tmp_path):
+    # train-btmr asks for bf16 autocast where the CPU has it natively (training.loop.load_backbone);
+    # the trainer must run under it (states and losses back in fp32) and say so in the adapter record.
+    from embedder.adapters import adapter_record
+    from tests.conftest import TOPICS
+
+    rng = np.random.default_rng(0)
+    words = [w for ws in TOPICS.values() for w in ws]
+    texts = [" ".join(rng.choice(words, 40)) for _ in range(12)]
+    emb = make_embedder(bf16=True)
+    recipe = BTMRRecipe(steps=2, batch_size=4, lr=1e-3, save_every=1, lora_r=4, lora_alpha=8,
+                        btmr={"segment_length": 6, "group_size": 2, "units_per_side": 2})
+    t = BTMRTrainer(emb, texts, tmp_path / "run", recipe, bmt_token_id=emb.tokenizer.convert_tokens_to_ids("[EOS]"))
+    res = t.train(progress=False)
+    assert res["completed"] and all(np.isfinite(h["loss"]) for h in res["history"])
+    assert adapter_record(tmp_path / "run" / "adapter")["autocast_bf16"] is True
+    fp32 = _trainer(make_embedder, tmp_path / "fp32", steps=1)
+    fp32.train(progress=False)
+    assert adapter_record(tmp_path / "fp32" / "adapter")["autocast_bf16"] is False

@@ -21,14 +21,14 @@ from typing import ClassVar, Sequence
 import numpy as np
 import torch
 
-from embedder.encoder import Embedder
+from embedder.encoder import Embedder, EmbedderConfig
 from embedder.token_groups import BTMR_CONFIG, BTMR_TOKEN_FILE
 from training.adapter_io import save_adapter
 from training.btmr import BTMRConfig, document_pairs, forward_states, matryoshka_contrastive, pack, pick_bmt_token
 from training.cli_common import (
     add_corpus_arguments, add_recipe_arguments, add_run_arguments, fail, recipe_with_args, set_threads, setup
 )
-from training.loop import LoopStage, TrainingLoop, attach_lora, latest_checkpoint, seed_everything
+from training.loop import LoopStage, TrainingLoop, attach_lora, latest_checkpoint, load_backbone, seed_everything
 from training.recipe import TrainRecipe
 from training.target_cache import texts_fingerprint
 
@@ -47,6 +47,9 @@ class BTMRRecipe(TrainRecipe):
     warmup_steps: int = 10
     max_grad_norm: float | None = None
     lora_dropout: float = 0.0
+    # bf16 autocast where the hardware has it natively (training.loop.load_backbone ignores it
+    # elsewhere: emulated bf16 is ~5x slower than fp32); what was used is in the adapter record
+    bf16: bool = True
     btmr: dict = field(default_factory=dict)  # BTMRConfig fields other than the token id
 
 
@@ -101,8 +104,10 @@ class BTMRTrainer:
         anchors = [pack(e._prefix, self.pairs[i][0], e._suffix, self.cfg) for i in idx]
         positives = [pack(e._prefix, self.pairs[i][1], e._suffix, self.cfg) for i in idx]
         lm = self.peft_model
-        sa, lm_a = forward_states(lm, self.bmt, anchors, pad, self.cfg)
-        sp, lm_p = forward_states(lm, self.bmt, positives, pad, self.cfg)
+        with torch.autocast(device_type=e.device.split(":")[0], dtype=torch.bfloat16, enabled=e.bf16):
+            sa, lm_a = forward_states(lm, self.bmt, anchors, pad, self.cfg)
+            sp, lm_p = forward_states(lm, self.bmt, positives, pad, self.cfg)
+        sa, sp = sa.float(), sp.float()
         texts_a = [" ".join(map(str, sum(self.pairs[i][0], []))) for i in idx]  # token ids: same text = same key
         texts_p = [" ".join(map(str, sum(self.pairs[i][1], []))) for i in idx]
         cons = matryoshka_contrastive(sa, sp, self.cfg, texts_a, texts_p)
@@ -141,7 +146,8 @@ class BTMRTrainer:
             save_file({"bmt": self.bmt.detach().float().contiguous()}, str(folder / BTMR_TOKEN_FILE))
             (folder / BTMR_CONFIG).write_text(json.dumps(self.cfg.to_dict(), indent=1))
 
-        record = {"kind": "btmr", "recipe": self.recipe.to_dict(), "btmr": self.cfg.to_dict(), "backbone": self.embedder.identity,
+        record = {"kind": "btmr", "recipe": self.recipe.to_dict(), "btmr": self.cfg.to_dict(), "autocast_bf16": bool(self.embedder.bf16),
+                  "backbone": self.embedder.identity,
                   "embedding": self.embedder.config.to_dict(), "corpus_sha256": self.texts_hash, "pairs": len(self.pairs),
                   "final_loss": history[-1] if history else None}
         return save_adapter(self.peft_model, directory, record, extra=btmr_files)
@@ -169,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 "matryoshka": not args.no_matryoshka}
         recipe = recipe_with_args(BTMRRecipe(btmr=btmr), args)
         texts, _ = corpus_texts(args.corpus, args.format, args.max_texts, recipe.seed)
-        emb = Embedder.load(args.model or DEFAULT_MODEL, "none", device="cpu", runtime=None)
+        emb = load_backbone(args.model or DEFAULT_MODEL, EmbedderConfig(), recipe.bf16)
         set_threads(args.threads)
         res = BTMRTrainer(emb, texts, args.output, recipe).train(resume=not args.no_resume, progress=not args.quiet)
     except (CorpusError, ModelNotAvailable, ValueError) as exc:
