@@ -94,8 +94,9 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
                     f"{' (from cache)' if d['encode_s'] < 5 else ''}; wall {d['wall_s']} s)")
     first = files[0][1]
     sampled = {d.get("max_rows") for _, d in files}
+    caps = sorted(x for x in sampled if x)
     parts = [
-        "## Sentence classification (cls-eval)\n",
+        "## Sentence classification (cls-eval)" + (f", sampled ({', '.join(map(str, caps))} texts per split)" if caps else ", full sets") + "\n",
         "Logistic regression on frozen embeddings (scikit-learn: standardised features, L2; C as each row's results file "
         "records it: from an inner 3-fold CV on the training rows only, or fixed with `--c`). MR, CR, SUBJ, MPQA: 10-fold stratified cross-validation; TREC, Banking77, Emotion: train/test. "
         "Accuracy in %, predictions of all folds pooled. For this project's embedders, *one token* is the engine's pooled token "
@@ -105,10 +106,11 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
         "(benchmarks/fusion_boosting.py: a log-linear pool f_0 + sum_j w_j log p_j, the w_j shown per task below); "
         "*boosted trees* is the same algorithm with regression trees as the weak learners, for comparison.\n",
     ]
-    if sampled != {None}:
-        cap = min(x for x in sampled if x)
-        parts.append(f"**Sampled:** each split capped at {', '.join(str(s) for s in sorted(x for x in sampled if x))} texts (stratified, seed 0; "
-                     "the same texts for every row), because the full sets (~74k sentences) take hours to encode on this machine. "
+    if caps:
+        cap = min(caps)
+        parts.append(f"**Sampled:** each split capped at {', '.join(str(s) for s in caps)} texts (stratified, seed 0; "
+                     "the same texts for every row), so that every row fits in a session on a 2-core CPU; the rows run on the full sets "
+                     "(~72k sentences) are in their own section. "
                      f"A 10-fold CV task tests each of its {cap} sampled texts once, so one text is {100 / cap:.2f} points and the "
                      f"standard error of an accuracy near 80% is about {100 * (0.16 / cap) ** 0.5:.1f} points (TREC tests its 500 texts); "
                      "rows share their texts, so their differences are less noisy than that, but differences under a point are within noise.\n")

@@ -559,10 +559,16 @@ def generate(results_dir: Path = RESULTS_DIR, output: Path | None = None) -> tup
     if classification:
         from benchmarks.cls_report import plot_classification, render_classification
 
-        png = results_dir / "plots" / "classification.png"
-        if write_if_changed(png, _png_bytes(plot_classification(classification))):
-            changed.append(png)
-        parts.append(render_classification(classification, base, os.path.relpath(png, base)))
+        # one section per protocol: the full sets first, then each sampled cap (rows of different
+        # texts are not comparable, so they never share a table)
+        protocols: dict[int | None, list] = {}
+        for item in classification:
+            protocols.setdefault(item[1].get("max_rows"), []).append(item)
+        for i, cap in enumerate(sorted(protocols, key=lambda c: (c is not None, c or 0))):
+            png = results_dir / "plots" / ("classification.png" if i == 0 else f"classification-{cap or 'full'}.png")
+            if write_if_changed(png, _png_bytes(plot_classification(protocols[cap]))):
+                changed.append(png)
+            parts.append(render_classification(protocols[cap], base, os.path.relpath(png, base)))
     for path, data in tables:
         plot = None
         if data.get("plot"):

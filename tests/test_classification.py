@@ -206,3 +206,21 @@ def test_booster_does_not_collapse_with_many_classes_and_few_texts_each():
     single = (x_test[:, :n_classes].argmax(1) == y_test).mean()
     boosted = (make_tree_booster(y_train).fit(x_train, y_train).predict(x_test) == y_test).mean()
     assert single > 0.75 and boosted > single - 0.05
+
+
+def test_report_keeps_full_and_sampled_rows_in_separate_tables(tmp_path):
+    # rows measured on different texts must never share a table
+    from benchmarks.report import generate
+
+    results = tmp_path / "benchmarks" / "results"
+    for name, cap, acc in (("full", None, 0.9), ("sampled", 300, 0.7)):
+        task = {"accuracy": acc, "macro_f1": acc, "prefixes": [{"accuracy": acc, "macro_f1": acc}]}
+        data = {"kind": "cls-eval", "label": name, "command": "cls-eval --task x", "boost": False, "k": 1, "max_rows": cap,
+                "texts_encoded": 10, "encode_s": 1.0, "wall_s": 2.0, "machine": {"cpu": "test cpu"}, "tasks": {"mr": task}}
+        (results / name).mkdir(parents=True)
+        (results / name / "results.json").write_text(json.dumps(data))
+    out, _ = generate(results, tmp_path / "BENCHMARKS.md")
+    text = out.read_text()
+    full, sampled = text.index("## Sentence classification (cls-eval), full sets"), text.index("## Sentence classification (cls-eval), sampled (300")
+    assert full < text.index("| full | 90.00 | 90.00 |") < sampled < text.index("| sampled | 70.00 | 70.00 |")
+    assert (results / "plots" / "classification.png").exists() and (results / "plots" / "classification-300.png").exists()
