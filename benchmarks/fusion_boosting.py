@@ -12,9 +12,9 @@ prefixes err on texts they were not fit on):
 * :class:`PrefixBooster` (the default): gradient boosting whose weak learners are the k prefix
   classifiers themselves (their log-probabilities). Each round takes the prefix whose output best
   fits the negative gradient of the cross-entropy (Friedman's least-squares fit of the pseudo
-  residuals), then a Newton line search for β_t. The fused model is
-  f(x) = f_0 + Σ_j w_j log p_j(x): a weighted log-linear pool of the prefixes, k + C numbers in all,
-  which is why it cannot overfit a task of a few hundred texts the way trees can.
+  residuals), or a constant (which re-fits the class offsets), then a Newton line search for β_t.
+  The fused model is f(x) = b + Σ_j w_j log p_j(x): a weighted log-linear pool of the prefixes,
+  k + C numbers in all, which is why it cannot overfit a task of a few hundred texts the way trees can.
 * :func:`make_tree_booster`: gradient-boosted trees on the concatenated prefix probabilities
   (scikit-learn's HistGradientBoosting), the generic weak learner. Kept as a comparison: on the
   sampled tasks it fell below the best single prefix on most of them (BENCHMARKS.md).
@@ -31,8 +31,8 @@ BOOSTERS = ("prefix", "trees")
 TREE_BOOSTER = ("HistGradientBoostingClassifier(learning_rate=0.1, l2_regularization=1.0, max_iter=300, early stopping on 10% "
                 "of the training rows, patience 10) on out-of-fold prefix probabilities")
 PREFIX_BOOSTER = ("gradient boosting with the prefix classifiers as weak learners (Algorithm 1; f_0 = log class prior, each round "
-                  "the prefix whose log-probabilities best fit the negative gradient, Newton line search for beta) on out-of-fold "
-                  "prefix probabilities")
+                  "the prefix whose log-probabilities, or the constant, best fit the negative gradient, Newton line search for beta) "
+                  "on out-of-fold prefix probabilities")
 
 
 def _softmax(f: np.ndarray) -> np.ndarray:
@@ -58,7 +58,8 @@ class PrefixBooster:
 
     ``fit`` takes each prefix's out-of-fold class probabilities on the training texts;
     ``predict`` takes the same classifiers' probabilities on new texts (refit on all the
-    training texts). ``weights[j]`` is the summed β of prefix j+1; ``rounds`` how many rounds ran.
+    training texts). ``weights[j]`` is the summed β of prefix j+1, ``bias`` f_0 plus the constant
+    learners' steps; ``rounds`` how many rounds ran.
     """
 
     max_rounds: int = 200
@@ -70,6 +71,10 @@ class PrefixBooster:
 
     def fit(self, probas: list[np.ndarray], y: np.ndarray) -> "PrefixBooster":
         n, c = probas[0].shape
+        # The weak learners: each prefix's (centred) log-probabilities, and a constant, the column
+        # means of the residual. Without the constant, f_0 stays frozen: the prefixes already
+        # carry the class prior, so a pool whose weights sum to ~1 would count the prior twice and
+        # lean towards the frequent classes.
         h = [_centred_log(p) for p in probas]
         onehot = np.eye(c)[y]
         # f_0 = argmin_c sum_i L(y_i, c): the log class frequencies (add-one, for a class a fold lacks)
@@ -79,15 +84,21 @@ class PrefixBooster:
         self.losses = [_cross_entropy(f, y)]
         for self.rounds in range(1, self.max_rounds + 1):
             residual = onehot - _softmax(f)  # the negative gradient of the cross-entropy in f
-            fit = [float((residual * hj).sum()) ** 2 / max(float((hj * hj).sum()), _FLOOR) for hj in h]
+            constant = np.tile(residual.mean(0), (n, 1))  # the least-squares constant fit of the residual
+            learners = h + [constant]
+            fit = [float((residual * hj).sum()) ** 2 / max(float((hj * hj).sum()), _FLOOR) for hj in learners]
             j = int(np.argmax(fit))
-            beta = self._line_search(f, h[j], y, onehot)
-            f_new = f + beta * h[j]
+            beta = self._line_search(f, learners[j], y, onehot)
+            f_new = f + beta * learners[j]
             loss = _cross_entropy(f_new, y)
             if self.losses[-1] - loss < self.tol:
                 self.rounds -= 1
                 break
-            f, self.weights[j] = f_new, self.weights[j] + beta
+            f = f_new
+            if j < len(h):
+                self.weights[j] += beta
+            else:
+                self.bias = self.bias + beta * constant[0]
             self.losses.append(loss)
         return self
 

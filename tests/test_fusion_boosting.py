@@ -20,18 +20,40 @@ def _prefixes(rng, n=600, c=3):
 
 
 def test_the_boosted_pool_reaches_the_optimum_of_its_loss():
-    # The rounds are coordinate steps on a convex loss in the prefix weights: where they stop must
-    # be the minimiser of CE(f_0 + sum_j w_j log p_j) that a general-purpose optimiser finds.
+    # The rounds are coordinate steps on a convex loss in the prefix weights and the class offsets:
+    # where they stop must be the minimiser of CE(b + sum_j w_j log p_j) that a general-purpose
+    # optimiser finds (the offsets only up to a common constant, which the softmax ignores).
     from scipy.optimize import minimize
 
     probas, y = _prefixes(np.random.default_rng(0))
-    booster = PrefixBooster(max_rounds=500, tol=1e-12).fit(probas, y)
+    booster = PrefixBooster(max_rounds=2000, tol=1e-12).fit(probas, y)
     h = [_centred_log(p) for p in probas]
-    direct = minimize(lambda w: _cross_entropy(booster.bias + w[0] * h[0] + w[1] * h[1], y), np.zeros(2), method="BFGS")
-    assert booster.weights == pytest.approx(direct.x, abs=2e-3)
+    c = probas[0].shape[1]
+
+    def loss(v):
+        return _cross_entropy(v[2:] + v[0] * h[0] + v[1] * h[1], y)
+
+    direct = minimize(loss, np.zeros(2 + c), method="BFGS")
+    assert booster.weights == pytest.approx(direct.x[:2], abs=2e-3)
     assert booster.losses[-1] == pytest.approx(direct.fun, abs=1e-6)
+    assert booster.bias - booster.bias.mean() == pytest.approx(direct.x[2:] - direct.x[2:].mean(), abs=5e-3)
     # and every round lowered the loss
     assert all(b < a for a, b in zip(booster.losses, booster.losses[1:]))
+
+
+def test_the_class_offsets_are_refit_so_the_prior_is_not_counted_twice():
+    # Prefixes that already carry a skewed prior (80/20): frozen at f_0 = log prior, the pool would
+    # add the prior a second time; the constant learner takes it back out.
+    rng = np.random.default_rng(5)
+    n = 2000
+    y = (rng.random(n) < 0.2).astype(int)
+    score = rng.normal(size=n) + 1.5 * y
+    logit = 1.5 * score - 1.5**2 / 2 + np.log(0.2 / 0.8)  # the calibrated posterior: log prior odds + log likelihood ratio
+    p1 = 1 / (1 + np.exp(-logit))
+    probas = [np.stack([1 - p1, p1], 1)]
+    booster = PrefixBooster(max_rounds=500, tol=1e-12).fit(probas, y)
+    assert booster.weights[0] == pytest.approx(1.0, abs=0.1)  # a calibrated prefix is kept as it is
+    assert abs((booster.bias[1] - booster.bias[0])) < 0.15  # and no second prior is added
 
 
 def test_the_noise_prefix_gets_almost_no_weight_and_the_informative_one_is_recalibrated():
