@@ -258,7 +258,8 @@ def test_diagnose_compares_an_llm2comp_adapter_with_the_backbone_read_its_defaul
 
 
 def test_cls_eval_reads_an_llm2comp_adapter_through_its_memory_pooling(make_embedder, tiny_model_dir, tmp_path, capsys):
-    # the template tail is not what a memory reader embeds: cls-eval must classify the engine's own pooled vectors
+    # the template tail is not what a memory reader embeds: cls-eval must classify the engine's own pooled vectors.
+    # Precision pinned on both sides: on a CPU with native bf16, "auto" encodes in bf16 and no 1e-5 tolerance holds.
     from benchmarks.cls_eval import main
 
     adapter = make_trainer(make_embedder, tiny_recipe(stages=(LLM2CompStage("ctkd", 1),)), tmp_path / "run").train().adapter_dir
@@ -268,8 +269,8 @@ def test_cls_eval_reads_an_llm2comp_adapter_through_its_memory_pooling(make_embe
     (task / "all.tsv").write_text("text\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in rows), encoding="utf-8")
     cache = tmp_path / "cache"
     capsys.readouterr()
-    argv = ["--task", str(task), "--model", str(tiny_model_dir), "--adapter", str(adapter), "--runtime", "torch", "--boost",
-            "--cache", str(cache), "--c", "1.0", "--out", str(tmp_path / "out"), "--no-progress"]
+    argv = ["--task", str(task), "--model", str(tiny_model_dir), "--adapter", str(adapter), "--runtime", "torch", "--dtype", "fp32",
+            "--boost", "--cache", str(cache), "--c", "1.0", "--out", str(tmp_path / "out"), "--no-progress"]
     assert main(argv) == 0
     assert "--boost is skipped" in capsys.readouterr().err
     res = json.loads((tmp_path / "out" / "results.json").read_text())
