@@ -204,3 +204,15 @@ def test_pc_variation_sees_a_shift_along_the_first_component():
     assert v[0] == pytest.approx(-2.0) and np.allclose(v[1:], 0, atol=1e-9)
     summary = pc_summary(v)
     assert summary["v1"] == pytest.approx(-2.0) and summary["v1_ratio"] > 1e6
+
+
+def test_corpus_takes_several_paths_per_flag_and_repeats():
+    # `--corpus ../data/{a,b}` is how a shell user writes two corpora; it must mean the same as two flags
+    import argparse
+
+    from training.cli_common import add_corpus_arguments
+
+    p = argparse.ArgumentParser()
+    add_corpus_arguments(p)
+    assert p.parse_args(["--corpus", "a", "b", "--corpus", "c"]).corpus == ["a", "b", "c"]
+    assert p.parse_args(["--corpus", "a", "--corpus", "b"]).corpus == ["a", "b"]

@@ -54,7 +54,9 @@ def add_run_arguments(p: argparse.ArgumentParser, model_default: str = "the reci
 def add_corpus_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
     """The documents to train on (never queries)."""
     p.add_argument(
-        "--corpus", action="append", required=required, help="corpus to train on (BEIR folder, .jsonl, .tsv); repeatable"
+        "--corpus", action="extend", nargs="+", required=required,
+        help="corpus or corpora to train on (BEIR folder, .jsonl, .tsv); repeatable, and takes several paths "
+        "(so a shell's ../data/{a,b} works)"
     )
     p.add_argument("--format", choices=["beir", "jsonl", "tsv"], help="corpus format (guessed from the path by default)")
     p.add_argument("--max-texts", type=int, help="train on a seeded sample of this many documents")
