@@ -216,3 +216,17 @@ def test_corpus_takes_several_paths_per_flag_and_repeats():
     add_corpus_arguments(p)
     assert p.parse_args(["--corpus", "a", "b", "--corpus", "c"]).corpus == ["a", "b", "c"]
     assert p.parse_args(["--corpus", "a", "--corpus", "b"]).corpus == ["a", "b"]
+
+
+def test_pairs_and_holdout_take_several_paths_per_flag():
+    # the README's `--pairs ../shared/data/pairs/{a,b}.tsv` was rejected by argparse while --pairs was `append`
+    from pathlib import Path
+
+    from training.cli import train_parser
+
+    args = train_parser().parse_args(
+        ["--recipe", "contrastive-cpu", "--pairs", "a.tsv", "b.tsv", "--pairs", "c.tsv", "--holdout", "x", "y", "--output", "o"]
+    )
+    assert args.pairs == [Path("a.tsv"), Path("b.tsv"), Path("c.tsv")]
+    assert args.holdout == [Path("x"), Path("y")]
+    assert train_parser().parse_args(["--recipe", "cpu", "--corpus", "d", "--output", "o"]).holdout == []

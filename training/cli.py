@@ -47,17 +47,20 @@ def train_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pairs",
-        action="append",
+        action="extend",
+        nargs="+",
         type=Path,
-        help="TSV of anchor<TAB>positive[<TAB>negative] pairs for the contrastive stage (one source per file); repeatable",
+        help="TSV of anchor<TAB>positive[<TAB>negative] pairs for the contrastive stage (one source per file); repeatable, "
+        "and takes several paths per flag",
     )
     p.add_argument(
         "--holdout",
-        action="append",
+        action="extend",
+        nargs="+",
         type=Path,
         default=[],
         help="evaluation texts that training must never see: a BEIR folder (its queries), an STS TSV, a folder of them; "
-        "pairs containing one are dropped; repeatable",
+        "pairs containing one are dropped; repeatable, and takes several paths per flag",
     )
     p.add_argument("--max-pairs", dest="max_pairs_per_source", type=int, help="seeded sample of this many pairs per pairs file")
     p.add_argument("--kl-weight", type=float, help="weight of the joint Text2Token KL in the contrastive stage (0 = off)")
