@@ -24,6 +24,15 @@ from pathlib import Path
 
 from benchmarks.text2token_table import _ndcg_by_dataset, _parse_variant
 
+
+def _ndcg_from_results(results_dir: Path) -> dict[str, dict[str, float]]:
+    """nDCG@10 per collection and LLM channel of a beir-eval results file, without an adapter check."""
+    data = json.loads((results_dir / "results.json").read_text(encoding="utf-8"))
+    return {
+        ds["name"]: {c: ds["results"][c]["metrics"]["ndcg@10"] for c in CHANNELS if c in ds["results"]}
+        for ds in data["datasets"]
+    }
+
 CHANNELS = ("sparse", "dense", "hybrid")
 
 
@@ -93,6 +102,22 @@ def _baseline_rows(runs: Path, fusion: Path | None, datasets: list[str]) -> list
     return rows
 
 
+def _recorded_weights(results_dir: Path) -> str:
+    """The one adapter (weights' sha256) every LLM channel of a beir-eval results file ran with."""
+    path = results_dir / "results.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    used = {((s.get("params") or {}).get("adapter") or {}).get("sha256") for c, s in data["systems"].items() if c in CHANNELS}
+    if len(used) != 1:
+        raise ValueError(f"{path}: field 'systems.*.params.adapter': the channels ran different weights ({sorted(map(str, used))})")
+    return str(used.pop())
+
+
+def _carried_rows(previous: Path) -> dict[str, dict]:
+    """Rows of an earlier table by embedder name, as {column: cell}."""
+    table = json.loads(previous.read_text(encoding="utf-8"))
+    return {r[0]: dict(zip(table["columns"], r)) for r in table["rows"]}
+
+
 def _mean(nd: dict[str, dict[str, float]], datasets: list[str], channel: str) -> float | None:
     """The channel's mean nDCG@10 over ``datasets``; None unless the variant has every one of them."""
     if not all(channel in nd.get(d, {}) for d in datasets):
@@ -134,19 +159,40 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=S",
         help="a variant's training seconds read from its logs, for runs whose history has no per-step seconds and were resumed",
     )
+    p.add_argument(
+        "--carry",
+        type=Path,
+        metavar="PREVIOUS.json",
+        help="an earlier table of this script: a variant whose adapter folder is gone (a lost run) keeps its STS-B and "
+        "training cells from the row of the same name there; its nDCG cells still come from its results folder",
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--title", default="Embedders of the same backbone against the baselines (STS-B test Spearman, nDCG@10)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    from embedder.adapters import resolve_adapter
+    from embedder.adapters import resolve_adapter, shipped_adapters
     from training.cli import load_embedder
     from training.sts import read_pairs, sts_spearman
 
     pairs = read_pairs(args.pairs)
     known = _named_values(args.sts, "--sts", "RHO")
     seconds = _named_values(args.seconds, "--seconds", "S")
+    previous = _carried_rows(args.carry) if args.carry else {}
+    carried = []
     entries = []
     for name, adapter, results_dir in args.variant:
+        if previous and adapter not in ("none", "default") and not Path(adapter).exists() and adapter not in shipped_adapters():
+            # a lost run: its measured runs stay valid, its STS-B and cost were measured while it existed
+            if name not in previous or results_dir is None:
+                raise SystemExit(f"{adapter}: adapter folder gone, and {args.carry} has no row named {name!r} to carry")
+            row = previous[name]
+            nd = _ndcg_from_results(results_dir)
+            for d, h in _hybrid_loco(results_dir).items():
+                nd.setdefault(d, {})["hybrid"] = h
+            cost = {k: row[col] for k, col in (("steps", "training steps"), ("seen", "seen"), ("seconds", "training s")) if row.get(col, "–") != "–"}
+            carried.append(f"{name} (weights sha256 {_recorded_weights(results_dir)[:12]})")
+            entries.append((name, adapter, row["STS-B ρ"], nd, cost))
+            continue
         nd = _ndcg_by_dataset(results_dir, resolve_adapter(adapter, args.model)) if results_dir else {}
         for d, h in (_hybrid_loco(results_dir) if results_dir else {}).items():
             nd.setdefault(d, {})["hybrid"] = h
@@ -203,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
             + (f" Training seconds of {', '.join(seconds)}: from the run's logs, passed with --seconds (a resumed run)." if seconds else "")
+            + (
+                f" Adapter folders no longer on disk (lost runs): {'; '.join(carried)}. Their nDCG cells are their recorded "
+                f"runs; their STS-B and training cells are carried from {args.carry}, measured while the adapter existed."
+                if carried
+                else ""
+            )
             + " A '–' marks a collection the variant was not run on; a mean needs all of them. Where some variants"
             " were run on fewer collections, the means over the collections every variant has are given too; the"
             " hybrid of such a variant chose its LOCO weights among those collections only."

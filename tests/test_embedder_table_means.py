@@ -37,3 +37,32 @@ def test_a_variant_on_fewer_collections_gets_means_over_the_common_ones(tmp_path
     assert rows["part"]["mean sparse (adi, cisi)"] == pytest.approx(0.4)
     assert rows["part"]["mean dense (adi, cisi)"] == pytest.approx(0.4)
     assert rows["part"]["npl sparse"] == "–"
+
+
+def test_a_lost_adapter_keeps_its_sts_and_cost_from_the_previous_table(tmp_path):
+    # runs/ folders do not survive a machine; the measured runs do, and the table must still be rebuilt from them
+    from benchmarks.embedder_table import main
+
+    _results(tmp_path / "lost", {"adi": (0.3, 0.5), "cisi": (0.5, 0.3)})
+    run = json.loads((tmp_path / "lost" / "results.json").read_text())
+    for system in run["systems"].values():
+        system["params"]["adapter"] = {"path": "runs/gone/adapter", "sha256": "ab" * 32}
+    (tmp_path / "lost" / "results.json").write_text(json.dumps(run))
+    pairs = tmp_path / "sts.tsv"
+    pairs.write_text("sentence1\tsentence2\tscore\na\tb\t1.0\nc\td\t2.0\n")
+    previous = tmp_path / "previous.json"
+    previous.write_text(json.dumps({
+        "columns": ["embedder", "adapter / system", "STS-B ρ", "training steps", "seen", "training s"],
+        "rows": [["lost run", "runs/gone/adapter", 0.71, 40, "1280 pairs", 1798]],
+    }))
+    out = tmp_path / "table.json"
+    args = ["--pairs", str(pairs), "--variant", f"lost run=runs/gone/adapter:{tmp_path / 'lost'}", "--model", "tiny", "--out", str(out)]
+    main(args + ["--carry", str(previous)])
+    table = json.loads(out.read_text())
+    row = dict(zip(table["columns"], table["rows"][0]))
+    assert (row["STS-B ρ"], row["training steps"], row["seen"], row["training s"]) == (0.71, 40, "1280 pairs", 1798)
+    assert row["mean sparse"] == pytest.approx(0.4) and row["adi dense"] == pytest.approx(0.5)
+    assert "abababababab" in table["description"]
+    with pytest.raises(SystemExit, match="no row named 'other'"):
+        main(["--pairs", str(pairs), "--variant", f"other=runs/gone/adapter:{tmp_path / 'lost'}", "--model", "tiny",
+              "--out", str(out), "--carry", str(previous)])
