@@ -105,6 +105,10 @@ def test_train_on_one_corpus_then_index_another_and_evaluate(make_corpus, tiny_m
     assert sts_main(["--model", str(tiny_model_dir), "--adapter", str(adapter), "--pairs", str(pairs), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["n_pairs"] == 4 and -1.0 <= out["spearman"] <= 1.0 and out["adapter"] == str(adapter.resolve())
+    # --dtype pins the precision (auto is bf16 on a CPU with native bf16): the JSON says what ran
+    assert sts_main(["--model", str(tiny_model_dir), "--adapter", str(adapter), "--pairs", str(pairs), "--dtype", "fp32", "--json"]) == 0
+    pinned = json.loads(capsys.readouterr().out)
+    assert pinned["encoder"]["dtype"] == "fp32" and pinned["n_pairs"] == 4 and -1.0 <= pinned["spearman"] <= 1.0
 
     assert (
         diagnose_main(

@@ -14,9 +14,18 @@ from training.config import RECIPES, Stage
 
 
 def load_embedder(
-    model: str, adapter: str, max_length: int | None = None, batch_size: int | None = None, threads: int | None = None
+    model: str,
+    adapter: str,
+    max_length: int | None = None,
+    batch_size: int | None = None,
+    threads: int | None = None,
+    dtype: str = "auto",
 ):
-    """An Embedder for a backbone and adapter, pooling the way the adapter was trained to."""
+    """An Embedder for a backbone and adapter, pooling the way the adapter was trained to.
+
+    ``dtype`` as in :meth:`Embedder.load`; ``auto`` depends on the CPU (bf16 where it is native),
+    so a figure meant to sit beside one measured on another machine pins ``fp32``.
+    """
     from embedder.adapters import resolve_adapter
     from embedder.encoder import Embedder, EmbedderConfig
     from embedder.models import resolve_model
@@ -28,7 +37,7 @@ def load_embedder(
     if cfg is None and (max_length or batch_size):
         base = EmbedderConfig()
         cfg = EmbedderConfig(max_length=max_length or base.max_length, batch_size=batch_size or base.batch_size)
-    emb = Embedder.load(model, adapter=str(adapter_dir) if adapter_dir else "none", config=cfg)
+    emb = Embedder.load(model, adapter=str(adapter_dir) if adapter_dir else "none", config=cfg, dtype=dtype)
     set_threads(threads)
     return emb
 
@@ -207,6 +216,12 @@ def sts_main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, help="only the first N pairs")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--threads", type=int)
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "fp32", "bf16", "int8"],
+        default="auto",
+        help="encoder precision (auto: bf16 where the CPU has it natively, else fp32)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON object")
     args = p.parse_args(argv)
     setup(args.threads, quiet=True)
@@ -217,7 +232,7 @@ def sts_main(argv: list[str] | None = None) -> int:
         pairs = read_pairs(args.pairs)
         if args.limit:
             pairs = Pairs(pairs.left[: args.limit], pairs.right[: args.limit], pairs.scores[: args.limit])
-        emb = load_embedder(args.model, args.adapter, batch_size=args.batch_size, threads=args.threads)
+        emb = load_embedder(args.model, args.adapter, batch_size=args.batch_size, threads=args.threads, dtype=args.dtype)
     except (PairsError, ModelNotAvailable) as exc:
         return fail("sts-eval", exc)
     t0 = time.perf_counter()
@@ -227,6 +242,7 @@ def sts_main(argv: list[str] | None = None) -> int:
         "adapter": emb.adapter["path"] if emb.adapter else None,
         "pooling": emb.config.pooling,
         "attention": emb.config.attention,
+        "encoder": emb.runtime_info(),
         "pairs": str(args.pairs),
         "seconds": round(time.perf_counter() - t0, 1),
     }
