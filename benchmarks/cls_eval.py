@@ -29,7 +29,10 @@ DEFAULT_K = 4
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cls-eval", description="Sentence classification (logistic regression on frozen embeddings; SentEval/MTEB protocol).")
-    p.add_argument("--task", action="append", required=True, type=Path, help="a task folder (all.tsv, or train.tsv + test.tsv); repeatable")
+    p.add_argument(
+        "--task", action="extend", nargs="+", required=True, type=Path,
+        help="task folder(s) (all.tsv, or train.tsv + test.tsv); repeatable, and takes several paths per flag",
+    )
     p.add_argument("--embedder", choices=("llm", "minilm"), default="llm", help="llm: this engine's embedder (--model/--adapter); minilm: all-MiniLM-L6-v2 (default llm)")
     p.add_argument("--model", default=None, help="backbone (registry name, path, hub id; default: the engine's default)")
     p.add_argument("--adapter", default="default", help="default | none | a shipped adapter name | DIR (Text2Token or BTMR adapter)")

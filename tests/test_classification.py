@@ -224,3 +224,13 @@ def test_report_keeps_full_and_sampled_rows_in_separate_tables(tmp_path):
     full, sampled = text.index("## Sentence classification (cls-eval), full sets"), text.index("## Sentence classification (cls-eval), sampled (300")
     assert full < text.index("| full | 90.00 | 90.00 |") < sampled < text.index("| sampled | 70.00 | 70.00 |")
     assert (results / "plots" / "classification.png").exists() and (results / "plots" / "classification-300.png").exists()
+
+
+def test_cls_eval_task_takes_several_folders_per_flag():
+    # `--task ../shared/data/classification/{mr,cr}` is one flag with two folders: it must not be an argparse error
+    from pathlib import Path
+
+    from benchmarks.cls_eval import _parser
+
+    args = _parser().parse_args(["--task", "a", "b", "--task", "c"])
+    assert args.task == [Path("a"), Path("b"), Path("c")]
