@@ -76,8 +76,9 @@ def training_cost(adapter: str, model: str) -> dict:
         stages = [s for k, s in enumerate(stages) if str(k + 1) in done]
     if stages:
         out["seen"] = " + ".join(_stage_seen(s, recipe) for s in stages)
-    curve = Path(path).parent / "loss_curve.json"
-    if curve.exists():
+    # a run folder keeps the curve beside adapter/; a shipped adapter carries it inside its folder
+    curve = next((c for c in (Path(path) / "loss_curve.json", Path(path).parent / "loss_curve.json") if c.exists()), None)
+    if curve is not None:
         hist = json.loads(curve.read_text(encoding="utf-8"))["history"][: steps or None]
         if hist and all("seconds" in h for h in hist):
             out["seconds"] = round(sum(h["seconds"] for h in hist))
