@@ -10,6 +10,8 @@ Columns: STS-B test Spearman; per shared collection nDCG@10 of the sparse (align
 dense channels and of the hybrid with weights chosen leave-one-collection-out (LOCO; read from
 ``<results>/fusion_cv.json``, written by ``benchmarks.fusion_cv``); their means; and what the
 training cost (steps, pairs or texts seen, seconds, from the adapter's record and loss curve).
+With ``--classification NAME=DIR``, the mean accuracy of a ``cls-eval`` results folder (sentence
+classification on frozen embeddings) for the row NAME; every such folder must share one protocol.
 Baseline rows: BM25 (Pyserini), all-MiniLM-L6-v2, and BM25 + MiniLM fused with LOCO weights.
 """
 
@@ -126,6 +128,44 @@ def _mean(nd: dict[str, dict[str, float]], datasets: list[str], channel: str) ->
     return sum(nd[d][channel] for d in datasets) / len(datasets)
 
 
+def _classification(specs: list[str], names: list[str]) -> tuple[dict[str, float], str]:
+    """``NAME=CLS_EVAL_DIR`` options as {row name: mean accuracy}, and a sentence on their protocol.
+
+    Means over different tasks or different row caps are not comparable: every folder must hold
+    the same tasks with the same ``max_rows``, or the table is refused (file and field named).
+    """
+    out, protocols, dtypes = {}, {}, {}
+    for spec in specs:
+        name, eq, folder = spec.rpartition("=")
+        if not eq or not name or not folder:
+            raise SystemExit(f"--classification expects NAME=CLS_EVAL_DIR, got {spec!r}")
+        if name not in names:
+            raise SystemExit(f"--classification {spec!r}: no row named {name!r} (rows: {', '.join(names)})")
+        path = Path(folder) / "results.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for field in ("tasks", "mean_accuracy", "max_rows"):
+            if field not in data:
+                raise SystemExit(f"{path}: field {field!r} missing: not a cls-eval results file")
+        protocols[str(path)] = (tuple(sorted(data["tasks"])), data["max_rows"])
+        runtime = ((data.get("embedder") or {}).get("runtime") or {})
+        dtypes[name] = runtime.get("dtype")
+        out[name] = round(100 * float(data["mean_accuracy"]), 2)
+    if len(set(protocols.values())) > 1:
+        seen = "; ".join(f"{f}: tasks {', '.join(t)}, max_rows {m}" for f, (t, m) in protocols.items())
+        raise SystemExit(f"--classification: fields 'tasks' / 'max_rows' differ between the folders ({seen}); their means do not compare")
+    if not out:
+        return out, ""
+    tasks, cap = next(iter(protocols.values()))
+    precisions = ", ".join(f"{n} {d}" for n, d in dtypes.items() if d)
+    sentence = (
+        f" Classification: mean accuracy (%) of logistic regression on frozen embeddings (cls-eval) over {', '.join(tasks)}"
+        + (f", each split capped at {cap} texts (the same texts for every row)" if cap else ", full sets")
+        + (f"; encoder precision per row: {precisions}" if precisions else "")
+        + "; per-task figures in the classification section."
+    )
+    return out, sentence
+
+
 def _named_values(specs: list[str], flag: str, what: str) -> dict[str, float]:
     """``NAME=VALUE`` options as {name: value}; the name may itself contain '='."""
     out = {}
@@ -166,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PREVIOUS.json",
         help="an earlier table of this script: a variant whose adapter folder is gone (a lost run) keeps its STS-B and "
         "training cells from the row of the same name there; its nDCG cells still come from its results folder",
+    )
+    p.add_argument(
+        "--classification",
+        action="append",
+        default=[],
+        metavar="NAME=CLS_EVAL_DIR",
+        help="a row's cls-eval results folder (variant or baseline name): adds the mean classification accuracy",
     )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--title", default="Embedders of the same backbone against the baselines (STS-B test Spearman, nDCG@10)")
@@ -219,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     # Variants run on fewer collections still compare with the others over the ones all variants share.
     common = [d for d in datasets if all(d in nd for _, _, _, nd, _ in entries[: len(args.variant)])]
     mean_over = [datasets] + ([common] if common and common != datasets else [])
-    columns = ["embedder", "adapter / system", "STS-B ρ"] + [f"{d} {c}" for d in datasets for c in CHANNELS]
+    accuracy, cls_sentence = _classification(args.classification, [e[0] for e in entries])
+    columns = ["embedder", "adapter / system", "STS-B ρ"] + (["classification acc %"] if accuracy else []) + [f"{d} {c}" for d in datasets for c in CHANNELS]
     columns += [f"mean {c}" for c in CHANNELS]
     if len(mean_over) > 1:
         columns += [f"mean {c} ({', '.join(common)})" for c in CHANNELS]
@@ -229,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = [nd.get(d, {}).get(c) for d in datasets for c in CHANNELS]
         means = [_mean(nd, over, c) for over in mean_over for c in CHANNELS]
         fmt = [round(x, 4) if x is not None else "–" for x in cells + means]
-        rows.append([name, adapter, sts if sts is not None else "–"] + fmt + [cost.get("steps", "–"), cost.get("seen", "–"), cost.get("seconds", "–")])
+        acc = [accuracy.get(name, "–")] if accuracy else []
+        rows.append([name, adapter, sts if sts is not None else "–"] + acc + fmt + [cost.get("steps", "–"), cost.get("seen", "–"), cost.get("seconds", "–")])
     from benchmarks.tables import write_table
 
     write_table(
@@ -256,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 if carried
                 else ""
             )
+            + cls_sentence
             + " A '–' marks a collection the variant was not run on; a mean needs all of them. Where some variants"
             " were run on fewer collections, the means over the collections every variant has are given too; the"
             " hybrid of such a variant chose its LOCO weights among those collections only."

@@ -66,3 +66,34 @@ def test_a_lost_adapter_keeps_its_sts_and_cost_from_the_previous_table(tmp_path)
     with pytest.raises(SystemExit, match="no row named 'other'"):
         main(["--pairs", str(pairs), "--variant", f"other=runs/gone/adapter:{tmp_path / 'lost'}", "--model", "tiny",
               "--out", str(out), "--carry", str(previous)])
+
+
+def _cls_results(folder, accuracy: float, max_rows: int | None, tasks=("mr", "trec")) -> None:
+    folder.mkdir()
+    record = {"kind": "cls-eval", "tasks": {t: {"accuracy": accuracy} for t in tasks}, "mean_accuracy": accuracy,
+              "max_rows": max_rows, "embedder": {"runtime": {"dtype": "fp32"}}}
+    (folder / "results.json").write_text(json.dumps(record))
+
+
+def test_classification_accuracy_joins_its_row_and_mixed_protocols_are_refused(tmp_path):
+    from benchmarks.embedder_table import main
+
+    _results(tmp_path / "a", {"adi": (0.2, 0.4)})
+    _results(tmp_path / "b", {"adi": (0.3, 0.5)})
+    _cls_results(tmp_path / "cls-a", 0.8123, 2000)
+    _cls_results(tmp_path / "cls-full", 0.9, None)
+    pairs = tmp_path / "sts.tsv"
+    pairs.write_text("sentence1\tsentence2\tscore\na\tb\t1.0\nc\td\t2.0\n")
+    out = tmp_path / "table.json"
+    base = ["--pairs", str(pairs), "--variant", f"a=none:{tmp_path / 'a'}", "--variant", f"b=none:{tmp_path / 'b'}",
+            "--sts", "a=0.5", "--sts", "b=0.6", "--model", "tiny", "--out", str(out)]
+    main(base + ["--classification", f"a={tmp_path / 'cls-a'}"])
+    table = json.loads(out.read_text())
+    rows = {r[0]: dict(zip(table["columns"], r)) for r in table["rows"]}
+    assert rows["a"]["classification acc %"] == 81.23
+    assert rows["b"]["classification acc %"] == "–"  # not measured: no cell invented
+    assert "capped at 2000 texts" in table["description"] and "mr, trec" in table["description"]
+    with pytest.raises(SystemExit, match="max_rows"):  # a sampled and a full-set mean do not compare
+        main(base + ["--classification", f"a={tmp_path / 'cls-a'}", "--classification", f"b={tmp_path / 'cls-full'}"])
+    with pytest.raises(SystemExit, match="no row named 'c'"):
+        main(base + ["--classification", f"c={tmp_path / 'cls-a'}"])
