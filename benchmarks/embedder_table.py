@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME=S",
-        help="a variant's training seconds read from its logs, for runs whose history has no per-step seconds and were resumed",
+        help="a variant's training seconds read from its logs, for runs whose adapter keeps no per-step clock (a shipped adapter without its loss curve, a resumed run)",
     )
     p.add_argument(
         "--carry",
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 if known
                 else ""
             )
-            + (f" Training seconds of {', '.join(seconds)}: from the run's logs, passed with --seconds (a resumed run)." if seconds else "")
+            + (f" Training seconds of {', '.join(seconds)}: from the run's logs, passed with --seconds (their adapter folders keep no per-step clock)." if seconds else "")
             + (
                 f" Adapter folders no longer on disk (lost runs): {'; '.join(carried)}. Their nDCG cells are their recorded "
                 f"runs; their STS-B and training cells are carried from {args.carry}, measured while the adapter existed."
