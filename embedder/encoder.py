@@ -362,10 +362,14 @@ class Embedder:
                 # memory pooling runs the whole prompt, which keeps one path to test).
                 prefix = self.shared_prefix()
                 cacheable = self.prefix_cache and self.config.attention == "causal" and self.config.pooling == "last" and prefix
-                self._runtime = make_runtime(
+                rt = make_runtime(
                     self.runtime_name, self.dtype, self.body(), self.identity, self.adapter,
                     prefix if cacheable else None, self.device,
                 )
+                if rt.fallback:  # the asked-for setting cannot run here: record what runs, and why
+                    self.runtime_name, self.dtype = rt.name, rt.dtype
+                    self.precision = Precision(rt.name, rt.dtype, f"fallback: {rt.fallback}")
+                self._runtime = rt
         return self._runtime
 
     def _runtime_pooled(self, batch_ids: list[list[int]]) -> torch.Tensor:

@@ -12,6 +12,11 @@ Two runtimes, chosen once per embedder (embedder/hardware.py) and recorded in ma
 
 Both hold the template's prefix keys/values (embedder/prefix_cache.py) when the attention is
 causal: a runtime's :attr:`prefix_len` says how many leading prompt tokens it already holds.
+
+An OpenVINO setting is compiled for the first time on a machine in a child process
+(embedder/runtime_probe.py): a setting whose compile kills its process (SIGFPE in the CPU
+plugin, bf16 on one thread of an AMX Xeon) is then not used, and :func:`make_runtime` falls
+back to the next one (OpenVINO fp32, then torch fp32), saying why.
 """
 from __future__ import annotations
 
@@ -29,8 +34,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from embedder.hardware import cpu_capability
 from embedder.models import cache_dir
 from embedder.prefix_cache import PlainBody, PrefixCachedBody, supports_prefix_cache
+from embedder.runtime_probe import VERDICTS_FILE, probe
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +49,17 @@ EXPORT_VERSION = 1
 INT8_ACTIVATION_GROUP = 32
 
 
+class RuntimeUnusable(RuntimeError):
+    """A runtime setting failed its first compile on this machine (in a child process)."""
+
+
 class Runtime(Protocol):
     """What the Embedder needs from a runtime."""
 
     name: str
     dtype: str
     prefix_len: int  # leading prompt tokens the runtime holds already (pass the ids after them)
+    fallback: str | None  # why this runtime runs instead of the one asked for (None: it is the one)
 
     def hidden(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> torch.Tensor:
         """Final hidden states (batch, length, d) float32 of right-padded ids (int64) and mask."""
@@ -67,6 +79,7 @@ class TorchRuntime:
     """The transformers network in fp32 or bf16 (weights cast once)."""
 
     name = "torch"
+    fallback: str | None = None
 
     def __init__(self, body: torch.nn.Module, dtype: str = "fp32", prefix_ids: list[int] | None = None, device: str = "cpu") -> None:
         if dtype not in ("fp32", "bf16"):
@@ -146,10 +159,22 @@ def graph_directory(
     return (cache_root or cache_dir() / "runtimes") / key
 
 
+def compile_openvino(xml: str, config: dict) -> None:
+    """Compile an exported graph with ``config`` and run one tiny batch: what a probe child does."""
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(xml, "CPU", config)
+    ids = np.ones((1, 4), dtype=np.int64)
+    compiled.create_infer_request().infer({"input_ids": ids, "attention_mask": ids})
+
+
 class OpenVINORuntime:
     """The network exported to OpenVINO (cached), fp32 / bf16 / int8 weights."""
 
     name = "openvino"
+    fallback: str | None = None
+    # What a probe child runs ("module:function"); tests point it at a compile that crashes.
+    probe_target = "embedder.runtime:compile_openvino"
 
     def __init__(
         self,
@@ -178,7 +203,16 @@ class OpenVINORuntime:
         }
         if dtype == "int8":
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = INT8_ACTIVATION_GROUP
-        self.compiled = ov.Core().compile_model(str(self.directory / "model.xml"), "CPU", config)
+        xml = str(self.directory / "model.xml")
+        cpu = cpu_capability()
+        fields = {"runtime": "openvino", "openvino": ov.__version__, "config": config, "cpu": cpu.name, "flags": list(cpu.flags)}
+        self.verdict = probe(self.directory, fields, self.probe_target, {"xml": xml, "config": config})
+        if not self.verdict.ok:
+            raise RuntimeUnusable(
+                f"openvino {dtype} on {config['INFERENCE_NUM_THREADS']} thread(s): {self.verdict.reason} at its first compile "
+                f"(in a child process; verdict kept in {self.directory / VERDICTS_FILE})"
+            )
+        self.compiled = ov.Core().compile_model(xml, "CPU", config)
         self._local = threading.local()  # one infer request per thread: requests are not thread-safe
 
     def hidden(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> torch.Tensor:
@@ -206,13 +240,31 @@ def make_runtime(
     prefix_ids: list[int] | None,
     device: str = "cpu",
 ) -> Runtime:
-    """Build the runtime ``name`` ("torch" or "openvino") in ``dtype`` for a decoder body."""
+    """Build the runtime ``name`` ("torch" or "openvino") in ``dtype`` for a decoder body.
+
+    An OpenVINO setting that fails its first compile on this machine (probed in a child
+    process) is replaced by the next that works: OpenVINO fp32, then torch fp32. The runtime
+    returned says why in :attr:`fallback`; the failure is logged as a warning.
+    """
     prefix_ids = cacheable_prefix(body, prefix_ids)
     if name == "torch":
         return TorchRuntime(body, dtype, prefix_ids, device)
-    if name == "openvino":
-        return OpenVINORuntime(body, dtype, identity, adapter, prefix_ids)
-    raise ValueError(f"unknown runtime {name!r}")
+    if name != "openvino":
+        raise ValueError(f"unknown runtime {name!r}")
+    failures: list[str] = []
+    for candidate in [dtype] + (["fp32"] if dtype != "fp32" else []):
+        try:
+            runtime: Runtime = OpenVINORuntime(body, candidate, identity, adapter, prefix_ids)
+        except RuntimeUnusable as exc:
+            log.warning("%s; trying the next runtime", exc)
+            failures.append(str(exc))
+            continue
+        break
+    else:
+        runtime = TorchRuntime(body, "fp32", prefix_ids, device)
+    if failures:
+        runtime.fallback = f"{'; '.join(failures)}: runs {runtime.name} {runtime.dtype} instead"
+    return runtime
 
 
-__all__ = ["Runtime", "TorchRuntime", "OpenVINORuntime", "make_runtime", "runtime_key", "graph_directory", "EXPORT_VERSION"]
+__all__ = ["Runtime", "RuntimeUnusable", "TorchRuntime", "OpenVINORuntime", "compile_openvino", "make_runtime", "runtime_key", "graph_directory", "EXPORT_VERSION"]

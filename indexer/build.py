@@ -34,6 +34,7 @@ from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_
 from indexer.segments import max_over_segments, split_segments
 from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
 from indexer.staging import staging_dir
+from indexer.workers import Reporter, WorkerFailed, run_workers
 
 if TYPE_CHECKING:
     from embedder.sentence_encoder import SentenceEncoder
@@ -159,6 +160,10 @@ def build_index(
         raise ValueError(f"max_segments must be positive, not {max_segments}")
     windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
     plan = _Plan(k, keep_embeddings, chunk_size, windows)
+    if workers == 1 and getattr(embedder, "runtime_name", None):
+        # resolve (and, the first time on this machine, probe) the runtime now, so that the
+        # shards' key and the manifest name the runtime that really encodes
+        embedder.runtime()
     store = ShardStore(target, _shard_params(spec, embedder, encoder, plan))
     done = False
     try:
@@ -169,6 +174,8 @@ def build_index(
             )
             _swap_into_place(tmp, target)
         done = True
+    except WorkerFailed:
+        raise  # a worker died (a signal, a crash): its committed shards are kept for the rerun
     except Exception:
         done = True  # a failure (bad input, full disk) is not resumed: the rerun starts clean
         raise
@@ -233,7 +240,11 @@ def _encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: _Pla
         arrays["row_docs"] = owner
     if emb is not None:
         arrays["embeddings"] = emb
-    meta = {"ids": [d.doc_id for d in chunk], "n_tokens": n_tokens, "encode_seconds": time.perf_counter() - t0}
+    info = embedder.runtime_info()
+    meta = {
+        "ids": [d.doc_id for d in chunk], "n_tokens": n_tokens, "encode_seconds": time.perf_counter() - t0,
+        "runtime": f"{info['name']} {info['dtype']}",  # per shard: a worker may have had to fall back
+    }
     if encoder is not None:
         t0 = time.perf_counter()
         arrays["encoder"] = encoder.encode(texts)
@@ -244,14 +255,18 @@ def _encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: _Pla
 def _encode_shards(
     spec: CorpusSpec, store_path: Path, embedder: Embedder, encoder, plan: _Plan,
     mine: Callable[[int], bool], skip: set[int], progress: bool, position: int = 0,
+    starting: Callable[[int], None] | None = None,
 ) -> tuple[int, int]:
-    """Stream the corpus; encode and commit each shard ``mine`` selects that is not in ``skip``.
-    Returns (number of shards in the corpus, documents skipped as empty)."""
+    """Stream the corpus; encode and commit each shard ``mine`` selects that is not in ``skip``
+    (calling ``starting(number)`` first). Returns (number of shards in the corpus, documents
+    skipped as empty)."""
     bar = tqdm(total=_count_lines(spec.file), unit="doc", desc=f"indexing {spec.path.name}", disable=not progress, position=position)
     n_tokens, seconds, n_shards = 0, 0.0, 0
     for number, chunk in enumerate(_chunks(spec, plan.shard_size)):
         n_shards = number + 1
         if mine(number) and number not in skip:
+            if starting is not None:
+                starting(number)
             arrays, meta = _encode_shard(chunk, embedder, encoder, plan)
             commit_shard(store_path, number, arrays, meta)
             n_tokens += meta["n_tokens"]
@@ -262,13 +277,13 @@ def _encode_shards(
     return n_shards, spec.n_empty
 
 
-def _worker(args: tuple) -> tuple[int, int]:
+def _worker(job: tuple, reporter: Reporter) -> tuple[int, int]:
     """A ``--workers`` process: load the embedder, encode the shards ``number % n == w``."""
-    spec, store_path, embedder_spec, plan, w, n, skip, progress = args
+    spec, store_path, embedder_spec, plan, w, n, skip, progress = job
     embedder, encoder = embedder_spec.load()
     # the machine's cores shared between workers, not each worker taking all of them
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
-    return _encode_shards(spec, store_path, embedder, encoder, plan, lambda i: i % n == w, skip, progress, w)
+    return _encode_shards(spec, store_path, embedder, encoder, plan, lambda i: i % n == w, skip, progress, w, reporter.starting)
 
 
 def _encode_all(
@@ -280,13 +295,12 @@ def _encode_all(
     if workers == 1:
         n_shards, n_empty = _encode_shards(spec, store.path, embedder, encoder, plan, lambda i: True, skip, progress)
     else:
-        import multiprocessing
+        from indexer.corpus import CorpusError
 
-        # spawn, not fork: a forked copy of a process whose torch/OpenMP threads already run can hang
-        ctx = multiprocessing.get_context("spawn")
         jobs = [(spec, store.path, embedder_spec, plan, w, workers, skip, progress) for w in range(workers)]
-        with ctx.Pool(workers) as pool:
-            results = pool.map(_worker, jobs)
+        # a worker that dies fails the build at once, naming its shard (indexer/workers.py);
+        # bad input is reported as one process would report it
+        results = run_workers(_worker, jobs, reraise=(CorpusError,))
         n_shards, n_empty = results[0]
     missing = set(range(n_shards)) - store.committed()
     if missing:
@@ -390,6 +404,7 @@ def _merge_into(
             "n_tokens": n_tokens,
             "shards": encode["n_shards"],
             "shards_resumed": encode["resumed"],
+            "encoded_with": _runtimes_of(metas),
             **({"encoder_seconds": round(encoder_seconds, 3)} if encoder is not None else {}),
             "device": embedder.device,
             "torch_threads": torch.get_num_threads(),
@@ -399,6 +414,14 @@ def _merge_into(
     )
     manifest.write(out)  # written last: a directory without a manifest is not an index
     return manifest
+
+
+def _runtimes_of(metas: list[dict]) -> dict[str, int]:
+    """How many shards each runtime encoded ("openvino fp32": 3): workers may differ."""
+    counts: dict[str, int] = {}
+    for m in metas:
+        counts[m.get("runtime", "unknown")] = counts.get(m.get("runtime", "unknown"), 0) + 1
+    return counts
 
 
 def index_size_bytes(index_dir: Path) -> int:

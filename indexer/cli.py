@@ -13,6 +13,7 @@ from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build
 from indexer.corpus import CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
 from indexer.shards import BuildInProgress
+from indexer.workers import WorkerFailed
 
 
 def parser() -> argparse.ArgumentParser:
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             encoder=encoder, chunk_size=args.shard_size, workers=args.workers, embedder_spec=embedder_spec,
             segments=args.segments, max_segments=args.max_segments,
         )
-    except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress) as exc:  # FileExistsError is an OSError
+    except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)
         return 2
     size = index_size_bytes(args.index)

@@ -1,0 +1,68 @@
+"""Runtimes and build workers that die as a native crash would (tests only).
+
+Imported by probe children and spawned build workers (which see the parent's sys.path), so
+that a crash can be simulated on any CPU: the real one (SIGFPE in OpenVINO's CPU plugin on an
+AMX Xeon) happens only on hardware the test machine may not have.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def die(signal_name: str = "SIGFPE", **_: object) -> None:
+    """Kill this process with ``signal_name``, as a native crash in a compile does."""
+    os.kill(os.getpid(), getattr(signal, signal_name))
+
+
+def compile_that_crashes_in_bf16(xml: str, config: dict, count_in: str | None = None) -> None:
+    """The real probe compile, except that bf16 kills the process (the AMX crash, simulated)."""
+    if count_in:
+        with open(count_in, "a", encoding="utf-8") as f:
+            f.write(f"{config['INFERENCE_PRECISION_HINT']}\n")
+    if config["INFERENCE_PRECISION_HINT"] == "bf16":
+        die("SIGFPE")
+    from embedder.runtime import compile_openvino
+
+    compile_openvino(xml, config)
+
+
+def compile_that_always_crashes(xml: str, config: dict) -> None:
+    die("SIGFPE")
+
+
+def raise_value_error(**_: object) -> None:
+    raise ValueError("a compile that fails politely")
+
+
+@dataclass(frozen=True)
+class DyingSpec:
+    """An ``EmbedderSpec`` whose workers die when they start their ``die_on``-th shard.
+
+    ``how``: a signal name (the process is killed) or "raise" (an exception)."""
+
+    model: str
+    die_on: int = 2
+    how: str = "SIGKILL"
+
+    def load(self):
+        from indexer.build import EmbedderSpec
+
+        embedder, encoder = EmbedderSpec(self.model, adapter="none", dtype="fp32", runtime="torch").load()
+        if self.die_on == 0:
+            die(self.how)
+        calls = {"n": 0}
+        real = embedder.iter_batches
+
+        def iter_batches(texts, role="document"):
+            calls["n"] += 1
+            if calls["n"] == self.die_on:
+                if self.how == "raise":
+                    raise RuntimeError(f"worker gave up on its shard {Path(self.model).name}")
+                die(self.how)
+            return real(texts, role)
+
+        embedder.iter_batches = iter_batches
+        return embedder, encoder
