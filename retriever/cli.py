@@ -31,6 +31,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="compare every index file with its recorded checksum first")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="query encoder precision (default auto: chosen for this machine)")
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the query encoder runs (default auto)")
+    p.add_argument(
+        "--query-encoder", default="auto", metavar="auto|llm|distilled|DIR",
+        help="what encodes queries for the LLM channels: auto (a distilled student kept beside the index's adapter, else the LLM), "
+        "llm, distilled, or a student's directory (distill-query-encoder)",
+    )
     p.add_argument("--backend", choices=BACKENDS, default="numba", help="who answers the channels (default numba: the index's own files)")
     p.add_argument("--milvus-uri", help="--backend milvus: the Milvus Lite file or server address given to build-index --export-milvus")
     p.add_argument("--milvus-collection", help="--backend milvus: collection name (default: at_<index directory name>)")
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         retriever = Retriever.load(
             args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify,
             dtype=args.dtype, runtime=args.runtime, backend=args.backend, lucene_index=args.lucene_index, milvus_uri=args.milvus_uri,
-            milvus_collection=args.milvus_collection, **extra
+            milvus_collection=args.milvus_collection, query_encoder=args.query_encoder, **extra
         )
         results = retriever.batch_search(queries, k=args.k, mode=args.mode)
     except (IndexFormatError, ModelNotAvailable, ValueError, OSError) as exc:

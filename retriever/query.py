@@ -28,6 +28,7 @@ class EncodedQuery:
     n_literal: int  # how many of `tokens` are the query's own tokens
     embedding: np.ndarray  # pooled embedding h (float32, d); empty when the LLM was not run
     encoder_embedding: np.ndarray | None = None  # the index's sentence-transformers encoder's (mode "encoder")
+    query_encoder: str = ""  # who produced ``embedding``: "llm" or "distilled:NAME" ("" when nothing did)
 
     @classmethod
     def text_only(cls, text: str) -> "EncodedQuery":
@@ -60,11 +61,19 @@ def encode_queries(
     Queries are read with the embedder's query template (``EmbedderConfig.query_prompt``, the
     document template when none is set); the index's documents were read with ``prompt``.
     """
-    h = embedder.embed(list(queries), role="query")
+    return queries_from_states(embedder, queries, embedder.embed(list(queries), role="query"), m, literal, "llm")
+
+
+def queries_from_states(
+    embedder: Embedder, queries: Sequence[str], h: np.ndarray, m: int = DEFAULT_EXPANSION_M, literal: str = "both",
+    query_encoder: str = "llm",
+) -> list[EncodedQuery]:
+    """Queries from their pooled states ``h`` (n, d), whoever computed them (the LLM or a
+    distilled student, embedder/query_encoder.py): literal tokens plus the top-M of W_lm h."""
     top_ids, _ = embedder.top_tokens(h, m) if m > 0 else (np.zeros((len(queries), 0), np.int32), None)
     out = []
     for i, q in enumerate(queries):
         lit = literal_ids(embedder, q, literal)
         toks = list(dict.fromkeys(lit + top_ids[i].tolist()))
-        out.append(EncodedQuery(q, np.asarray(toks, np.int64), np.ones(len(toks), np.float32), len(lit), h[i]))
+        out.append(EncodedQuery(q, np.asarray(toks, np.int64), np.ones(len(toks), np.float32), len(lit), h[i], query_encoder=query_encoder))
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -26,7 +26,11 @@ from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
 from indexer.verify import open_channels
 from retriever.backends import Backend, open_backend
 from retriever.fusion import fuse
-from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries
+from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, queries_from_states
+from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
+
+if TYPE_CHECKING:
+    from embedder.query_encoder import DistilledQueryEncoder
 
 MODES = ("sparse", "dense", "dense-ef", "bm25", "encoder", "hybrid")
 LLM_MODES = ("sparse", "dense", "dense-ef")  # channels whose queries the backbone LLM encodes
@@ -69,6 +73,7 @@ class Hit:
     score: float
     matched_tokens: dict[str, float] = field(default_factory=dict)
     channels: dict[str, float] = field(default_factory=dict)
+    query_encoder: str = ""  # who encoded the query for the LLM channels: "llm", "distilled:NAME" ("": no LLM channel)
 
 
 class Retriever:
@@ -96,6 +101,8 @@ class Retriever:
         encoder=None,
         doc_ids: list[str] | None = None,
         channels: dict[str, Any] | None = None,
+        query_encoder: "str | os.PathLike[str] | DistilledQueryEncoder" = "llm",
+        query_cache_size: int = DEFAULT_QUERY_CACHE_SIZE,
     ) -> None:
         """``backend``: who answers the channels (retriever/backends/__init__.py): "numba" (this
         index's own files), "lucene" (sparse search goes to the Pyserini/Lucene impact export at
@@ -109,7 +116,13 @@ class Retriever:
         ``fusion``: the hybrid setting; default DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER
         for an index with the encoder channel.
         ``doc_ids``, ``channels``: already opened and checked (:meth:`load` does so before
-        loading the model); opened here otherwise."""
+        loading the model); opened here otherwise.
+        ``query_encoder``: what encodes queries for the LLM channels (embedder/query_encoder.py):
+        "llm" (the embedder itself), "distilled" (the student kept beside the index's adapter;
+        an error where there is none), "auto" (that student where one exists, else the LLM), a
+        student's directory, or a loaded :class:`DistilledQueryEncoder`. A student distilled from
+        another model or adapter is refused.
+        ``query_cache_size``: encoded queries kept (LRU, thread-safe; 0: none)."""
         if query_weighting not in QUERY_WEIGHTINGS:
             raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}")
         self.index_dir = Path(index_dir)
@@ -142,6 +155,42 @@ class Retriever:
             encoder = SentenceEncoder.load(manifest.encoder["name"], device=getattr(embedder, "device", None))
         manifest.check_encoder(encoder.identity if encoder is not None else None)
         self.encoder = encoder
+        self.student, self._student_encoder = self._query_encoder(query_encoder)
+        self.query_cache = QueryCache(query_cache_size)
+
+    @property
+    def query_encoder(self) -> str:
+        """The name of what encodes queries for the LLM channels: "llm" or "distilled:NAME"."""
+        return self.student.name if self.student is not None else "llm"
+
+    def _query_encoder(self, choice) -> tuple["DistilledQueryEncoder | None", Any]:
+        """(the student or None, the sentence encoder it reads) for a ``query_encoder`` choice."""
+        from embedder.query_encoder import DistilledQueryEncoder, student_beside
+
+        if isinstance(choice, DistilledQueryEncoder):
+            student = choice
+        elif choice == "llm":
+            return None, None
+        elif choice in ("auto", "distilled"):
+            path = student_beside(self.embedder.adapter)
+            if path is None:
+                if choice == "auto":
+                    return None, None
+                raise ValueError(
+                    f"query_encoder 'distilled': no distilled query encoder beside the index's adapter "
+                    f"({(self.embedder.adapter or {}).get('path', 'none')}); make one with distill-query-encoder"
+                )
+            student = DistilledQueryEncoder.load(path)
+        else:
+            student = DistilledQueryEncoder.load(choice)
+        student.check_teacher(self.embedder)
+        encoder = self.encoder
+        if encoder is None or encoder.identity.get("sha256") != student.encoder_identity.get("sha256"):
+            from embedder.sentence_encoder import SentenceEncoder
+
+            encoder = SentenceEncoder.load(student.encoder_identity["name"], device=getattr(self.embedder, "device", None))
+        student.check_encoder(encoder.identity)
+        return student, encoder
 
     @classmethod
     def load(
@@ -154,6 +203,7 @@ class Retriever:
         warm: bool = True,
         dtype: str = "auto",
         runtime: str = "auto",
+        query_encoder: "str | os.PathLike[str] | DistilledQueryEncoder" = "auto",
         **kwargs,
     ) -> "Retriever":
         """Open an index and load the embedder its manifest names (or check the given one).
@@ -169,6 +219,8 @@ class Retriever:
         ``dtype`` / ``runtime``: how queries are encoded (embedder/hardware.py; ``auto`` is
         chosen for this machine). They may differ from the documents' (the manifest's
         ``runtime``): BENCHMARKS.md measures what that costs.
+        ``query_encoder``: "auto" (a distilled student where one is kept beside the index's
+        adapter, else the LLM), "llm", "distilled", or a student's directory (see ``__init__``).
         """
         index_dir = Path(index_dir)
         manifest = Manifest.read(index_dir)
@@ -186,7 +238,7 @@ class Retriever:
             adapter = (manifest.adapter or {}).get("path", "none")
             embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device, dtype=dtype, runtime=runtime)
         manifest.check_model(embedder.identity, embedder.adapter)
-        retriever = cls(index_dir, manifest, embedder, **kwargs)
+        retriever = cls(index_dir, manifest, embedder, query_encoder=query_encoder, **kwargs)
         if warm:
             retriever.warm_up()
         return retriever
@@ -228,19 +280,42 @@ class Retriever:
     def encode(self, queries: Sequence[str], mode: str | None = None) -> list[EncodedQuery]:
         """Encode queries once (e.g. to time search alone, or to reuse across modes).
 
-        ``mode``: encode only what that mode's channels need: the LLM runs only for sparse,
-        dense and dense-ef, the sentence-transformers encoder only for "encoder" (a bm25 +
-        encoder hybrid never runs the LLM). ``None``: everything the index's channels need."""
+        ``mode``: encode only what that mode's channels need: a model runs for sparse, dense and
+        dense-ef (the LLM, or the distilled student: :attr:`query_encoder`), the
+        sentence-transformers encoder only for "encoder" and for the student (a bm25 + encoder
+        hybrid never runs the LLM). ``None``: everything the index's channels need. Encoded
+        queries are kept in :attr:`query_cache`."""
         channels = self.channels_of(mode)
-        if any(c in LLM_MODES for c in channels):
-            encoded = encode_queries(self.embedder, queries, self.expansion_m, self.literal)
+        needs = (any(c in LLM_MODES for c in channels), "encoder" in channels and self.encoder is not None)
+        keys = [(q, needs, self.query_encoder) for q in queries]
+        out: list[EncodedQuery | None] = [self.query_cache.get(key) for key in keys]
+        todo = list(dict.fromkeys(q for q, got in zip(queries, out) if got is None))
+        if todo:
+            fresh = dict(zip(todo, self._encode_uncached(todo, *needs)))
+            for i, (q, key) in enumerate(zip(queries, keys)):
+                if out[i] is None:
+                    self.query_cache.put(key, fresh[q])
+                    out[i] = fresh[q]
+        return out  # type: ignore[return-value]
+
+    def _encode_uncached(self, queries: list[str], llm: bool, encoder: bool) -> list[EncodedQuery]:
+        sentence = None  # the sentence encoder's embeddings: one forward for the encoder channel and the student
+        if self.student is not None and llm:
+            sentence = self._student_encoder.encode(list(queries))
+        if llm:
+            if self.student is not None:
+                h = self.student.states(sentence)
+                encoded = queries_from_states(self.embedder, queries, h, self.expansion_m, self.literal, self.student.name)
+            else:
+                encoded = encode_queries(self.embedder, queries, self.expansion_m, self.literal)
             if self.query_weighting == "idf":
                 for q in encoded:
                     q.weights = self.token_idf[np.clip(q.tokens, 0, len(self.token_idf) - 1)]
         else:
             encoded = [EncodedQuery.text_only(q) for q in queries]
-        if "encoder" in channels and self.encoder is not None:
-            for q, e in zip(encoded, self.encoder.encode(list(queries))):
+        if encoder:
+            shared = sentence is not None and self._student_encoder is self.encoder
+            for q, e in zip(encoded, sentence if shared else self.encoder.encode(list(queries))):
                 q.encoder_embedding = e
         return encoded
 
@@ -278,8 +353,13 @@ class Retriever:
         # no channel needs more than every document: FAISS would allocate k slots per query
         k = min(k, len(self.doc_ids))
         if mode == "hybrid":
-            return [self._hybrid(q, k, explain) if q.text.strip() else [] for q in encoded]
-        return [self._to_hits(q, mode, *self._channel(q, mode, k), explain=explain) if q.text.strip() else [] for q in encoded]
+            results = [self._hybrid(q, k, explain) if q.text.strip() else [] for q in encoded]
+        else:
+            results = [self._to_hits(q, mode, *self._channel(q, mode, k), explain=explain) if q.text.strip() else [] for q in encoded]
+        for q, hits in zip(encoded, results):
+            for hit in hits:
+                hit.query_encoder = q.query_encoder
+        return results
 
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:

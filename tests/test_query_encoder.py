@@ -1,0 +1,209 @@
+"""Queries without the LLM on their path (issue 28): a distilled student's identity check, the
+choice at load time (``query_encoder``), ``llm`` equal to the plain path, the query cache."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from embedder.query_encoder import DistilledQueryEncoder, QueryEncoderMismatch, make_head, teacher_identity
+from retriever.query import EncodedQuery, encode_queries
+from retriever.query_cache import QueryCache
+
+
+# ------------------------------------------------------------------ the query cache
+def _q(text: str) -> EncodedQuery:
+    return EncodedQuery(text, np.arange(3, dtype=np.int64), np.ones(3, np.float32), 1, np.zeros(4, np.float32), query_encoder="llm")
+
+
+def test_the_query_cache_is_bounded_and_evicts_the_least_recently_used():
+    cache = QueryCache(3)
+    for t in "abc":
+        cache.put(t, _q(t))
+    assert cache.get("a").text == "a"  # a is now the most recently used
+    cache.put("d", _q("d"))
+    assert len(cache) == 3 and cache.get("b") is None and {t for t in "acd" if cache.get(t)} == {"a", "c", "d"}
+    assert (cache.hits, cache.misses) == (4, 1)
+
+
+def test_the_query_cache_hands_out_copies():
+    cache = QueryCache(2)
+    cache.put("a", _q("a"))
+    got = cache.get("a")
+    got.weights = np.zeros(3, np.float32)  # as idf weighting reassigns weights
+    assert cache.get("a").weights.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_zero_sized_query_cache_keeps_nothing_and_bad_sizes_are_refused():
+    cache = QueryCache(0)
+    cache.put("a", _q("a"))
+    assert cache.get("a") is None and len(cache) == 0
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="non-negative integer"):
+            QueryCache(bad)
+
+
+def test_the_query_cache_is_thread_safe_and_stays_bounded():
+    cache = QueryCache(50)
+    errors = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(2000):
+            key = f"q{int(rng.integers(200))}"
+            got = cache.get(key)
+            if got is not None and got.text != key:
+                errors.append((key, got.text))
+            cache.put(key, _q(key))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(work, range(8)))
+    assert not errors and len(cache) == 50
+    assert cache.hits + cache.misses == 8 * 2000
+
+
+# ------------------------------------------------------------------ the student and its identity
+def _student(embedder, encoder_identity: dict, hidden: int = 0, seed: int = 0) -> DistilledQueryEncoder:
+    torch.manual_seed(seed)
+    head = make_head(int(encoder_identity["dim"]), embedder.dim, hidden)
+    record = {"name": "test", "teacher": teacher_identity(embedder), "encoder": encoder_identity,
+              "head": {"in": int(encoder_identity["dim"]), "out": embedder.dim, "hidden": hidden}}
+    return DistilledQueryEncoder(head.eval(), record)
+
+
+def test_a_student_round_trips_and_refuses_another_teacher(make_embedder, tmp_path):
+    embedder = make_embedder()
+    student = _student(embedder, {"name": "enc", "sha256": "abc", "dim": 8}, hidden=16)
+    student.save(tmp_path / "student")
+    loaded = DistilledQueryEncoder.load(tmp_path / "student")
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.states(x), student.states(x))
+    loaded.check_teacher(embedder)  # the same model and adapter: accepted
+    with pytest.raises(QueryEncoderMismatch, match="another model"):
+        loaded.check_teacher(make_embedder(seed=1))  # another model (other weights, other identity)
+    other_adapter = make_embedder()
+    other_adapter.adapter = {"path": "/somewhere", "sha256": "f" * 64}
+    with pytest.raises(QueryEncoderMismatch, match="another adapter"):
+        loaded.check_teacher(other_adapter)
+    with pytest.raises(QueryEncoderMismatch, match="reads enc embeddings"):
+        loaded.check_encoder({"name": "other", "sha256": "def"})
+
+
+def test_a_damaged_student_record_names_its_file_and_field(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "query_encoder.json").write_text('{"format": 7}')
+    with pytest.raises(ValueError, match=r"query_encoder.json: field 'format'"):
+        DistilledQueryEncoder.load(tmp_path / "s")
+
+
+# ------------------------------------------------------------------ the Retriever's choice
+@pytest.fixture
+def encoder_index(tmp_path, tiny_embedder, toy_corpus):
+    """A tiny index with sparse, dense, BM25 and a tiny sentence encoder channel."""
+    from conftest import save_tiny_sentence_encoder
+    from embedder.sentence_encoder import SentenceEncoder
+    from indexer.build import build_index
+
+    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path / "encoder"))
+    build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False)
+    return tmp_path / "index", encoder
+
+
+def _retriever(path, embedder, encoder, **kw):
+    from indexer.manifest import Manifest
+    from retriever.retriever import Retriever
+
+    return Retriever(path, Manifest.read(path), embedder, encoder=encoder, **kw)
+
+
+QUERIES = ["cat and dog near the river", "computer memory data", "a game with the team"]
+
+
+def test_llm_queries_equal_the_plain_path(encoder_index, tiny_embedder):
+    path, encoder = encoder_index
+    r = _retriever(path, tiny_embedder, encoder, query_encoder="llm")
+    reference = encode_queries(tiny_embedder, QUERIES, r.expansion_m, r.literal)
+    for mode in ("sparse", "dense"):
+        got = r.encode(QUERIES, mode)
+        for g, ref in zip(got, reference):
+            assert g.tokens.tolist() == ref.tokens.tolist() and g.query_encoder == "llm"
+            np.testing.assert_array_equal(g.embedding, ref.embedding)
+    hits = r.search(QUERIES[0], k=3, mode="hybrid")
+    assert hits and all(h.query_encoder == "llm" for h in hits)
+    assert r.query_encoder == "llm"
+
+
+def test_auto_without_a_student_is_the_llm_and_distilled_says_why_not(encoder_index, tiny_embedder):
+    path, encoder = encoder_index
+    assert _retriever(path, tiny_embedder, encoder, query_encoder="auto").query_encoder == "llm"
+    with pytest.raises(ValueError, match="no distilled query encoder beside the index's adapter"):
+        _retriever(path, tiny_embedder, encoder, query_encoder="distilled")
+
+
+def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embedder, tmp_path):
+    path, encoder = encoder_index
+    adapter_dir = tmp_path / "adapter"
+    tiny_embedder.adapter = {"path": str(adapter_dir), "sha256": "a" * 64}
+    student = _student(tiny_embedder, {**encoder.identity, "dim": encoder.dim}, hidden=8)
+    student.record["name"] = "beside"
+    student.save(adapter_dir / "query-encoder")
+    from indexer.manifest import Manifest
+    from retriever.retriever import Retriever
+
+    manifest = Manifest.read(path)
+    manifest.adapter = tiny_embedder.adapter  # as if the index had been built with that adapter
+    r = Retriever(path, manifest, tiny_embedder, encoder=encoder, query_encoder="auto")
+    assert r.query_encoder == "distilled:beside"
+    got = r.encode(QUERIES, "sparse")
+    x = encoder.encode(QUERIES)
+    np.testing.assert_allclose(np.stack([q.embedding for q in got]), student.states(x), rtol=0, atol=1e-6)
+    hits = r.search(QUERIES[1], k=3, mode="hybrid")
+    assert hits and all(h.query_encoder == "distilled:beside" for h in hits)
+
+
+def test_a_student_of_another_adapter_is_refused_at_load(encoder_index, tiny_embedder, make_embedder, tmp_path):
+    path, encoder = encoder_index
+    student = _student(make_embedder(seed=1), {**encoder.identity, "dim": encoder.dim})
+    student.save(tmp_path / "wrong")
+    with pytest.raises(QueryEncoderMismatch):
+        _retriever(path, tiny_embedder, encoder, query_encoder=str(tmp_path / "wrong"))
+
+
+def test_the_retriever_caches_encoded_queries_per_encoder(encoder_index, tiny_embedder):
+    path, encoder = encoder_index
+    r = _retriever(path, tiny_embedder, encoder, query_cache_size=8)
+    calls = {"n": 0}
+    real = tiny_embedder.embed
+
+    def counting(texts, role="document"):
+        calls["n"] += len(texts)
+        return real(texts, role)
+
+    tiny_embedder.embed = counting
+    first = r.search(QUERIES[0], k=5, mode="sparse")
+    again = r.search(QUERIES[0], k=5, mode="sparse")
+    assert calls["n"] == 1 and [h.doc_id for h in first] == [h.doc_id for h in again]
+    r.batch_search(QUERIES, k=5, mode="sparse")
+    assert calls["n"] == 3  # only the two new queries
+    r.search(QUERIES[0], k=5, mode="bm25")  # another channel set: its own entry, and no LLM call
+    assert calls["n"] == 3 and len(r.query_cache) == 4
+
+
+def test_concurrent_searches_through_the_cache_equal_serial_ones(encoder_index, tiny_embedder):
+    path, encoder = encoder_index
+    r = _retriever(path, tiny_embedder, encoder, query_cache_size=2)  # small: entries are evicted while others read
+    serial = {q: [(h.doc_id, h.score) for h in r.search(q, k=5, mode="hybrid")] for q in QUERIES}
+    r.query_cache.clear()
+    barrier = threading.Barrier(6)
+
+    def work(i: int):
+        barrier.wait()
+        q = QUERIES[i % 3]
+        return q, [(h.doc_id, h.score) for h in r.search(q, k=5, mode="hybrid")]
+
+    with ThreadPoolExecutor(6) as pool:
+        for q, got in pool.map(work, range(6)):
+            assert got == serial[q]
