@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     from embedder.adapters import resolve_adapter, shipped_adapters
-    from training.cli import load_embedder
+    from training.cli.common import load_embedder
     from training.sts import read_pairs, sts_spearman
 
     pairs = read_pairs(args.pairs)

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/text2token.json"))
     args = p.parse_args(argv)
     from embedder.adapters import resolve_adapter
-    from training.cli import load_embedder
+    from training.cli.common import load_embedder
     from training.sts import read_pairs, sts_spearman
 
     pairs = read_pairs(args.pairs)

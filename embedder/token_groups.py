@@ -9,7 +9,7 @@ Two sources of the ``k`` states, one function:
 * an untrained embedder (raw backbone, Text2Token): the last ``k`` positions of the prompt
   template, *last first*, so that state 0 is exactly the engine's pooled token and prefix 1
   is the single pooled token;
-* a BTMR adapter (``btmr.json`` in the adapter folder, written by training/btmr_trainer.py):
+* a BTMR adapter (``btmr.json`` in the adapter folder, written by training/btmr/trainer.py):
   ``k`` <BMT> tokens are appended after the prompt and read in order, first <BMT> first
   (the paper's evaluation: one token group appended at the end of the input).
 

@@ -15,7 +15,7 @@ from test_contrastive_training import animal_pairs, make_pair_trainer, pair_reci
 
 from embedder.cache import CachedEmbedder, embedder_key
 from embedder.encoder import PROMPT_EOL, Embedder, EmbedderConfig
-from training.config import QUERY_PROMPT, RECIPES, Recipe, Stage
+from training.text2token.recipe import QUERY_PROMPT, RECIPES, Recipe, Stage
 
 QUERIES = ["what is a cat", "computer memory", "SNOW ON THE MOUNTAIN", "a"]
 DOCS = ["The cat sat on the mat near the river.", "a game for the team", "data on the disk of the server " * 5]
@@ -163,14 +163,14 @@ def test_recipe_query_prompt_is_checked_and_recorded_only_when_set():
 
 
 def test_llm2comp_recipe_refuses_a_query_template():
-    from training.llm2comp_config import LLM2CompRecipe
+    from training.llm2comp.recipe import LLM2CompRecipe
 
     with pytest.raises(ValueError, match="recipe field query_prompt"):
         LLM2CompRecipe(query_prompt=QUERY_PROMPT)
 
 
 def test_train_cli_query_prompt_overrides_the_recipe(tmp_path):
-    from training.cli import recipe_from_args, train_parser
+    from training.cli.text2token import parser as train_parser, recipe_from_args
 
     base = ["--output", str(tmp_path), "--recipe", "contrastive-asym-cpu"]
     assert recipe_from_args(train_parser().parse_args(base)).query_prompt == QUERY_PROMPT
@@ -216,7 +216,7 @@ def test_symmetric_pairs_stage_reads_one_template(make_embedder, tmp_path):
 
 def test_trainer_refuses_an_embedder_with_another_query_template(make_embedder, tmp_path):
     from training.pairs import load_pairs
-    from training.trainer import Text2TokenTrainer
+    from training.text2token.trainer import Text2TokenTrainer
 
     recipe = pair_recipe(query_prompt=QUERY_PROMPT)
     pairs = load_pairs(animal_pairs(tmp_path))

@@ -1,4 +1,4 @@
-"""BTMR (training/btmr.py, training/btmr_trainer.py, embedder/token_groups.py): the group attention
+"""BTMR (training/btmr/, training/objectives/matryoshka.py, embedder/token_groups.py): the group attention
 mask, the losses, resume, and the adapter read back as token-group features."""
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from embedder.token_groups import GroupSpec, btmr_config, group_states, install_bmt_embedding, prefix_features
-from training.btmr import BTMRConfig, batch_inputs, document_pairs, forward_states, group_attention_mask, matryoshka_contrastive, pack
-from training.btmr_trainer import BTMRRecipe, BTMRTrainer
+from training.btmr.recipe import BTMRConfig, BTMRRecipe
+from training.btmr.sequences import batch_inputs, document_pairs, forward_states, group_attention_mask, pack
+from training.btmr.trainer import BTMRTrainer
+from training.objectives.matryoshka import matryoshka_contrastive
 
 
 def test_group_attention_mask_by_hand():

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training.contrastive import GradCache, Temperature, info_nce, pair_loss, same_text_mask, text_key
+from training.objectives.contrastive import GradCache, Temperature, info_nce, pair_loss, same_text_mask, text_key
 
 
 def _manual(a: torch.Tensor, c: torch.Tensor, tau: float, masked: set[tuple[int, int]] = frozenset()) -> list[float]:

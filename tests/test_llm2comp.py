@@ -13,9 +13,9 @@ from conftest import toy_docs
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.memory import MEMORY_FILE, MemoryTokens, memory_ids
 from training.corpus_pairs import sentence_and_document, split_sentences, two_spans
-from training.llm2comp import ctkd_loss, cut_for_continuation, encode_memory
-from training.llm2comp_config import RECIPES, LLM2CompRecipe, LLM2CompStage
-from training.llm2comp_trainer import LLM2CompTrainer
+from training.objectives.ctkd import ctkd_loss, cut_for_continuation, encode_memory
+from training.llm2comp.recipe import RECIPES, LLM2CompRecipe, LLM2CompStage
+from training.llm2comp.trainer import LLM2CompTrainer
 
 TEXTS = [f"{d['title']} {d['text']}. {d['text']} with {d['title']}." for d in toy_docs(24)]
 N_MEM = 3
@@ -245,7 +245,7 @@ def test_build_index_and_retriever_use_an_llm2comp_adapter_unchanged(make_embedd
 
 def test_diagnose_compares_an_llm2comp_adapter_with_the_backbone_read_its_default_way(make_embedder, tiny_model_dir, toy_corpus, tmp_path, capsys):
     # the raw backbone has no memory vectors: "before" is read with the default template and last token
-    from training.cli import diagnose_main
+    from training.cli.diagnose import main as diagnose_main
 
     adapter = make_trainer(make_embedder, tiny_recipe(stages=(LLM2CompStage("ctkd", 1),)), tmp_path / "run").train().adapter_dir
     capsys.readouterr()

@@ -15,7 +15,7 @@ import pytest
 from embedder.encoder import Embedder
 from embedder.memory import MEMORY_FILE
 from indexer.corpus import CorpusSpec
-from training.llm2comp_cli import main as train_llm2comp
+from training.cli.llm2comp import main as train_llm2comp
 
 pytestmark = pytest.mark.slow
 

@@ -270,8 +270,9 @@ def test_lucene_equals_numba_on_adi_top100(pyserini_ready, smollm, adi, tmp_path
 
 
 def test_build_index_export_pyserini_and_docs_cli(pyserini_ready, toy_corpus, tiny_model_dir, tmp_path, capsys):
-    """``build-index --export-pyserini`` and ``python -m indexer.exports.lucene docs``, tiny model on disk."""
+    """``build-index --export-pyserini`` and ``python -m indexer.cli_lucene docs``, tiny model on disk."""
     from indexer import cli as build_cli
+    from indexer import cli_lucene
     from indexer.exports import lucene as exp
 
     index, out = tmp_path / "index", tmp_path / "exp"
@@ -286,11 +287,11 @@ def test_build_index_export_pyserini_and_docs_cli(pyserini_ready, toy_corpus, ti
     assert "exists" in capsys.readouterr().err
 
     # the stand-alone command reads the vocabulary from the index's model; same collection
-    assert exp.main(["docs", "--index", str(index), "--out", str(tmp_path / "exp2"), "--no-lucene", "--quiet", "--scale", "10"]) == 0
+    assert cli_lucene.main(["docs", "--index", str(index), "--out", str(tmp_path / "exp2"), "--no-lucene", "--quiet", "--scale", "10"]) == 0
     again = exp.read_export(tmp_path / "exp2")
     assert again["lucene_index"] is None and not (tmp_path / "exp2" / "lucene").exists()
     coll = f"{exp.COLLECTION_DIR}/{exp.COLLECTION_FILE}"
     assert (tmp_path / "exp2" / coll).read_text(encoding="utf-8") == (out / coll).read_text(encoding="utf-8")
     assert json.loads((tmp_path / "exp2" / exp.TOKEN_MAP).read_text(encoding="utf-8")) == json.loads((out / exp.TOKEN_MAP).read_text(encoding="utf-8"))
-    assert exp.main(["docs", "--index", str(tmp_path / "nowhere"), "--out", str(tmp_path / "exp3")]) == 2
+    assert cli_lucene.main(["docs", "--index", str(tmp_path / "nowhere"), "--out", str(tmp_path / "exp3")]) == 2
     assert "not an index" in capsys.readouterr().err

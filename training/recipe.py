@@ -5,8 +5,8 @@ safety and compared between runs. :class:`TrainRecipe` holds what the shared loo
 (training/loop.py) reads: optimizer, schedule, LoRA, seed, checkpoints. :class:`EmbedderRecipe`
 adds what a recipe that trains an :class:`~embedder.encoder.Embedder` in stages needs: the
 backbone, the stages, batching and how the embedder reads a text. The Text2Token recipe
-(training/config.py) and the LLM2Comp recipe (training/llm2comp_config.py) extend it with
-their objectives' fields; BTMR's recipe (training/btmr_trainer.py) extends the first.
+(training/text2token/recipe.py) and the LLM2Comp recipe (training/llm2comp/recipe.py) extend it with
+their objectives' fields; BTMR's recipe (training/btmr/trainer.py) extends the first.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A Pyserini user can then search this project's document vectors with Lucene alone::
 
     build-index --corpus DATA --index IDX --export-pyserini EXP        # or:
-    python -m indexer.exports.lucene docs --index IDX --out EXP
-    python -m retriever.backends.lucene queries --index IDX --export EXP --queries queries.jsonl
+    python -m indexer.cli_lucene docs --index IDX --out EXP
+    python -m retriever.cli_lucene queries --index IDX --export EXP --queries queries.jsonl
     python -m pyserini.search.lucene --index EXP/lucene --topics EXP/queries.tsv \\
         --impact --min-idf -1 --hits 100 --output run.trec
 
@@ -49,7 +49,6 @@ unique. ``token_map.json`` keeps both forms.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -488,34 +487,6 @@ def export_queries(
     return {"queries": n, "query_scale": scale, "tokens_dropped": dropped, "queries_without_tokens": empty}
 
 
-# ------------------------------------------------------------------ command line
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m indexer.exports.lucene", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="what", required=True)
-    d = sub.add_parser("docs", help="export an index's document vectors and build the Lucene impact index")
-    d.add_argument("--index", required=True, type=Path, help="index directory made by build-index")
-    d.add_argument("--out", required=True, type=Path, help="export directory to create")
-    d.add_argument("--scale", type=float, default=DOC_SCALE, help=f"document weight scale (default {DOC_SCALE:g})")
-    d.add_argument("--query-scale", type=float, default=QUERY_SCALE, help=f"query weight scale searches use (default {QUERY_SCALE:g})")
-    d.add_argument("--threads", type=int, default=1, help="Lucene indexing threads (1 keeps Lucene's doc order = index order)")
-    d.add_argument("--no-lucene", action="store_true", help="write the JsonVectorCollection only")
-    d.add_argument("--overwrite", action="store_true")
-    d.add_argument("--quiet", action="store_true")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    try:
-        info = export_pyserini(args.index, args.out, scale=args.scale, query_scale=args.query_scale, build_lucene=not args.no_lucene, threads=args.threads, overwrite=args.overwrite, progress=not args.quiet)
-        print(describe(info, args.out))
-        return 0
-    except (IndexFormatError, ExportError, FileExistsError, ValueError, OSError) as exc:
-        print(f"export-pyserini: error: {exc}", file=sys.stderr)
-        return 2
-
-
 def check_export_matches(info: dict, index_dir: Path) -> None:
     """Refuse an export made from another index (other documents or model)."""
     if info.get("doc_ids_sha256") != file_sha256(Path(index_dir) / DOC_IDS):
@@ -537,6 +508,3 @@ def describe(info: dict, out: Path) -> str:
         s += f"; Lucene impact index {Path(out) / info['lucene_index']} built in {lucene['seconds']:.1f} s"
     return s
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,27 +14,15 @@ can route sparse search to it; ``search_quantised`` gives Lucene's raw integer s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from indexer.build import DOC_IDS
-from indexer.exports.lucene import (
-    LUCENE_DIR,
-    QUERIES_JSONL,
-    QUERIES_TSV,
-    check_export_matches,
-    export_queries,
-    quantise_index,
-    quantise_query,
-    read_export,
-    read_token_map,
-)
+from indexer.exports.lucene import check_export_matches, quantise_index, quantise_query, read_export, read_token_map
 from indexer.inverted_index import InvertedIndex
 from indexer.manifest import IndexFormatError, Manifest
 
@@ -149,47 +137,3 @@ class LuceneBackend:
 
     def close(self) -> None:
         self.searcher.close()
-
-
-# ------------------------------------------------------------------ command line
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m retriever.backends.lucene", description="Encode queries with an index's model and write them as Pyserini impact topics.")
-    sub = p.add_subparsers(dest="what", required=True)
-    q = sub.add_parser("queries", help="encode queries and write them as Pyserini impact topics")
-    q.add_argument("--index", required=True, type=Path, help="index directory (its model encodes the queries)")
-    q.add_argument("--export", required=True, type=Path, help="export directory made by build-index --export-pyserini")
-    q.add_argument("--queries", required=True, type=Path, help="BEIR queries.jsonl ({'_id', 'text'} lines)")
-    q.add_argument("--expansion-m", type=int, default=None, help="expansion tokens per query (default: the engine's)")
-    q.add_argument("--query-scale", type=float, default=None, help="query weight scale (default: the export's)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m retriever.backends.lucene queries``: the query side of the Pyserini export
-    (it needs the Retriever's query encoding, so it lives here rather than beside the writer)."""
-    args = _parser().parse_args(argv)
-    from indexer.corpus import CorpusError, read_queries
-    from retriever.retriever import Retriever
-
-    try:
-        kw = {"expansion_m": args.expansion_m} if args.expansion_m is not None else {}
-        retriever = Retriever.load(args.index, **kw)
-        info = read_export(args.export)
-        check_export_matches(info, args.index)
-        scale = args.query_scale if args.query_scale is not None else info["quantisation"]["query_scale"]
-        queries = read_queries(args.queries)
-        encoded = retriever.encode(list(queries.values()))
-        stats = export_queries(
-            ((qid, e.text, e.tokens, e.weights) for qid, e in zip(queries, encoded)), read_token_map(args.export), args.export, scale
-        )
-    except (IndexFormatError, CorpusError, ValueError, OSError) as exc:
-        print(f"lucene queries: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {stats['queries']} queries to {args.export / QUERIES_TSV} and {QUERIES_JSONL}; search them with:\n"
-          f"  python -m pyserini.search.lucene --index {args.export / LUCENE_DIR} --topics {args.export / QUERIES_TSV} "
-          f"--impact --min-idf -1 --hits 100 --output run.trec")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 A recipe is a frozen dataclass, written into the adapter (``llm2comp.json``), hashed for
 checkpoint/resume safety. Stages run in order in one run (one LoRA, one optimizer):
 
-- ``ctkd``: LLM2Comp §3 continuation task with knowledge distillation (training/llm2comp.py).
+- ``ctkd``: LLM2Comp §3 continuation task with knowledge distillation (training/objectives/ctkd.py).
 - ``simcse``: two dropout views of one text, in-batch negatives (SimCSE; the paper's UCL).
 - ``spans``: two spans of one document, or a sentence and its document (training/corpus_pairs.py).
 

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from training.config import DataTargetConfig
 from training.target_cache import SparseTargets
+from training.text2token.recipe import DataTargetConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""What the training console scripts (train-text2token, train-llm2comp, train-btmr) share.
+"""What the training console scripts (train-text2token, train-llm2comp, train-btmr, sts-eval, text2token-diagnose) share.
 
 Process set-up, the argument groups they have in common, recipe overrides from the command
-line, and the error exit. An argument overrides the recipe field of the same name (its
+line, the error exit, and loading a trained embedder by model and adapter name. An argument overrides the recipe field of the same name (its
 ``dest``), so a new recipe field needs only its argument.
 """
 
@@ -149,3 +149,32 @@ def report_adapter(result, model: str) -> None:
     if result.completed:
         print(f"adapter: {result.adapter_dir}")
         print(f"use it: build-index --corpus CORPUS --index INDEX --model {model} --adapter {result.adapter_dir}")
+
+
+def load_embedder(
+    model: str,
+    adapter: str,
+    max_length: int | None = None,
+    batch_size: int | None = None,
+    threads: int | None = None,
+    dtype: str = "auto",
+):
+    """An Embedder for a backbone and adapter, pooling the way the adapter was trained to.
+
+    ``dtype`` as in :meth:`Embedder.load`; ``auto`` depends on the CPU (bf16 where it is native),
+    so a figure meant to sit beside one measured on another machine pins ``fp32``.
+    """
+    from embedder.adapters import resolve_adapter
+    from embedder.encoder import Embedder, EmbedderConfig
+    from embedder.models import resolve_model
+    from training.adapter_io import embedding_config_for
+
+    resolved = resolve_model(model)
+    adapter_dir = resolve_adapter(adapter, resolved.name)
+    cfg = embedding_config_for(adapter_dir, max_length, batch_size)
+    if cfg is None and (max_length or batch_size):
+        base = EmbedderConfig()
+        cfg = EmbedderConfig(max_length=max_length or base.max_length, batch_size=batch_size or base.batch_size)
+    emb = Embedder.load(model, adapter=str(adapter_dir) if adapter_dir else "none", config=cfg, dtype=dtype)
+    set_threads(threads)
+    return emb

@@ -1,4 +1,4 @@
-"""BTMR fine-to-coarse token matryoshka learning (btmr-multiple-tokens §3.2): sequences, mask, losses.
+"""BTMR sequences (btmr-multiple-tokens §3.2): segments, <BMT> groups, the group attention mask, the forward pass.
 
 A text is cut into fixed-length segments of its own tokens. Each segment becomes a *unit*:
 the prompt template around the segment (as the engine embeds any text), followed by a group of
@@ -9,51 +9,27 @@ Attention (the paper's Figure 2): a token of unit j sees the tokens of unit j be
 segment to the next only through the groups, and the last group goes from fine (local) to
 coarse (global) content.
 
-Losses (Eq. 3-7): the LM loss on the segment tokens (each predicted from the previous group
-and the unit so far), plus the contrastive loss over group *prefixes*: for every prefix length
-i = 1..k and every pair (unit of the anchor, unit of the positive), the concatenated first i
-states of the anchor's group against the positive's, InfoNCE with in-batch negatives through
-the project's one contrastive loss (training/contrastive.py ``pair_loss``); τ = 0.02 as in the
-paper. ``matryoshka=False`` keeps only i = k (the paper's ablation, Eq. 8-9).
+:func:`forward_states` gives the group states and the LM loss on the segment tokens (Eq. 3,
+each predicted from the previous group and the unit so far); the contrastive loss over group
+prefixes is training/objectives/matryoshka.py. The layout's settings are
+:class:`~training.btmr.recipe.BTMRConfig`.
 
 Pairs come from the corpus itself: the first and the second half of one document (no queries,
 judgments or labels).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.contrastive import pair_loss
+from training.btmr.recipe import BTMRConfig
 
 # Special tokens of SmolLM2's tokenizer that text never produces (code-corpus markers); the
 # first present one carries <BMT>, so no vocabulary resize and every runtime reads it as an id.
 BMT_CANDIDATES = ("<empty_output>", "<jupyter_output>", "<reponame>", "<gh_stars>")
-
-
-@dataclass(frozen=True)
-class BTMRConfig:
-    """The BTMR layout and loss settings (recorded with the adapter in ``btmr.json``)."""
-
-    bmt_token_id: int
-    group_size: int = 4  # k <BMT> tokens per group (the paper's k = 4)
-    segment_length: int = 32  # text tokens per segment (the paper: 64)
-    units_per_side: int = 2  # segments of each half of a training document
-    temperature: float = 0.02  # the paper's pre-training τ
-    lm_weight: float = 1.0
-    matryoshka: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("group_size", "segment_length", "units_per_side"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def pick_bmt_token(tokenizer) -> int:
@@ -151,24 +127,6 @@ def forward_states(lm, bmt_vector: torch.Tensor, packs: Sequence[Packed], pad_id
     return states, lm_loss
 
 
-def matryoshka_contrastive(anchor: torch.Tensor, positive: torch.Tensor, cfg: BTMRConfig, anchor_texts: Sequence[str] | None = None, positive_texts: Sequence[str] | None = None) -> torch.Tensor:
-    """Eq. 4-6: InfoNCE of group prefixes b^{1:i} over every (anchor unit, positive unit) pair, averaged.
-
-    anchor, positive: (B, U, k, d) group states.
-    """
-    b, ua, k, d = anchor.shape
-    up = positive.shape[1]
-    prefixes = range(1, k + 1) if cfg.matryoshka else (k,)
-    total, n = anchor.new_zeros(()), 0
-    for i in prefixes:
-        for a in range(ua):
-            for p in range(up):
-                loss = pair_loss(anchor[:, a, :i].reshape(b, -1), positive[:, p, :i].reshape(b, -1), cfg.temperature, anchor_texts=anchor_texts, positive_texts=positive_texts)
-                total = total + loss.mean()
-                n += 1
-    return total / n
-
-
 def document_pairs(token_rows: Sequence[Sequence[int]], cfg: BTMRConfig) -> list[tuple[list[list[int]], list[list[int]]]]:
     """(anchor segments, positive segments) of every document long enough for two halves of
     ``units_per_side`` segments each: the first half's segments against the second half's."""
@@ -185,7 +143,4 @@ def document_pairs(token_rows: Sequence[Sequence[int]], cfg: BTMRConfig) -> list
     return out
 
 
-__all__ = [
-    "BTMRConfig", "BMT_CANDIDATES", "pick_bmt_token", "Packed", "pack", "group_attention_mask", "batch_inputs",
-    "forward_states", "matryoshka_contrastive", "document_pairs",
-]
+__all__ = ["BMT_CANDIDATES", "Packed", "batch_inputs", "document_pairs", "forward_states", "group_attention_mask", "pack", "pick_bmt_token"]

@@ -2,7 +2,7 @@
 
 The encoder is the project's :class:`~embedder.encoder.Embedder` (pooling ``memory``, or the
 pooling of ``init_adapter``), so training pools exactly as indexing does. Contrastive stages use
-the shared loss (training/contrastive.py: ``pair_loss`` under ``GradCache``, so that the batch
+the shared loss (training/objectives/contrastive.py: ``pair_loss`` under ``GradCache``, so that the batch
 of in-batch negatives is independent of what fits one forward pass).
 
 This module holds the objectives' steps and their data: each step's texts and cuts are a pure
@@ -22,13 +22,13 @@ import torch
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.memory import MemoryTokens
 from training.adapter_io import round_lora_to_bf16, save_adapter
-from training.contrastive import GradCache, Temperature, pair_loss
 from training.corpus_pairs import sentence_and_document, two_spans
-from training.llm2comp import ctkd_loss, cut_for_continuation
-from training.llm2comp_config import LLM2CompRecipe
+from training.llm2comp.recipe import LLM2CompRecipe
 from training.loop import (
     LoopStage, TrainingLoop, TrainResult, attach_lora, latest_checkpoint, load_backbone, run_record, seed_everything
 )
+from training.objectives.contrastive import GradCache, Temperature, pair_loss
+from training.objectives.ctkd import ctkd_loss, cut_for_continuation
 from training.target_cache import texts_fingerprint
 
 RECORD = "llm2comp.json"

@@ -13,8 +13,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from training.cli_common import fail, recipe_with_args, report_adapter, set_threads, setup, staged_parser
-from training.llm2comp_config import RECIPES, LLM2CompStage
+from training.cli.common import fail, recipe_with_args, report_adapter, set_threads, setup, staged_parser
+from training.llm2comp.recipe import RECIPES, LLM2CompStage
 
 PROG = "train-llm2comp"
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     setup(args.threads, args.quiet)
     from embedder.models import ModelNotAvailable
     from indexer.corpus import CorpusError
-    from training.llm2comp_trainer import LLM2CompTrainer
+    from training.llm2comp.trainer import LLM2CompTrainer
     from training.texts import corpus_texts
 
     try:

@@ -22,16 +22,16 @@ import torch
 
 from embedder.encoder import Embedder
 from training.adapter_io import save_adapter
-from training.config import Recipe
-from training.contrastive import GradCache, Temperature, pair_loss
 from training.loop import (
     LoopStage, TrainingLoop, TrainResult, attach_lora, latest_checkpoint, load_backbone, run_record, seed_everything
 )
-from training.loss import text2token_loss
+from training.objectives.contrastive import GradCache, Temperature, pair_loss
+from training.objectives.text2token import text2token_loss
 from training.pairs import PairSet, pair_batches
 from training.target_cache import SparseTargets, cache_key, cached, texts_fingerprint
-from training.targets_data import compute_data_targets
-from training.targets_model import compute_model_targets
+from training.text2token.recipe import Recipe
+from training.text2token.targets_data import compute_data_targets
+from training.text2token.targets_model import compute_model_targets
 
 TARGET_NAMES = {"data": "data-driven", "model": "model-derived", "pairs": "contrastive pairs"}
 LOSS_NAMES = {"data": "KL per text", "model": "KL per text", "pairs": "InfoNCE + w·KL per pair"}
@@ -209,7 +209,7 @@ class Text2TokenTrainer:
 
         Anchors are read from ``query_ids`` (the query template; ``prompt_ids`` again for a
         symmetric recipe), positives and negatives from ``prompt_ids`` (the document template).
-        The loss is InfoNCE over the batch's positives and hard negatives (training/contrastive.py),
+        The loss is InfoNCE over the batch's positives and hard negatives (training/objectives/contrastive.py),
         plus ``kl_weight`` x the Text2Token KL of every document-template text of the batch to its
         data-driven target: the embedding is pulled to its positive while still predicting its own
         key tokens. Returns (mean loss, real tokens, per-step readings).
@@ -310,7 +310,7 @@ class Text2TokenTrainer:
         r = self.recipe
         return run_record(r, history) | {
             "method": "Text2Token (arXiv 2510.10224 / ../shared/papers/text2token.txt)"
-            + (" + supervised contrastive (InfoNCE, training/contrastive.py)" if self.pairs is not None else ""),
+            + (" + supervised contrastive (InfoNCE, training/objectives/contrastive.py)" if self.pairs is not None else ""),
             "init_adapter": self.init_adapter_path,
             "pairs": self.pairs.describe() if self.pairs is not None else None,
             "autocast_bf16": bool(self.embedder.bf16),

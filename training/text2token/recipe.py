@@ -106,7 +106,7 @@ class Recipe(EmbedderRecipe):
     data_target: DataTargetConfig = field(default_factory=DataTargetConfig)
     model_target: ModelTargetConfig = field(default_factory=ModelTargetConfig)
     target_batch_size: int = 32  # texts per inference batch when computing model-derived targets
-    # --- the contrastive ("pairs") stage, training/contrastive.py. batch_size pairs per step;
+    # --- the contrastive ("pairs") stage, training/objectives/contrastive.py. batch_size pairs per step;
     # micro_batch_size is then GradCache's chunk (texts per forward pass), not accumulation.
     learn_temperature: bool = False  # learn τ (``temperature`` is then its initial value)
     symmetric: bool = False  # add the positive -> anchor direction

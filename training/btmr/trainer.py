@@ -4,7 +4,7 @@
 
 Writes ``RUN/adapter/`` (peft LoRA, ``btmr.json``, ``btmr_token.safetensors``: loadable by
 ``cls-eval --adapter RUN/adapter``), ``RUN/loss_curve.json`` / ``.png`` and
-``RUN/checkpoints/step-NNNNNN/`` (the last two), through the shared loop (training/loop.py).
+``RUN/checkpoints/step-NNNNNN/`` (the last two), through the shared loop (training/loop.py); the console script is training/cli/btmr.py.
 The data order is a pure function of the seed and the step, and a checkpoint holds the LoRA
 weights, the <BMT> vector, the optimizer and the RNG states, so running the same command again
 resumes and ends bit-identical to an uninterrupted run (tested). A checkpoint of another recipe
@@ -12,45 +12,21 @@ or corpus is refused.
 """
 from __future__ import annotations
 
-import argparse
 import json
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar, Sequence
 
 import numpy as np
 import torch
 
-from embedder.encoder import Embedder, EmbedderConfig
+from embedder.encoder import Embedder
 from embedder.token_groups import BTMR_CONFIG, BTMR_TOKEN_FILE
 from training.adapter_io import save_adapter
-from training.btmr import BTMRConfig, document_pairs, forward_states, matryoshka_contrastive, pack, pick_bmt_token
-from training.cli_common import (
-    add_corpus_arguments, add_recipe_arguments, add_run_arguments, fail, recipe_with_args, set_threads, setup
-)
-from training.loop import LoopStage, TrainingLoop, attach_lora, latest_checkpoint, load_backbone, seed_everything
-from training.recipe import TrainRecipe
+from training.btmr.recipe import BTMRConfig, BTMRRecipe
+from training.btmr.sequences import document_pairs, forward_states, pack, pick_bmt_token
+from training.loop import LoopStage, TrainingLoop, attach_lora, latest_checkpoint, seed_everything
+from training.objectives.matryoshka import matryoshka_contrastive
 from training.target_cache import texts_fingerprint
-
-PROG = "train-btmr"
-
-
-@dataclass(frozen=True)
-class BTMRRecipe(TrainRecipe):
-    """What decides a BTMR run (its fingerprint guards resume); shared fields: training/recipe.py."""
-
-    # steps may grow on resume: with a constant schedule, more steps continue the same run
-    NOT_FINGERPRINTED: ClassVar[tuple[str, ...]] = TrainRecipe.NOT_FINGERPRINTED + ("steps",)
-    steps: int = 200
-    batch_size: int = 8  # document pairs per step
-    lr: float = 2e-4
-    warmup_steps: int = 10
-    max_grad_norm: float | None = None
-    lora_dropout: float = 0.0
-    # bf16 autocast where the hardware has it natively (training.loop.load_backbone ignores it
-    # elsewhere: emulated bf16 is ~5x slower than fp32); what was used is in the adapter record
-    bf16: bool = True
-    btmr: dict = field(default_factory=dict)  # BTMRConfig fields other than the token id
 
 
 class BTMRTrainer:
@@ -151,38 +127,3 @@ class BTMRTrainer:
                   "embedding": self.embedder.config.to_dict(), "corpus_sha256": self.texts_hash, "pairs": len(self.pairs),
                   "final_loss": history[-1] if history else None}
         return save_adapter(self.peft_model, directory, record, extra=btmr_files)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description="BTMR token-matryoshka training on a corpus's documents (LoRA).")
-    add_corpus_arguments(p)
-    add_run_arguments(p, model_default="the engine's default")
-    add_recipe_arguments(p, batch_help="document pairs per optimizer step")
-    p.add_argument("--batch-pairs", dest="batch_size", type=int, help=argparse.SUPPRESS)  # the former name of --batch-size
-    p.add_argument("--steps", type=int, help=f"optimizer steps (default {BTMRRecipe.steps})")
-    p.add_argument("--segment-length", type=int, default=32)
-    p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--units-per-side", type=int, default=2)
-    p.add_argument("--no-matryoshka", action="store_true", help="contrast only the full group (the paper's ablation)")
-    args = p.parse_args(argv)
-    setup(args.threads, args.quiet)
-    from embedder.models import DEFAULT_MODEL, ModelNotAvailable
-    from indexer.corpus import CorpusError
-    from training.texts import corpus_texts
-
-    try:
-        btmr = {"segment_length": args.segment_length, "group_size": args.group_size, "units_per_side": args.units_per_side,
-                "matryoshka": not args.no_matryoshka}
-        recipe = recipe_with_args(BTMRRecipe(btmr=btmr), args)
-        texts, _ = corpus_texts(args.corpus, args.format, args.max_texts, recipe.seed)
-        emb = load_backbone(args.model or DEFAULT_MODEL, EmbedderConfig(), recipe.bf16)
-        set_threads(args.threads)
-        res = BTMRTrainer(emb, texts, args.output, recipe).train(resume=not args.no_resume, progress=not args.quiet)
-    except (CorpusError, ModelNotAvailable, ValueError) as exc:
-        return fail(PROG, exc)
-    print(f"{'completed' if res['completed'] else 'stopped'}: {len(res['history'])} steps on {res['pairs']} document pairs; adapter in {args.output / 'adapter'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

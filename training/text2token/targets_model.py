@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from training.config import ModelTargetConfig
 from training.target_cache import SparseTargets, from_dense_topn
+from training.text2token.recipe import ModelTargetConfig
 
 log = logging.getLogger(__name__)
 
