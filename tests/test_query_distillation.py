@@ -1,0 +1,132 @@
+"""Distilling the query state (issue 28): the objective, the training texts (never evaluation
+queries), the trainer on a tiny teacher and encoder, and ``distill-query-encoder`` end to end."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from training.objectives.query_distillation import kl_over_top, query_distillation_loss
+from training.query_encoder.data import document_sentences, training_texts
+from training.query_encoder.recipe import DistillRecipe
+
+
+def test_the_objective_is_zero_at_the_teacher_and_per_example():
+    torch.manual_seed(0)
+    w = torch.randn(50, 8)
+    t = torch.randn(4, 8)
+    assert query_distillation_loss(t.clone(), t, w, kl_top=10).abs().max().item() < 1e-5
+    s = torch.randn(4, 8)
+    loss = query_distillation_loss(s, t, w, kl_top=10)
+    assert loss.shape == (4,) and (loss > 0).all()
+    # the KL term sees the scale of h, the cosine does not
+    assert query_distillation_loss(2 * t, t, w, kl_weight=0.0).abs().max().item() < 1e-5
+    assert kl_over_top(2 * t @ w.T, t @ w.T, 10).min().item() > 0
+
+
+def test_kl_over_top_matches_a_direct_computation():
+    torch.manual_seed(1)
+    s, t = torch.randn(3, 20), torch.randn(3, 20)
+    got = kl_over_top(s, t, 5, temperature=2.0)
+    for i in range(3):
+        idx = torch.topk(t[i], 5).indices
+        p = torch.softmax(t[i, idx] / 2.0, -1)
+        q = torch.softmax(s[i, idx] / 2.0, -1)
+        assert got[i].item() == pytest.approx(float((p * (p / q).log()).sum()), rel=1e-5)
+
+
+def _beir(folder: Path, docs: list[str], queries: list[str]) -> Path:
+    folder.mkdir(parents=True)
+    with open(folder / "corpus.jsonl", "w") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": d}) + "\n")
+    with open(folder / "queries.jsonl", "w") as f:
+        for i, q in enumerate(queries):
+            f.write(json.dumps({"_id": f"q{i}", "text": q}) + "\n")
+    return folder
+
+
+def _pairs(folder: Path, anchors: list[str]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "snli.tsv").write_text("anchor\tpositive\n" + "".join(f"{a}\tpositive of {a}\n" for a in anchors))
+    return folder
+
+
+def test_training_texts_never_hold_an_evaluation_query(tmp_path):
+    query = "The parrot sat on the river stone."
+    docs = [f"{query} Then the dog ran to the sea near the mountain.", "A game of chess with the team was played at night."]
+    collection = _beir(tmp_path / "c", docs, [query.upper()])  # the same text, other case: still excluded
+    pairs = _pairs(tmp_path / "pairs", ["cat and dog near the lake", "  the parrot sat on the river stone. ", "river"])
+    texts = training_texts(pairs, [collection], per_file=10, per_collection=10)
+    assert all(" ".join(t.lower().split()) != " ".join(query.lower().split()) for t in texts)
+    assert "cat and dog near the lake" in texts and "river" not in texts  # single words are not query-like
+    assert "Then the dog ran to the sea near the mountain." in texts  # a document sentence
+    assert document_sentences([collection], 1, random.Random(0))  # capped per collection
+
+
+@pytest.fixture
+def tiny_encoder(tmp_path_factory):
+    from conftest import save_tiny_sentence_encoder
+    from embedder.sentence_encoder import SentenceEncoder
+
+    return SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path_factory.mktemp("enc")))
+
+
+def _toy_texts(n: int) -> list[str]:
+    from conftest import toy_docs
+
+    return [d["text"] for d in toy_docs(n, seed=3)]
+
+
+def test_distillation_learns_and_reports_held_out_faithfulness(tiny_embedder, tiny_encoder, tmp_path):
+    from embedder.query_encoder import DistilledQueryEncoder
+    from training.query_encoder.trainer import distill
+
+    recipe = DistillRecipe(hidden=32, epochs=40, batch_size=32, lr=5e-3, kl_top=16, holdout=0.2)
+    student = distill(tiny_embedder, tiny_encoder, _toy_texts(200), tmp_path / "cache", recipe, "toy", m=8, progress=False)
+    curve = student.record["training"]["curve"]
+    assert curve[-1]["loss"] < curve[0]["loss"] and curve[-1]["holdout_cosine"] > curve[0]["holdout_cosine"]
+    faith = student.record["faithfulness"]
+    assert faith["n"] == 40 and faith["m"] == 8
+    assert faith["cosine"]["q00"] <= faith["cosine"]["q50"] <= faith["cosine"]["q100"] <= 1.0 + 1e-6
+    student.save(tmp_path / "student")
+    loaded = DistilledQueryEncoder.load(tmp_path / "student")
+    loaded.check_teacher(tiny_embedder)
+    x = tiny_encoder.encode(_toy_texts(5))
+    np.testing.assert_array_equal(loaded.states(x), student.states(x))
+    # the caches were filled: a second distillation encodes nothing again
+    calls = {"n": 0}
+    real = tiny_embedder.embed
+    tiny_embedder.embed = lambda texts, role="document": (calls.__setitem__("n", calls["n"] + len(texts)), real(texts, role))[1]
+    distill(tiny_embedder, tiny_encoder, _toy_texts(200), tmp_path / "cache", DistillRecipe(epochs=1, hidden=0), "again", m=8, progress=False)
+    assert calls["n"] == 0
+
+
+def test_distill_query_encoder_command_writes_a_student_the_retriever_takes(tiny_model_dir, tiny_encoder, tmp_path, capsys):
+    from embedder.query_encoder import DistilledQueryEncoder
+    from training.cli.distill_query import main
+
+    collection = _beir(tmp_path / "c", [t + "." for t in _toy_texts(60)], ["a query nobody trains on"])
+    pairs = _pairs(tmp_path / "pairs", _toy_texts(80)[20:])
+    rc = main([
+        "--model", str(tiny_model_dir), "--adapter", "none", "--encoder", str(tiny_encoder.identity["name"]),
+        "--pairs", str(pairs), "--collections", str(collection), "--cache", str(tmp_path / "cache"),
+        "--epochs", "3", "--hidden", "16", "--kl-top", "16", "--expansion-m", "8", "--dtype", "fp32", "--out", str(tmp_path / "student"), "--quiet",
+    ])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["student"] == str(tmp_path / "student") and report["faithfulness"]["m"] == 8
+    record = DistilledQueryEncoder.load(tmp_path / "student").record
+    assert record["name"] == "raw" and record["recipe"]["epochs"] == 3 and record["encoder"]["dim"] == tiny_encoder.dim
+
+
+def test_distill_query_encoder_beside_adapter_needs_an_adapter(tiny_model_dir, tiny_encoder, tmp_path, capsys):
+    from training.cli.distill_query import main
+
+    rc = main(["--model", str(tiny_model_dir), "--adapter", "none", "--encoder", str(tiny_encoder.identity["name"]),
+               "--pairs", str(tmp_path), "--collections", str(tmp_path), "--beside-adapter", "--quiet"])
+    assert rc == 2 and "--beside-adapter needs an adapter" in capsys.readouterr().err

@@ -1,0 +1,88 @@
+"""Console script ``distill-query-encoder``: distil the embedder's query state into a small student
+(training/query_encoder/, embedder/query_encoder.py), so that queries need no LLM forward.
+
+Re-run it when the default adapter changes: ``distill-query-encoder --beside-adapter`` writes the
+student into the adapter's folder, where ``Retriever.load(query_encoder="auto")`` finds it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from training.cli.common import fail, set_threads, setup
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+COLLECTIONS = ("adi", "cisi", "cranfield", "medline", "npl")
+
+
+# The expansion's M at query time (retriever/query.py DEFAULT_EXPANSION_M; training may not import
+# retriever): the faithfulness report measures the overlap of the top-M tokens.
+EXPANSION_M = 128
+
+
+def main(argv: list[str] | None = None) -> int:
+    from training.query_encoder.recipe import DistillRecipe
+
+    defaults = DistillRecipe()
+    p = argparse.ArgumentParser(prog="distill-query-encoder", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="the teacher's backbone (default smollm2-135m)")
+    p.add_argument("--adapter", default="default", help="the teacher's adapter: default | none | a shipped name | DIR")
+    p.add_argument("--encoder", default="minilm", help="the frozen sentence encoder the head reads (default minilm)")
+    p.add_argument("--pairs", type=Path, default=SHARED / "pairs", help="folder of training pairs (their anchors are used)")
+    p.add_argument(
+        "--collections", type=Path, nargs="+", action="extend", default=None,
+        help="BEIR folders whose document sentences are used and whose queries are excluded (default: the five shared ones)",
+    )
+    p.add_argument("--per-file", type=int, default=2500, help="anchors drawn per pairs file (default 2500)")
+    p.add_argument("--per-collection", type=int, default=1500, help="document sentences drawn per collection (default 1500)")
+    p.add_argument("--max-texts", type=int, help="only the first N of the drawn texts (they are shuffled)")
+    p.add_argument("--cache", type=Path, default=Path(".cache/distill"), help="per-text cache of teacher states and encoder inputs")
+    for field in ("hidden", "epochs", "batch_size", "kl_top", "seed"):
+        p.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
+    for field in ("lr", "weight_decay", "kl_weight", "temperature", "holdout"):
+        p.add_argument(f"--{field.replace('_', '-')}", type=float, default=getattr(defaults, field))
+    p.add_argument("--name", help="the student's name in results (default: the adapter's folder name)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, help="write the student into this folder")
+    where.add_argument("--beside-adapter", action="store_true", help="write it into the adapter's folder (ADAPTER/query-encoder)")
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "int8"], default="auto", help="the teacher's precision (default auto)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores)")
+    p.add_argument("--expansion-m", type=int, default=EXPANSION_M, help=f"M of the top-M overlap reported (default {EXPANSION_M})")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    setup(args.threads, quiet=args.quiet)
+
+    from embedder.encoder import Embedder
+    from embedder.models import ModelNotAvailable
+    from embedder.query_encoder import SHIPPED_SUBDIR
+    from embedder.sentence_encoder import SentenceEncoder
+    from training.query_encoder.data import training_texts
+    from training.query_encoder.trainer import distill
+
+    collections = args.collections or [SHARED / c for c in COLLECTIONS]
+    try:
+        embedder = Embedder.load(args.model, adapter=args.adapter, dtype=args.dtype)
+        set_threads(args.threads)  # Embedder.load sized the pool for every core
+        encoder = SentenceEncoder.load(args.encoder)
+    except (ModelNotAvailable, OSError, ValueError) as exc:
+        return fail("distill-query-encoder", f"error: {exc}")
+    adapter_path = (embedder.adapter or {}).get("path")
+    if args.beside_adapter and not adapter_path:
+        return fail("distill-query-encoder", "error: --beside-adapter needs an adapter (the raw backbone has no folder); use --out")
+    out = Path(adapter_path) / SHIPPED_SUBDIR if args.beside_adapter else args.out
+    texts = training_texts(args.pairs, collections, args.per_file, args.per_collection)[: args.max_texts]
+    if len(texts) < 20:
+        return fail("distill-query-encoder", f"error: only {len(texts)} training texts under {args.pairs} and the collections")
+    recipe = DistillRecipe(**{f: getattr(args, f) for f in DistillRecipe.__dataclass_fields__})
+    name = args.name or (Path(adapter_path).name if adapter_path else "raw")
+    print(f"{len(texts)} texts; teacher {embedder.runtime_summary()}; student head over {encoder.name}", file=sys.stderr)
+    student = distill(embedder, encoder, texts, args.cache, recipe, name, args.expansion_m, progress=not args.quiet)
+    student.save(out)
+    print(json.dumps({"student": str(out), "faithfulness": student.record["faithfulness"], "seconds": student.record["training"]["seconds"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Distilling the LLM's query state into a small student (embedder/query_encoder.py): data, recipe, trainer."""

@@ -1,0 +1,109 @@
+"""The texts and cached states a query-encoder distillation learns from (issue 28).
+
+The teacher is the engine's embedder reading a text with its query template: its pooled state
+h is the dense query embedding and, through the LM head, the logits the top-M expansion is taken
+from (text-is-worth-several-tokens Eq. 16). The student (embedder/query_encoder.py) is the
+packaged all-MiniLM-L6-v2, frozen, whose sentence embedding the encoder channel computes for
+every query anyway, followed by a small trained head that maps it to h. One MiniLM forward then
+serves the encoder channel, the dense channel and the aligned-token expansion.
+
+Training texts are never evaluation queries: anchors of ../shared/data/pairs (short texts of
+five sources) and sentences of the shared collections' *documents*; any text equal to a query
+of those collections is dropped. The teacher's states and the student's inputs are computed
+once and cached per text (embedder/cache.py), so a rerun or a longer training costs no encoding.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import random
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+PAIR_FILES = ("debian.tsv", "wikisimple.tsv", "medquad.tsv", "snli.tsv", "scitldr.tsv")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9])")
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def evaluation_queries(collections: Sequence[Path]) -> set[str]:
+    """Normalised texts of every query of ``collections`` (BEIR folders): never trained on."""
+    out: set[str] = set()
+    for c in collections:
+        path = Path(c) / "queries.jsonl"
+        if path.exists():
+            with open(path, encoding="utf-8") as f:
+                out.update(_norm(json.loads(line).get("text", "")) for line in f if line.strip())
+    return out
+
+
+def pair_anchors(pairs_dir: Path, per_file: int, rng: random.Random) -> list[str]:
+    """Up to ``per_file`` distinct anchors (the query-like side) of each pairs file."""
+    csv.field_size_limit(1 << 24)
+    texts: list[str] = []
+    for name in PAIR_FILES:
+        path = Path(pairs_dir) / name
+        if not path.exists():
+            continue
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = [r.get("anchor", "") for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+        anchors = list(dict.fromkeys(a.strip() for a in rows if a and 2 <= len(a.split()) <= 64))
+        rng.shuffle(anchors)
+        texts += anchors[:per_file]
+    return texts
+
+
+def document_sentences(collections: Sequence[Path], per_collection: int, rng: random.Random) -> list[str]:
+    """Up to ``per_collection`` sentences (4-48 words) drawn from each collection's documents."""
+    texts: list[str] = []
+    for c in collections:
+        path = Path(c) / "corpus.jsonl"
+        if not path.exists():
+            continue
+        sentences: list[str] = []
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                doc = json.loads(line)
+                body = " ".join(x for x in (doc.get("title", ""), doc.get("text", "")) if x)
+                sentences += [s for s in _SENTENCE_END.split(body) if 4 <= len(s.split()) <= 48]
+        sentences = list(dict.fromkeys(sentences))
+        rng.shuffle(sentences)
+        texts += sentences[:per_collection]
+    return texts
+
+
+def training_texts(pairs_dir: Path, collections: Sequence[Path], per_file: int, per_collection: int, seed: int = 0) -> list[str]:
+    """The distillation texts: pair anchors and document sentences, minus any evaluation query, shuffled."""
+    rng = random.Random(seed)
+    texts = pair_anchors(pairs_dir, per_file, rng) + document_sentences(collections, per_collection, rng)
+    banned = evaluation_queries(collections)
+    texts = [t for t in dict.fromkeys(texts) if _norm(t) not in banned]
+    rng.shuffle(texts)
+    return texts
+
+
+def teacher_states(embedder, texts: Sequence[str], cache_root: Path, progress: bool = True) -> np.ndarray:
+    """The teacher's pooled query states h (n, d), through a per-text cache under ``cache_root``."""
+    from embedder.cache import ArrayCache, cached_arrays, embedder_key
+
+    cache = ArrayCache(Path(cache_root) / "teacher" / embedder_key(embedder, "query"))
+    return cached_arrays(cache, list(texts), lambda part: embedder.embed(part, role="query"), (embedder.dim,), desc="teacher states")
+
+
+def student_inputs(encoder, texts: Sequence[str], cache_root: Path, progress: bool = True) -> np.ndarray:
+    """The frozen encoder's normalised embeddings (n, d_enc), through a per-text cache."""
+    from embedder.cache import ArrayCache, cached_arrays
+
+    cache = ArrayCache(Path(cache_root) / "inputs" / encoder.identity["sha256"][:20])
+    return cached_arrays(cache, list(texts), lambda part: encoder.encode(list(part)), (encoder.dim,), desc="encoder inputs")
+
+
+__all__ = ["PAIR_FILES", "training_texts", "evaluation_queries", "pair_anchors", "document_sentences", "teacher_states", "student_inputs"]

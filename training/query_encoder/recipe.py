@@ -1,0 +1,26 @@
+"""How a query-encoder student is trained (recorded in the student's query_encoder.json)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class DistillRecipe:
+    """The head, the optimisation and the loss of a distillation (training/objectives/query_distillation.py)."""
+
+    hidden: int = 1024  # the head's hidden width; 0: a linear map
+    epochs: int = 30
+    batch_size: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    kl_weight: float = 1.0
+    kl_top: int = 256  # the teacher's top tokens the KL is taken over
+    temperature: float = 1.0
+    holdout: float = 0.05  # texts kept out of training, for the faithfulness report
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+__all__ = ["DistillRecipe"]

@@ -1,0 +1,110 @@
+"""Train a query-encoder student on cached teacher states, and judge how faithful it is."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from embedder.query_encoder import DistilledQueryEncoder, make_head, teacher_identity
+from training.objectives.query_distillation import query_distillation_loss
+from training.query_encoder.data import student_inputs, teacher_states
+from training.query_encoder.recipe import DistillRecipe
+
+
+def train_head(
+    x: np.ndarray, h: np.ndarray, lm_head: torch.Tensor, recipe: DistillRecipe, progress: bool = True
+) -> tuple[torch.nn.Module, dict]:
+    """Fit the head ``x -> h`` (x: the frozen encoder's embeddings, h: the teacher's states).
+
+    Returns the head and its training record: per-epoch loss and held-out cosine, seconds, and
+    the held-out positions (never trained on), for :func:`faithfulness`.
+    """
+    from tqdm.auto import tqdm
+
+    g = torch.Generator().manual_seed(recipe.seed)
+    n = len(x)
+    order = torch.randperm(n, generator=g)
+    n_hold = max(1, int(n * recipe.holdout))
+    hold, train = order[:n_hold], order[n_hold:]
+    xt, ht = torch.from_numpy(np.ascontiguousarray(x)).float(), torch.from_numpy(np.ascontiguousarray(h)).float()
+    torch.manual_seed(recipe.seed)
+    head = make_head(x.shape[1], h.shape[1], recipe.hidden)
+    opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    steps = recipe.epochs * ((len(train) + recipe.batch_size - 1) // recipe.batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=max(steps, 1), pct_start=0.1)
+    w = lm_head.detach().float()
+    curve, start = [], time.perf_counter()
+    bar = tqdm(range(recipe.epochs), desc="distilling", unit="epoch", disable=not progress)
+    for epoch in bar:
+        perm = train[torch.randperm(len(train), generator=g)]
+        total = 0.0
+        head.train()
+        for i in range(0, len(perm), recipe.batch_size):
+            b = perm[i : i + recipe.batch_size]
+            loss = query_distillation_loss(
+                head(xt[b]), ht[b], w, kl_weight=recipe.kl_weight, kl_top=recipe.kl_top, temperature=recipe.temperature
+            ).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += float(loss.detach()) * len(b)
+        head.eval()
+        with torch.no_grad():
+            cos = torch.nn.functional.cosine_similarity(head(xt[hold]), ht[hold], dim=-1).mean().item()
+        curve.append({"epoch": epoch + 1, "loss": round(total / len(train), 6), "holdout_cosine": round(cos, 6)})
+        bar.set_postfix(loss=f"{total / len(train):.4f}", cos=f"{cos:.4f}")
+    record = {"n_texts": n, "n_train": len(train), "n_holdout": n_hold, "curve": curve, "seconds": round(time.perf_counter() - start, 1)}
+    return head.eval(), {**record, "holdout_positions": hold.tolist()}
+
+
+def _quantiles(v: np.ndarray) -> dict:
+    points = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
+    return {"mean": round(float(v.mean()), 4), **{f"q{int(p * 100):02d}": round(float(q), 4) for p, q in zip(points, np.quantile(v, points))}}
+
+
+def faithfulness(student_h: np.ndarray, teacher_h: np.ndarray, lm_head: torch.Tensor, m: int) -> dict:
+    """Per text, the cosine of the student's state to the teacher's and the overlap of their
+    top-``m`` LM-head tokens (the query expansion); reported as distributions (quantiles)."""
+    s, t = torch.from_numpy(student_h).float(), torch.from_numpy(teacher_h).float()
+    cos = torch.nn.functional.cosine_similarity(s, t, dim=-1).numpy()
+    w = lm_head.detach().float()
+    overlaps: list[float] = []
+    with torch.no_grad():
+        for i in range(0, len(s), 512):
+            ts = torch.topk(s[i : i + 512] @ w.T, m, dim=-1).indices.numpy()
+            tt = torch.topk(t[i : i + 512] @ w.T, m, dim=-1).indices.numpy()
+            overlaps += [len(set(a.tolist()) & set(b.tolist())) / m for a, b in zip(ts, tt)]
+    return {"n": len(cos), "cosine": _quantiles(cos), f"top{m}_overlap": _quantiles(np.asarray(overlaps)), "m": m}
+
+
+def distill(
+    embedder, encoder, texts: Sequence[str], cache_root: Path, recipe: DistillRecipe, name: str, m: int, progress: bool = True
+) -> DistilledQueryEncoder:
+    """The whole distillation: cached encoder inputs and teacher states, the head, its faithfulness on held-out texts."""
+    t0 = time.perf_counter()
+    x = student_inputs(encoder, texts, cache_root, progress)
+    h = teacher_states(embedder, texts, cache_root, progress)
+    encode_seconds = time.perf_counter() - t0
+    lm_head = embedder.causal_lm.get_output_embeddings().weight
+    head, record = train_head(x, h, lm_head, recipe, progress)
+    held = record.pop("holdout_positions")
+    student = DistilledQueryEncoder(head, {})
+    faith = faithfulness(student.states(x[held]), h[held], lm_head, m)
+    student.record = {
+        "name": name,
+        "teacher": teacher_identity(embedder),
+        "teacher_names": {"model": (embedder.identity or {}).get("name"), "adapter": (embedder.adapter or {}).get("path")},
+        "encoder": {**encoder.identity, "dim": int(encoder.dim)},
+        "head": {"in": int(x.shape[1]), "out": int(h.shape[1]), "hidden": recipe.hidden},
+        "recipe": recipe.to_dict(),
+        "training": {**record, "encode_seconds": round(encode_seconds, 1), "runtime": embedder.runtime_info()},
+        "faithfulness": faith,
+    }
+    return student
+
+
+__all__ = ["train_head", "faithfulness", "distill"]
