@@ -58,6 +58,10 @@ def _run_parser() -> argparse.ArgumentParser:
         "--runtime", choices=("auto", "torch", "openvino", "reference"), default="auto",
         help="how the LLM encoder runs (default auto; reference: the plain transformers forward, fp32, no prefix cache)",
     )
+    p.add_argument(
+        "--query-encoder", default="auto", metavar="auto|llm|distilled|DIR",
+        help="what encodes queries for this project's LLM channels (default auto: a distilled student kept beside the adapter, else the LLM)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads for the run (default: the libraries' choice, all cores)")
     p.add_argument("--split", default="test", help="qrels split of BEIR folders (default test)")
     p.add_argument("--depth", type=int, default=100, help="hits per query in the runs (default 100; MAP is cut there)")
@@ -166,8 +170,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
         encoder=args.encoder,
         fusions=fusions,
         segments=args.segments,
+        query_encoder=args.query_encoder,
     )
-    extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names, "segments": args.segments}
+    extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names, "segments": args.segments,
+             "query_encoder": args.query_encoder}
     if args.fusion_from:
         extra["fusion_from"] = str(args.fusion_from)
     try:

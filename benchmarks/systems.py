@@ -72,6 +72,8 @@ class Settings:
     # hybrid-* systems and bm25+minilm use them instead of their untuned fallbacks
     fusions: dict = field(default_factory=dict)
     segments: bool = False  # multi-vector documents (indexer/segments.py): whole documents, max/best over windows
+    # what encodes queries for the LLM channels (Retriever query_encoder): auto, llm, distilled or a student's folder
+    query_encoder: str = "auto"
 
 
 @dataclass
@@ -251,7 +253,7 @@ class AlignedTokensEngine:
         if self.encoder is not None:
             p["encoder"] = self.encoder.describe()
         # Query-side settings as the Retriever applies them (its defaults, read from it).
-        for attr in ("literal", "query_weighting", "fusion", "backend"):
+        for attr in ("literal", "query_weighting", "fusion", "backend", "query_encoder"):
             if r is not None and hasattr(r, attr):
                 p[attr] = getattr(r, attr)
         return p
@@ -285,7 +287,9 @@ class AlignedTokensEngine:
             **options,
         )
         extra = {"encoder": self.encoder} if self.encoder is not None else {}
-        self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, **extra)
+        # no query cache: every query is encoded (and timed) as a first query would be
+        self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, query_encoder=self.settings.query_encoder,
+                                   query_cache_size=0, **extra)
         self.dataset = ds.name
         self._encoded.clear()
         self._retrievers.clear()
@@ -311,7 +315,8 @@ class AlignedTokensEngine:
 
             r = self.retriever
             extra = {"encoder": self.encoder} if self.encoder is not None else {}
-            self._retrievers[key] = Retriever(r.index_dir, r.manifest, self.embedder, expansion_m=self.expansion_m, fusion=fusion, **extra)
+            self._retrievers[key] = Retriever(r.index_dir, r.manifest, self.embedder, expansion_m=self.expansion_m, fusion=fusion,
+                                              query_encoder=r.student or "llm", query_cache_size=0, **extra)
         return self._retrievers[key]
 
     def encode(self, queries: list[str], mode: str | None = None, retriever=None) -> tuple[list, list[float]]:
