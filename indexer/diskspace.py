@@ -20,10 +20,13 @@ class NoSpaceError(OSError):
 
     def __init__(self, path: str | os.PathLike[str], needed: int | None) -> None:
         need = f" (needs {max(needed / 1e6, 0.1):.1f} MB)" if needed is not None else ""
-        super().__init__(f"no space left on device writing {path}{need}")
-        self.errno = errno.ENOSPC
+        self.message = f"no space left on device writing {path}{need}"
+        super().__init__(errno.ENOSPC, self.message)
         self.filename = os.fspath(path)
         self.needed = needed
+
+    def __str__(self) -> str:  # OSError's own form would be "[Errno 28] ...: 'PATH'"
+        return self.message
 
     def __reduce__(self):
         return (NoSpaceError, (self.filename, self.needed))
