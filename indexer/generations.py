@@ -38,6 +38,7 @@ from indexer.shards import BuildInProgress
 log = logging.getLogger(__name__)
 
 _GEN = re.compile(r"^gen-(\d{6})$")
+_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -182,25 +183,47 @@ def _fsync(path: str | os.PathLike[str], flags: int) -> None:
         os.close(fd)
 
 
-def rename_exchange(a: Path, b: Path) -> None:
-    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); OSError where the
-    platform or file system cannot (EINVAL, ENOSYS)."""
+def _renameat2(a: Path, b: Path, flags: int) -> None:
     fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if fn is None:
         raise OSError(errno.ENOSYS, "renameat2 is not available")
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def rename_exchange(a: Path, b: Path) -> None:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); OSError where the
+    platform or file system cannot (EINVAL, ENOSYS)."""
+    _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def rename_noreplace(a: Path, b: Path) -> None:
+    """Rename ``a`` to ``b`` only if ``b`` does not exist, in one step (``RENAME_NOREPLACE``):
+    FileExistsError otherwise. Where the platform cannot, checks first (a small window)."""
+    try:
+        _renameat2(a, b, _RENAME_NOREPLACE)
+    except OSError as exc:
+        if exc.errno == errno.EEXIST:
+            raise FileExistsError(errno.EEXIST, "exists", str(b)) from None
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise
+        if os.path.lexists(b):
+            raise FileExistsError(errno.EEXIST, "exists", str(b)) from None
+        os.replace(a, b)
 
 
 def _point(target: Path, link: Path, overwrite: bool) -> Path | None:
     """Make ``target`` the symbolic link ``link`` in one step; returns where what ``target``
     held before now is (to be retired), or None."""
-    if not os.path.lexists(target):
-        os.replace(link, target)
-        return None
-    if not overwrite:
-        raise FileExistsError(f"{target} appeared during the build; pass overwrite=True (--overwrite) to replace it")
+    if not overwrite or not os.path.lexists(target):
+        try:
+            rename_noreplace(link, target)  # never over an index that appeared meanwhile
+        except FileExistsError:
+            if not overwrite:
+                raise FileExistsError(f"{target} appeared during the build; pass overwrite=True (--overwrite) to replace it") from None
+        else:
+            return None
     if target.is_symlink():
         old = current_generation(target)
         os.replace(link, target)  # one rename: readers see the old link or the new one
@@ -238,7 +261,12 @@ def publish(staged: Path, target: Path, overwrite: bool) -> Path:
     if os.path.lexists(link):
         _remove(link)
     os.symlink(gen.name, link)
-    old = _point(target, link, overwrite)
+    try:
+        old = _point(target, link, overwrite)
+    except FileExistsError:  # not published: back to the staging path, which its owner removes
+        _remove(link)
+        os.rename(gen, staged)
+        raise
     _fsync_dir(target.parent)
     if old is not None:
         retire(old, target)

@@ -230,6 +230,7 @@ def test_an_index_that_appeared_meanwhile_is_never_replaced(tmp_path, tiny_embed
     with pytest.raises(FileExistsError, match="appeared during the build"):
         build_index(make_corpus(n=9), target, tiny_embedder, top_k=8, progress=False)
     assert Manifest.read(target).n_docs == 7 and not target.is_symlink()
+    assert beside(target) == []  # the unpublished generation and its link are removed
 
 
 def test_a_cli_build_while_another_runs_is_refused_in_one_line(tmp_path, tiny_model_dir):
