@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from indexer.generations import open_generation
 from indexer.integrity import check_doc_ids, check_files

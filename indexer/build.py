@@ -35,7 +35,7 @@ from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_
 from indexer.segments import max_over_segments, split_segments
 from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
 from indexer.diskspace import NoSpaceError, write_bytes
-from indexer.generations import build_lock, publish, rename_exchange, sweep as sweep_generations
+from indexer.generations import build_lock, publish_staged, rename_exchange, stage, sweep as sweep_generations
 from indexer.staging import staging_dir
 
 if TYPE_CHECKING:
@@ -173,7 +173,9 @@ def build_index(
                 manifest = _merge_into(
                     spec, tmp, store, encode, embedder, plan, dense, dense_kind, embedfilter_tau, lexical, encoder, progress
                 )
-                publish(tmp, target, overwrite)
+                generation = stage(tmp, target)
+            # the staging lock is let go first: readers of the new index never wait on the cleanup
+            publish_staged(generation, target, overwrite)
             done = True
         except OSError as exc:
             # a full disk keeps the committed shards: the rerun, with space, resumes from them

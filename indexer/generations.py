@@ -29,9 +29,9 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from indexer.shards import BuildInProgress
 
@@ -94,7 +94,7 @@ class Generation:
     def __del__(self) -> None:  # a Retriever dropped without close() still lets its generation go
         self.close()
 
-    def __enter__(self) -> "Generation":
+    def __enter__(self) -> Generation:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -246,15 +246,29 @@ def _point(target: Path, link: Path, overwrite: bool) -> Path | None:
 def publish(staged: Path, target: Path, overwrite: bool) -> Path:
     """Publish the complete directory ``staged`` as ``target``'s next generation; returns it.
 
-    Steps: fsync the staged files; rename it to ``.NAME.gen-N``; make a link to it; put the
-    link at ``target`` (one rename or exchange); retire the generation replaced and sweep
-    what earlier, interrupted builds left. A failure before the rename at ``target`` leaves
-    the old index published; after it, the new one.
+    Steps: fsync the staged files; rename it to ``.NAME.gen-N`` (:func:`stage`); make a link
+    to it; put the link at ``target`` (one rename or exchange); retire the generation replaced
+    and sweep what earlier, interrupted builds left (:func:`publish_staged`). A failure before
+    the link is at ``target`` leaves the old index published; after it, the new one.
     """
+    return publish_staged(stage(staged, target), target, overwrite)
+
+
+def stage(staged: Path, target: Path) -> Path:
+    """Make the complete directory ``staged`` durable and name it as ``target``'s next, not yet
+    published, generation (call with :func:`build_lock` held); returns that generation."""
     staged, target = Path(staged), Path(target)
     _fsync_tree(staged)
     gen = generation_path(target, _next_number(target))
     os.rename(staged, gen)
+    return gen
+
+
+def publish_staged(gen: Path, target: Path, overwrite: bool) -> Path:
+    """Point ``target`` at the staged generation ``gen`` in one step, then retire what it
+    replaced and sweep; returns ``gen``. Called with no lock on ``gen`` held, so that readers
+    of the new index never wait on the build's cleanup."""
+    gen, target = Path(gen), Path(target)
     # the link is named like a generation, so that an old-layout directory exchanged into its
     # place is swept as one if it cannot be removed now (a reader holds it)
     link = target.parent / f".{target.name}.gen-legacy-{os.getpid()}-{gen.name.rsplit('-', 1)[-1]}"
@@ -263,9 +277,9 @@ def publish(staged: Path, target: Path, overwrite: bool) -> Path:
     os.symlink(gen.name, link)
     try:
         old = _point(target, link, overwrite)
-    except FileExistsError:  # not published: back to the staging path, which its owner removes
+    except FileExistsError:  # not published: nothing of this build stays beside the target
         _remove(link)
-        os.rename(gen, staged)
+        _remove(gen)
         raise
     _fsync_dir(target.parent)
     if old is not None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from indexer.generations import open_generation
 from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
+from indexer.generations import open_generation
 from indexer.integrity import (
     check_doc_ids,
     checksum_problems,

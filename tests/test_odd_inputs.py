@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO, toy_docs, write_corpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, toy_docs, write_corpus
 from indexer import cli as build_cli
 from indexer import verify_cli
 from indexer.corpus import CorpusError, CorpusSpec
@@ -57,7 +57,7 @@ def index(built, tmp_path) -> Path:
 def small_tmpfs(tmp_path):
     mount = tmp_path / "tmpfs"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True, text=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {proc.stderr.strip()}")
     yield mount
@@ -137,7 +137,7 @@ def test_a_special_file_in_an_index_is_refused_at_once(index, rel, make, capsys)
 def test_search_index_on_a_fifo_manifest_exits_2_in_one_line(index):
     _fifo(index / MANIFEST)
     proc = subprocess.run([sys.executable, "-m", "retriever.cli", "--index", str(index), "cat"], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          check=False, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("search-index: error: ") and "not a regular file (a FIFO)" in proc.stderr
 
@@ -179,7 +179,7 @@ def test_manifest_max_length_not_an_integer(index):
 
 def test_manifest_as_a_directory_under_verify_index(index, capsys):
     _directory(index / MANIFEST)
-    proc = subprocess.run([sys.executable, "-m", "indexer.verify_cli", str(index)], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "indexer.verify_cli", str(index)], cwd=REPO, env=ENV, check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "manifest.json: not a regular file (a directory)" in proc.stdout
 
@@ -250,7 +250,7 @@ def test_any_json_line_is_a_document_or_a_corpus_error(tmp_path, obj):
 
 def test_a_query_with_undecodable_bytes_under_strict_utf8_stdout(built):
     proc = subprocess.run([sys.executable, "-m", "retriever.cli", "--index", str(built), b"cat \xff\xfe dog"], cwd=REPO,
-                          env={**ENV, "PYTHONIOENCODING": "utf-8:strict", "PYTHONUTF8": "1"}, capture_output=True, timeout=300)  # fmt: skip
+                          env={**ENV, "PYTHONIOENCODING": "utf-8:strict", "PYTHONUTF8": "1"}, check=False, capture_output=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr.decode(errors="replace")[-2000:]
     assert b"query: cat \\udcff\\udcfe dog" in proc.stdout
 

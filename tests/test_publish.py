@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, toy_docs, write_corpus
+
 from indexer import generations
 from indexer.build import build_index
 from indexer.generations import build_lock, open_generation, publish
@@ -41,6 +41,7 @@ def beside(target: Path) -> list[str]:
 def two_indexes(tmp_path_factory, tiny_tokenizer):
     """Indexes A (12 documents) and B (15 other documents) with every channel, built once."""
     from conftest import build_tiny_model, tiny_identity
+
     from embedder.encoder import Embedder, EmbedderConfig
 
     root = tmp_path_factory.mktemp("publish")
@@ -209,9 +210,10 @@ def test_a_crash_at_each_step_of_the_publish(tmp_path, tiny_embedder, monkeypatc
 
 def test_a_second_build_of_one_target_is_refused(tmp_path, tiny_embedder, make_corpus):
     target = tmp_path / "index"
-    with build_lock(target):  # as a running build holds it
-        with pytest.raises(BuildInProgress, match="another build of this index is running"):
-            build_index(make_corpus(), target, tiny_embedder, top_k=8, progress=False)
+    corpus = make_corpus()
+    # the lock held as a running build holds it
+    with build_lock(target), pytest.raises(BuildInProgress, match="another build of this index is running"):
+        build_index(corpus, target, tiny_embedder, top_k=8, progress=False)
     assert not os.path.lexists(target)
 
 
@@ -220,13 +222,13 @@ def test_an_index_that_appeared_meanwhile_is_never_replaced(tmp_path, tiny_embed
     target = tmp_path / "index"
     other = tmp_path / "other"
     build_index(make_corpus(n=7), other, tiny_embedder, top_k=8, progress=False)
-    real_publish = generations.publish
+    real_publish = generations.publish_staged
 
     def appear_then_publish(staged, tgt, overwrite):
         shutil.copytree(other, tgt)  # a copy placed by hand while the build ran
         return real_publish(staged, tgt, overwrite)
 
-    monkeypatch.setattr("indexer.build.publish", appear_then_publish)
+    monkeypatch.setattr("indexer.build.publish_staged", appear_then_publish)
     with pytest.raises(FileExistsError, match="appeared during the build"):
         build_index(make_corpus(n=9), target, tiny_embedder, top_k=8, progress=False)
     assert Manifest.read(target).n_docs == 7 and not target.is_symlink()
@@ -241,7 +243,7 @@ def test_a_cli_build_while_another_runs_is_refused_in_one_line(tmp_path, tiny_mo
     argv = [sys.executable, "-m", "indexer.cli", "--corpus", str(corpus), "--index", str(target),
             "--model", str(tiny_model_dir), "--adapter", "none", "--top-k", "8", "--quiet", "--overwrite"]  # fmt: skip
     with build_lock(target):
-        proc = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(argv, cwd=REPO, env=ENV, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("Loading weights")]  # transformers' bar
     assert len(lines) == 1 and f"another build of this index is running (pid {os.getpid()})" in lines[0], proc.stderr
@@ -250,7 +252,7 @@ def test_a_cli_build_while_another_runs_is_refused_in_one_line(tmp_path, tiny_mo
 
 def test_orphans_of_the_old_two_rename_swap_are_swept(tmp_path, tiny_embedder, make_corpus):
     target = tmp_path / "index"
-    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout)
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=False, capture_output=True, text=True).stdout)
     (tmp_path / f".index.old-{dead}").mkdir()  # what a crash between the two renames left
     (tmp_path / f".index.old-{dead}" / DOC_IDS).write_text("[]")
     (tmp_path / ".index.trash-1-x").mkdir()
