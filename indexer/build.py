@@ -9,6 +9,7 @@ that loads as an index; the shards are removed once it is in place.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -33,6 +34,8 @@ from indexer.inverted_index import InvertedIndex
 from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
 from indexer.segments import max_over_segments, split_segments
 from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
+from indexer.diskspace import NoSpaceError, write_bytes
+from indexer.generations import build_lock, publish_staged, rename_exchange, stage, sweep as sweep_generations
 from indexer.staging import staging_dir
 from indexer.workers import Reporter, WorkerFailed, run_workers
 
@@ -146,8 +149,6 @@ def build_index(
     """
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(Path(corpus))
     target = Path(index_dir)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
     if top_k < 1:
         raise ValueError("top_k must be positive")
     if chunk_size < 1:
@@ -164,24 +165,37 @@ def build_index(
         # resolve (and, the first time on this machine, probe) the runtime now, so that the
         # shards' key and the manifest name the runtime that really encodes
         embedder.runtime()
-    store = ShardStore(target, _shard_params(spec, embedder, encoder, plan))
-    done = False
-    try:
-        encode = _encode_all(spec, store, embedder, encoder, plan, progress, workers, embedder_spec)
-        with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
-            manifest = _merge_into(
-                spec, tmp, store, encode, embedder, plan, dense, dense_kind, embedfilter_tau, lexical, encoder, progress
-            )
-            _swap_into_place(tmp, target)
-        done = True
-    except WorkerFailed:
-        raise  # a worker died (a signal, a crash): its committed shards are kept for the rerun
-    except Exception:
-        done = True  # a failure (bad input, full disk) is not resumed: the rerun starts clean
-        raise
-    finally:
-        # interrupted (KeyboardInterrupt, SIGTERM): keep the committed shards for the rerun
-        store.close(remove=done)
+    # one build per target, from the first byte written to the publish (indexer/generations.py)
+    with build_lock(target):
+        if os.path.lexists(target) and not overwrite:
+            raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+        sweep_generations(target)
+        store = ShardStore(target, _shard_params(spec, embedder, encoder, plan))
+        done = False
+        try:
+            encode = _encode_all(spec, store, embedder, encoder, plan, progress, workers, embedder_spec)
+            with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
+                manifest = _merge_into(
+                    spec, tmp, store, encode, embedder, plan, dense, dense_kind, embedfilter_tau, lexical, encoder, progress
+                )
+                generation = stage(tmp, target)
+            # the staging lock is let go first: readers of the new index never wait on the cleanup
+            publish_staged(generation, target, overwrite)
+            done = True
+        except WorkerFailed:
+            raise  # a worker died (a signal, a crash): its committed shards are kept for the rerun
+        except OSError as exc:
+            # a full disk keeps the committed shards: the rerun, with space, resumes from them
+            done = exc.errno != errno.ENOSPC
+            if exc.errno == errno.ENOSPC and not isinstance(exc, NoSpaceError):
+                raise NoSpaceError(exc.filename or target, None) from None
+            raise
+        except Exception:
+            done = True  # a failure (bad input) is not resumed: the rerun starts clean
+            raise
+        finally:
+            # interrupted (KeyboardInterrupt, SIGTERM): keep the committed shards for the rerun
+            store.close(remove=done)
     return manifest
 
 
@@ -204,13 +218,25 @@ def _shard_params(spec: CorpusSpec, embedder: Embedder, encoder, plan: _Plan) ->
 
 
 def _swap_into_place(tmp: Path, target: Path) -> None:
-    if target.exists():
+    """Replace ``target`` (a directory or file, or nothing) by the directory ``tmp`` in one
+    atomic step (``renameat2(RENAME_EXCHANGE)``), then remove what was there. Used for
+    exports; indexes are published as generations (indexer/generations.py)."""
+    if not os.path.lexists(target):
+        os.replace(tmp, target)
+        return
+    try:
+        rename_exchange(tmp, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, old)
         os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
+        tmp = old
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp, ignore_errors=True)
     else:
-        os.replace(tmp, target)
+        tmp.unlink(missing_ok=True)
 
 
 def _encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: _Plan) -> tuple[dict[str, np.ndarray], dict]:
@@ -345,7 +371,7 @@ def _merge_into(
     t0 = time.perf_counter()
     InvertedIndex.write_from_shards(arrays("tokens", "weights"), embedder.vocab_size, out)
     invert_seconds = time.perf_counter() - t0
-    (out / DOC_IDS).write_text(json.dumps(ids), encoding="utf-8")
+    write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
     dense_info = ef_info = lexical_info = encoder_info = segments_info = row_doc = None
     embeddings = lambda: (e for (e,) in arrays("embeddings")())  # noqa: E731
     if plan.windows is not None:

@@ -91,18 +91,39 @@ class CorpusSpec:
         for lineno, line in _lines(file):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CorpusError(file, lineno, None, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(obj, dict):
-                raise CorpusError(file, lineno, None, "expected a JSON object")
+            obj = _parse_line(file, lineno, line)
             doc_id = _field(obj, file, lineno, self.id_field, ("_id", "id"), "id")
             text = _field(obj, file, lineno, self.text_field, ("text", "contents"), "text")
             title = obj.get(self.title_field) if self.title_field else None
             if title is not None and not isinstance(title, str):
                 raise CorpusError(file, lineno, self.title_field, f"expected a string, got {type(title).__name__}")
+            if title is not None:
+                _check_encodable(title, file, lineno, self.title_field)
             yield lineno, Document(str(doc_id), f"{title} {text}".strip() if title else text)
+
+
+def _parse_line(file: Path, lineno: int, line: str) -> dict:
+    """One JSONL line as an object; every way it can fail is a CorpusError naming the line."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise CorpusError(file, lineno, None, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise CorpusError(file, lineno, None, "JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts (sys.int_info.default_max_str_digits)
+        raise CorpusError(file, lineno, None, f"unreadable JSON value ({exc})") from None
+    if not isinstance(obj, dict):
+        raise CorpusError(file, lineno, None, "expected a JSON object")
+    return obj
+
+
+def _check_encodable(value: str, file: Path, lineno: int, name: str) -> None:
+    """Refuse lone surrogates (a JSON escape such as \\ud800 decodes to one): no tokenizer can
+    encode them, and as an id they could not be written out with the hits."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CorpusError(file, lineno, name, f"lone surrogate U+{ord(value[exc.start]):04X} at character {exc.start + 1} (not valid Unicode text)") from None
 
 
 def guess_format(path: Path) -> str:
@@ -136,11 +157,15 @@ def _field(obj: dict, file: Path, lineno: int, name: str | None, defaults: tuple
         if n in obj:
             value = obj[n]
             if isinstance(value, (int, float)) and role == "id" and not isinstance(value, bool):
-                return str(value)
+                try:
+                    value = str(value)
+                except ValueError as exc:  # an integer too long to print
+                    raise CorpusError(file, lineno, n, f"unusable numeric id ({exc})") from None
             if not isinstance(value, str):
                 raise CorpusError(file, lineno, n, f"expected a string, got {type(value).__name__}")
             if role == "id" and not value.strip():
                 raise CorpusError(file, lineno, n, "empty id")
+            _check_encodable(value, file, lineno, n)
             return value
     raise CorpusError(file, lineno, "/".join(names), f"missing {role} field")
 
@@ -170,12 +195,7 @@ def read_queries(file: Path) -> dict[str, str]:
                 raise CorpusError(file, lineno, None, "not valid UTF-8") from None
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CorpusError(file, lineno, None, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(obj, dict):
-                raise CorpusError(file, lineno, None, "expected a JSON object")
+            obj = _parse_line(file, lineno, line)
             qid = obj.get("_id", obj.get("id"))
             if qid is None or str(qid).strip() == "":
                 raise CorpusError(file, lineno, "_id", "missing or empty query id")

@@ -5,13 +5,17 @@ Embeddings are L2-normalised before indexing, so inner product = cosine similari
 """
 from __future__ import annotations
 
+import os
+import struct
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
+from indexer.diskspace import save_npy, write_bytes
 from indexer.integrity import load_npy
 from indexer.manifest import IndexFormatError
+from indexer.regular_files import open_regular
 
 DENSE_NAME = "dense"
 EMBEDFILTER_NAME = "dense_ef"
@@ -82,11 +86,11 @@ class DenseIndex:
     def save(self, directory: Path, name: str = DENSE_NAME) -> None:
         import faiss
 
-        faiss.write_index(self.index, str(directory / f"{name}.faiss"))
+        write_bytes(directory / f"{name}.faiss", faiss.serialize_index(self.index).data)
         if self.projection is not None:
-            np.save(directory / f"{name}_projection.npy", self.projection)
+            save_npy(directory / f"{name}_projection.npy", self.projection)
         if self.row_doc is not None:
-            np.save(directory / f"{name}_rows.npy", self.row_doc)
+            save_npy(directory / f"{name}_rows.npy", self.row_doc)
 
     @classmethod
     def load(cls, directory: Path, name: str = DENSE_NAME, n_docs: int | None = None, dim: int | None = None) -> "DenseIndex":
@@ -96,25 +100,28 @@ class DenseIndex:
 
         path = Path(directory) / f"{name}.faiss"
         proj_file = Path(directory) / f"{name}_projection.npy"
-        projection = load_npy(proj_file, "float32", 2, mmap=False) if proj_file.exists() else None
+        projection = load_npy(proj_file, "float32", 2, mmap=False) if os.path.lexists(proj_file) else None
         if projection is not None and not np.isfinite(projection).all():
             raise IndexFormatError(f"{proj_file}: non-finite values")
         if projection is not None and dim is not None and projection.shape[1] != dim:
             raise IndexFormatError(f"{proj_file}: projects to {projection.shape[1]} dimensions, the manifest records {dim}")
-        if not path.exists():
-            raise IndexFormatError(f"{path}: missing")
-        try:
-            index = faiss.read_index(str(path))
-        except Exception as exc:  # FAISS reports damage as a C++ RuntimeError with a multi-line trace
-            raise IndexFormatError(f"{path}: unreadable FAISS index ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         rows_file = Path(directory) / f"{name}_rows.npy"
-        row_doc = load_npy(rows_file, "int64", 1, mmap=False) if rows_file.exists() else None
+        row_doc = load_npy(rows_file, "int64", 1, mmap=False) if os.path.lexists(rows_file) else None
+        n_vectors = len(row_doc) if row_doc is not None else n_docs
+        with open_regular(path) as f:
+            check_faiss_header(path, f, n_vectors, dim)
+            f.seek(0)
+            try:
+                # read through the descriptor just checked, not by path again
+                index = faiss.read_index(faiss.PyCallbackIOReader(f.read))
+            except Exception as exc:  # FAISS reports damage as a C++ RuntimeError with a multi-line trace
+                raise IndexFormatError(f"{path}: unreadable FAISS index ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         if row_doc is not None:
             if len(row_doc) and (row_doc.min() < 0 or (n_docs is not None and row_doc.max() >= n_docs)):
                 raise IndexFormatError(f"{rows_file}: document numbers outside 0..{(n_docs or 0) - 1}")
             if n_docs is not None and len(np.unique(row_doc)) != n_docs:
                 raise IndexFormatError(f"{rows_file}: {len(np.unique(row_doc))} documents have vectors, the manifest records {n_docs}")
-        check_faiss(path, index, len(row_doc) if row_doc is not None else n_docs, dim)
+        check_faiss(path, index, n_vectors, dim)
         return cls(index, projection, row_doc)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -130,6 +137,37 @@ class DenseIndex:
         depth = min(self.index.ntotal, k * self.max_rows_per_doc)
         scores, rows = self.index.search(normalise(q), depth)
         return best_per_document(rows, scores, self.row_doc, k)
+
+
+# FAISS's serialised header: a four-character code, then d (int32), ntotal (int64), two unused
+# int64, is_trained (bool), metric_type (int32); the exact (Flat) kinds then hold one size_t
+# count of floats and the floats. faiss/impl/index_write.cpp, write_index_header.
+_FAISS_HEADER = struct.Struct("<4siqqq?i")
+_FLAT_CODES = (b"IxFI", b"IxF2", b"IxFl")
+
+
+def check_faiss_header(path: Path, f, n_vectors: int | None, dim: int | None) -> None:
+    """The sizes a FAISS file declares, checked against the manifest and the file's size
+    before FAISS reads it (and allocates what its header says)."""
+    size = os.fstat(f.fileno()).st_size
+    head = f.read(_FAISS_HEADER.size)
+    if len(head) < _FAISS_HEADER.size:
+        raise IndexFormatError(f"{path}: {size} bytes, too short for a FAISS index header")
+    code, d, ntotal, _, _, _, metric = _FAISS_HEADER.unpack(head)
+    if d <= 0 or ntotal < 0:
+        raise IndexFormatError(f"{path}: header declares {ntotal} vectors of {d} dimensions")
+    if n_vectors is not None and ntotal != n_vectors:
+        raise IndexFormatError(f"{path}: header declares {ntotal} vectors, the manifest records {n_vectors}")
+    if dim is not None and d != dim:
+        raise IndexFormatError(f"{path}: header declares {d} dimensions, the manifest records {dim}")
+    if code in _FLAT_CODES:
+        if metric > 1:
+            f.read(4)  # metric_arg
+        raw = f.read(8)
+        count = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        need = f.tell() + 4 * max(count, 0)
+        if count != ntotal * d or need != size:
+            raise IndexFormatError(f"{path}: header declares {max(count, 0)} floats ({need} bytes) for {ntotal} x {d}, the file holds {size} bytes")
 
 
 def check_faiss(path: Path, index, n_docs: int | None, dim: int | None) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from indexer.checksums import CHECKSUM, file_checksum
 from indexer.manifest import MANIFEST, IndexFormatError
+from indexer.regular_files import MAX_MANIFEST_BYTES, open_regular, read_regular
 
 # Arrays are scanned in blocks so that checking a large memory-mapped index never materialises
 # a full-size temporary (np.diff / isfinite of 500M postings would allocate gigabytes).
@@ -43,14 +46,17 @@ def size_problems(directory: Path, files: dict[str, dict]) -> list[str]:
     for rel, rec in files.items():
         path = Path(directory) / rel
         try:
-            size = path.stat().st_size
+            st = path.stat()
         except FileNotFoundError:
             problems.append(f"{path}: missing (recorded in {MANIFEST})")
             continue
         except OSError as exc:
             problems.append(f"{path}: unreadable ({exc.strerror})")
             continue
-        if size != rec.get("size"):
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(f"{path}: not a regular file (recorded in {MANIFEST} as one of {rec.get('size')} bytes)")
+        elif size != rec.get("size"):
             problems.append(f"{path}: {size} bytes, {MANIFEST} records {rec.get('size')} (truncated or overwritten)")
     return problems
 
@@ -74,32 +80,52 @@ def checksum_problems(directory: Path, files: dict[str, dict]) -> list[str]:
 
 
 # ------------------------------------------------------------------ checked loaders
-def load_npy(path: Path, dtype: str, ndim: int, mmap: bool = True) -> np.ndarray:
-    """``np.load`` that never unpickles and turns every failure into an IndexFormatError
-    naming the file; also refuses another dtype or number of dimensions than expected."""
-    if not path.exists():
-        raise IndexFormatError(f"{path}: missing")
-    try:
-        arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except Exception as exc:  # a damaged header can raise nearly anything; none may escape as a traceback
-        raise IndexFormatError(f"{path}: unreadable .npy ({type(exc).__name__}: {exc})") from None
-    if not isinstance(arr, np.ndarray):
-        raise IndexFormatError(f"{path}: not a single .npy array")
-    if arr.dtype != np.dtype(dtype) or arr.ndim != ndim:
-        raise IndexFormatError(f"{path}: {arr.dtype} array of {arr.ndim} dimension(s), expected {np.dtype(dtype)} of {ndim}")
-    return arr
+def load_npy(path: Path, dtype: str, ndim: int, mmap: bool = True, limit: int | None = None) -> np.ndarray:
+    """A ``.npy`` file, read without unpickling from one regular file (indexer/regular_files.py)
+    of at most ``limit`` bytes; every failure is an IndexFormatError naming the file. The
+    header's dtype, number of dimensions and size (shape x item size) are checked against what
+    is expected and against the file's size before anything is mapped or allocated."""
+    with open_regular(path, limit) as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, got = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, got = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"format version {version}")
+        except Exception as exc:  # a damaged header can raise nearly anything; none may escape as a traceback
+            raise IndexFormatError(f"{path}: unreadable .npy ({type(exc).__name__}: {exc})") from None
+        if got.hasobject:
+            raise IndexFormatError(f"{path}: holds Python objects (a pickle), which are never loaded")
+        if got != np.dtype(dtype) or len(shape) != ndim:
+            raise IndexFormatError(f"{path}: {got} array of {len(shape)} dimension(s), expected {np.dtype(dtype)} of {ndim}")
+        offset = f.tell()
+        count = math.prod(shape)
+        if offset + count * got.itemsize != size:
+            raise IndexFormatError(f"{path}: header declares shape {shape} ({offset + count * got.itemsize} bytes), the file holds {size} bytes")
+        order = "F" if fortran else "C"
+        if count == 0:
+            return np.zeros(shape, got, order=order)
+        try:
+            if mmap:
+                return np.memmap(f, dtype=got, mode="r", offset=offset, shape=shape, order=order)
+            return np.fromfile(f, dtype=got, count=count).reshape(shape, order=order)
+        except (OSError, ValueError) as exc:
+            raise IndexFormatError(f"{path}: unreadable .npy ({type(exc).__name__}: {exc})") from None
 
 
-def read_json(path: Path) -> Any:
-    """Parse a JSON file; a missing or damaged file is an IndexFormatError naming it."""
+def read_json(path: Path, limit: int | None = None) -> Any:
+    """Parse a JSON file (a regular file of at most ``limit`` bytes); a missing, special or
+    damaged file is an IndexFormatError naming it."""
+    data = read_regular(path, limit)
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise IndexFormatError(f"{path}: missing") from None
+        return json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise IndexFormatError(f"{path}: unreadable JSON ({exc})") from None
-    except OSError as exc:
-        raise IndexFormatError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    except RecursionError:
+        raise IndexFormatError(f"{path}: unreadable JSON (nested too deeply)") from None
 
 
 def _blocks(n: int) -> Iterator[slice]:
@@ -160,9 +186,9 @@ def check_csr(
             raise IndexFormatError(f"{f['weights']}: weight {float(w[bad])} at {s.start + bad} is not {what}")
 
 
-def check_doc_ids(path: Path, n_docs: int) -> list[str]:
+def check_doc_ids(path: Path, n_docs: int, limit: int | None = None) -> list[str]:
     """Read and check ``doc_ids.json``: a list of ``n_docs`` distinct strings."""
-    ids = read_json(path)
+    ids = read_json(path, limit)
     if not isinstance(ids, list) or not all(isinstance(d, str) for d in ids):
         raise IndexFormatError(f"{path}: not a JSON list of strings")
     if len(ids) != n_docs:
@@ -184,7 +210,7 @@ def manifest_checksum_problem(directory: Path) -> str | None:
     from indexer.checksums import json_checksum
 
     path = Path(directory) / MANIFEST
-    data = read_json(path)
+    data = read_json(path, MAX_MANIFEST_BYTES)
     if not isinstance(data, dict) or data.get("checksum") is None:
         return None
     want = data.pop("checksum")

@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from indexer import kernels
+from indexer.diskspace import allocate_npy, save_npy
 from indexer.integrity import check_csr, load_npy
 
 _FILES = ("indptr", "docs", "weights")
@@ -50,7 +51,7 @@ class InvertedIndex:
     @staticmethod
     def write_from_shards(shards: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], vocab_size: int, directory: Path) -> int:
         """Invert per-shard top-K arrays straight into the saved posting files, with memory
-        bounded by one shard (the outputs are memory-mapped); returns the number of documents.
+        bounded by one shard (the outputs are memory-mapped, their space reserved first); returns the number of documents.
 
         ``shards()`` yields (token ids (n, K), weights (n, K)) per shard in document order; it is
         called twice (counting, then placing). The files are byte for byte those of
@@ -68,9 +69,10 @@ class InvertedIndex:
         indptr = np.zeros(vocab_size + 1, np.int64)
         np.cumsum(counts, out=indptr[1:])
         nnz = int(indptr[-1])
-        np.save(directory / "postings_indptr.npy", indptr)
-        docs = np.lib.format.open_memmap(directory / "postings_docs.npy", mode="w+", dtype=np.int32, shape=(nnz,))
-        weights = np.lib.format.open_memmap(directory / "postings_weights.npy", mode="w+", dtype=np.float32, shape=(nnz,))
+        save_npy(directory / "postings_indptr.npy", indptr)
+        # every block allocated before the maps are written: a full disk is an error, not SIGBUS
+        docs = allocate_npy(directory / "postings_docs.npy", np.int32, (nnz,))
+        weights = allocate_npy(directory / "postings_weights.npy", np.float32, (nnz,))
         cursor = indptr[:-1].copy()  # next free slot of each posting list
         base = 0
         for tok, wts in shards():
@@ -85,14 +87,15 @@ class InvertedIndex:
             weights[dest] = wts.reshape(-1)[order].astype(np.float32)
             cursor += here
             base += n
-        docs.flush()
-        weights.flush()
+        for out in (docs, weights):
+            if isinstance(out, np.memmap):
+                out.flush()
         del docs, weights
         return n_docs
 
     def save(self, directory: Path) -> None:
         for name in _FILES:
-            np.save(directory / f"postings_{name}.npy", getattr(self, name))
+            save_npy(directory / f"postings_{name}.npy", getattr(self, name))
 
     @classmethod
     def load(

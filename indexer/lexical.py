@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from indexer.diskspace import write_bytes
 from indexer.integrity import is_finite_number, read_json
 from indexer.inverted_index import InvertedIndex
 from indexer.manifest import IndexFormatError
@@ -100,7 +101,7 @@ class BM25Index:
         directory.mkdir(parents=True, exist_ok=True)
         self.postings.save(directory)
         meta = {"k1": self.k1, "b": self.b, "analyzer": self.analyzer, "vocab": self.vocab}
-        (directory / BM25_FILE).write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+        write_bytes(directory / BM25_FILE, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
 
     @classmethod
     def load(cls, directory: Path, n_docs: int, n_terms: int | None = None, analyzer: str | None = None) -> "BM25Index":

@@ -60,13 +60,17 @@ class Manifest:
 
     @classmethod
     def read(cls, directory: Path) -> "Manifest":
+        from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
+
         path = Path(directory) / MANIFEST
-        if not path.exists():
+        if not os.path.lexists(path):
             raise IndexFormatError(f"{directory}: not an index (no {MANIFEST})")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_regular(path, MAX_MANIFEST_BYTES).decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise IndexFormatError(f"{path}: unreadable manifest ({exc})") from None
+        except RecursionError:
+            raise IndexFormatError(f"{path}: unreadable manifest (JSON nested too deeply)") from None
         if not isinstance(data, dict):
             raise IndexFormatError(f"{path}: not a JSON object")
         version = data.get("format_version")
@@ -127,6 +131,9 @@ def _field_problem(data: dict) -> str | None:
     for key in ("adapter", "dense", "embedfilter", "lexical", "files"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f"field {key!r}: neither an object nor null"
+    problem = _embedding_problem(data["embedding"])
+    if problem:
+        return problem
     if not isinstance(data["model"].get("name"), str) or not isinstance(data["model"].get("sha256"), str):
         return "field 'model': needs string 'name' and 'sha256'"
     if not _positive_int(data["n_docs"]):
@@ -145,12 +152,35 @@ def _field_problem(data: dict) -> str | None:
     return None
 
 
+# EmbedderConfig's fields as the manifest records them: (type, least value); bool is not an int here
+_EMBEDDING_FIELDS = {"max_length": (int, 1), "batch_size": (int, 1), "memory_tokens": (int, 0), "fold_all_caps": (bool, None),
+                     "prompt": (str, None), "query_prompt": (str, None), "pooling": (str, None), "attention": (str, None)}
+
+
+def _embedding_problem(embedding: dict) -> str | None:
+    for key, value in embedding.items():
+        if key not in _EMBEDDING_FIELDS:
+            continue  # unknown settings are refused by EmbedderConfig itself, naming them
+        kind, least = _EMBEDDING_FIELDS[key]
+        if value is None and key == "query_prompt":
+            continue
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"field 'embedding.{key}': {value!r} is not {'an integer' if kind is int else 'a ' + kind.__name__}"
+        if least is not None and value < least:
+            return f"field 'embedding.{key}': {value!r} is less than {least}"
+    return None
+
+
 def write_json_atomic(path: Path, obj) -> None:
     """Write JSON to a temporary file beside ``path`` and rename it into place."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
+        from indexer.diskspace import reserve
+
+        data = json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8")
+        with os.fdopen(fd, "wb") as f:
+            reserve(f.fileno(), path, len(data))
+            f.write(data)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

@@ -7,17 +7,18 @@ Three layers, cheapest first, as Lucene's CheckIndex does:
 
 Each channel is opened through :data:`CHANNELS`, the same table the Retriever opens channels
 with, so a new channel adds one entry and is validated on load and verified here alike.
-Exit status: 0 clean, 1 damaged, 2 not an index.
+The command line is indexer/verify_cli.py (``verify-index``): exit status 0 clean, 1 damaged,
+2 not an index.
 """
 from __future__ import annotations
 
-import argparse
-import sys
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
+from indexer.generations import open_generation
 from indexer.integrity import (
     check_doc_ids,
     checksum_problems,
@@ -93,13 +94,27 @@ class NotAnIndex(IndexFormatError):
 
 
 def verify(path: str | Path) -> Report:
-    """Check everything under ``path`` (an index directory or a Pyserini export)."""
+    """Check everything under ``path`` (an index directory or a Pyserini export). An index is
+    checked in the generation ``path`` points at when called (indexer/generations.py), held
+    for the whole check, so that a build publishing meanwhile does not make a healthy index
+    look damaged."""
     path = Path(path)
     if not path.is_dir():
         raise NotAnIndex(f"{path}: not a directory")
-    if (path / MANIFEST).exists():
-        return verify_index(path)
-    if (path / EXPORT_MANIFEST).exists():
+    try:
+        gen = open_generation(path)
+    except OSError as exc:
+        raise NotAnIndex(f"{path}: {exc.strerror or exc}") from None
+    with gen:
+        if os.path.lexists(gen.path / MANIFEST):
+            report = verify_index(gen.path)
+            # files named by the path given, not the generation held
+            given = (lambda m: m.replace(str(gen.path), str(path))) if str(gen.path) != str(path) else (lambda m: m)
+            report.problems = [given(p) for p in report.problems]
+            report.notes = [given(n) for n in report.notes]
+            report.path = path
+            return report
+    if os.path.lexists(path / EXPORT_MANIFEST):
         return verify_export(path)
     raise NotAnIndex(f"{path}: not an index (no {MANIFEST}) nor a Pyserini export (no {EXPORT_MANIFEST})")
 
@@ -156,31 +171,3 @@ def _file_problems(directory: Path, files: dict[str, dict]) -> list[str]:
     damaged = size_problems(directory, files)
     sized = {rel: rec for rel, rec in files.items() if (directory / rel).is_file() and (directory / rel).stat().st_size == rec.get("size")}
     return damaged + checksum_problems(directory, sized)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="verify-index", description=__doc__.split("\n")[0])
-    p.add_argument("path", type=Path, help="index directory (or Pyserini export directory)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        report = verify(args.path)
-    except NotAnIndex as exc:
-        print(f"verify-index: error: {exc}", file=sys.stderr)
-        return 2
-    for line in report.problems:
-        print(line)
-    for line in report.notes:
-        print(f"note: {line}")
-    if report.ok:
-        print(f"{args.path}: ok ({report.kind}, {report.n_files} files checksummed)")
-        return 0
-    print(f"{args.path}: {len(report.problems)} problem(s)", file=sys.stderr)
-    return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    # a query with undecodable bytes (kept as lone surrogates) is echoed escaped, not a traceback
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
     try:
         check_k(args.k)  # before seconds of model loading

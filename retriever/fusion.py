@@ -8,6 +8,7 @@ Two methods, matching ranx.fuse so that weights tuned with ranx apply here uncha
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,3 +55,42 @@ def fuse(
             parts.setdefault(d, {})[name] = v
     ranked = sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
     return [FusedDoc(d, s, parts[d]) for d, s in ranked]
+
+
+# the channels a fusion may weigh (retriever.retriever.MODES without "hybrid"), and the
+# methods the Milvus backend fuses itself (retriever/backends/milvus.py)
+CHANNELS = ("sparse", "dense", "dense-ef", "bm25", "encoder")
+ENGINE_METHODS = ("milvus-weighted", "milvus-rrf")
+_KEYS = ("method", "weights", "rrf_k", "norm_score")
+
+
+def check_fusion(fusion: object) -> dict:
+    """A fusion setting as the Retriever takes it, or ValueError naming the bad key: ``method``
+    one of :data:`METHODS` or :data:`ENGINE_METHODS`, ``weights`` {channel: finite number >= 0},
+    ``rrf_k`` a finite number > 0, ``norm_score`` a bool. Checked once, when the Retriever is
+    made, rather than failing (or silently ranking by document number) at search time."""
+    if not isinstance(fusion, dict):
+        raise ValueError(f"fusion setting: expected a dict with keys {_KEYS}, got {type(fusion).__name__}")
+    for key in fusion:
+        if key not in _KEYS:
+            raise ValueError(f"fusion setting {key!r}: unknown key (known: {', '.join(_KEYS)})")
+    method = fusion.get("method", "minmax")
+    if method not in METHODS + ENGINE_METHODS:
+        raise ValueError(f"fusion setting 'method': {method!r} is not one of {METHODS + ENGINE_METHODS}")
+    weights = fusion.get("weights")
+    if not isinstance(weights, dict):
+        raise ValueError(f"fusion setting 'weights': expected a dict of channel -> weight, got {type(weights).__name__}")
+    for name, w in weights.items():
+        if name not in CHANNELS:
+            raise ValueError(f"fusion setting 'weights.{name}': unknown channel (known: {', '.join(CHANNELS)})")
+        if not _number(w) or not math.isfinite(w) or w < 0:
+            raise ValueError(f"fusion setting 'weights.{name}': {w!r} is not a finite number >= 0")
+    if "rrf_k" in fusion and not (_number(fusion["rrf_k"]) and math.isfinite(fusion["rrf_k"]) and fusion["rrf_k"] > 0):
+        raise ValueError(f"fusion setting 'rrf_k': {fusion['rrf_k']!r} is not a finite number > 0")
+    if "norm_score" in fusion and not isinstance(fusion["norm_score"], bool):
+        raise ValueError(f"fusion setting 'norm_score': {fusion['norm_score']!r} is not a bool")
+    return fusion
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)

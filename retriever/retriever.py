@@ -19,13 +19,13 @@ import numpy as np
 
 from embedder.encoder import Embedder, EmbedderConfig
 from indexer.dense import DenseIndex
-from indexer.integrity import check_doc_ids, check_files
+from indexer.generations import Generation
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import BM25Index, make_analyzer
-from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
-from indexer.verify import open_channels
+from indexer.manifest import MANIFEST, IndexFormatError, Manifest
+from indexer.reader import OpenedIndex, open_index
 from retriever.backends import Backend, open_backend
-from retriever.fusion import fuse
+from retriever.fusion import check_fusion, fuse
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, queries_from_states
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
 
@@ -101,6 +101,7 @@ class Retriever:
         encoder=None,
         doc_ids: list[str] | None = None,
         channels: dict[str, Any] | None = None,
+        generation: Generation | None = None,
         query_encoder: "str | os.PathLike[str] | DistilledQueryEncoder" = "llm",
         query_cache_size: int = DEFAULT_QUERY_CACHE_SIZE,
     ) -> None:
@@ -116,7 +117,9 @@ class Retriever:
         ``fusion``: the hybrid setting; default DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER
         for an index with the encoder channel.
         ``doc_ids``, ``channels``: already opened and checked (:meth:`load` does so before
-        loading the model); opened here otherwise.
+        loading the model); opened here otherwise, from one held generation of the index.
+        ``generation``: the generation they were read from (indexer/generations.py), held until
+        :meth:`close`.
         ``query_encoder``: what encodes queries for the LLM channels (embedder/query_encoder.py):
         "llm" (the embedder itself), "distilled" (the student kept beside the index's adapter;
         an error where there is none), "auto" (that student where one exists, else the LLM), a
@@ -125,16 +128,19 @@ class Retriever:
         ``query_cache_size``: encoded queries kept (LRU, thread-safe; 0: none)."""
         if query_weighting not in QUERY_WEIGHTINGS:
             raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}")
+        if channels is None or doc_ids is None:
+            opened = open_index(index_dir, mmap=mmap)
+            doc_ids, channels, generation = opened.doc_ids, opened.channels, opened.generation
+        self.generation = generation
         self.index_dir = Path(index_dir)
         self.manifest = manifest
         self.embedder = embedder
         self.expansion_m = expansion_m
         self.literal = literal
         self.query_weighting = query_weighting
-        self.fusion = fusion or (DEFAULT_FUSION_WITH_ENCODER if manifest.encoder else DEFAULT_FUSION)
+        self.fusion = check_fusion(fusion) if fusion is not None else (DEFAULT_FUSION_WITH_ENCODER if manifest.encoder else DEFAULT_FUSION)
         # every channel is checked against the manifest on opening, before any array reaches a kernel
-        self.doc_ids: list[str] = doc_ids if doc_ids is not None else check_doc_ids(self.index_dir / DOC_IDS, manifest.n_docs)
-        channels = channels if channels is not None else open_channels(self.index_dir, manifest, mmap=mmap)
+        self.doc_ids: list[str] = doc_ids
         self.sparse: InvertedIndex = channels["sparse"]
         self.backend = backend  # its name, as recorded in benchmark results
         self.engine: Backend = open_backend(
@@ -223,11 +229,19 @@ class Retriever:
         adapter, else the LLM), "llm", "distilled", or a student's directory (see ``__init__``).
         """
         index_dir = Path(index_dir)
-        manifest = Manifest.read(index_dir)
-        check_files(index_dir, manifest, checksums=verify)
-        # open and check everything before spending seconds on the model
-        kwargs["doc_ids"] = check_doc_ids(index_dir / DOC_IDS, manifest.n_docs)
-        kwargs["channels"] = open_channels(index_dir, manifest, mmap=kwargs.get("mmap", True))
+        # one generation of the index, held while this Retriever lives (indexer/reader.py), every
+        # file opened and checked before spending seconds on the model
+        opened = open_index(index_dir, verify=verify, mmap=kwargs.get("mmap", True))
+        try:
+            return cls._load_opened(opened, index_dir, model, embedder, device, warm, dtype, runtime, kwargs)
+        except BaseException:
+            opened.close()
+            raise
+
+    @classmethod
+    def _load_opened(cls, opened: OpenedIndex, index_dir: Path, model, embedder, device, warm, dtype, runtime, kwargs) -> "Retriever":
+        manifest = opened.manifest
+        kwargs["doc_ids"], kwargs["channels"], kwargs["generation"] = opened.doc_ids, opened.channels, opened.generation
         if embedder is None:
             # indexes built before all-caps folding existed were built without it; the query
             # template is the manifest's too (none recorded: queries read the document template)
@@ -242,6 +256,18 @@ class Retriever:
         if warm:
             retriever.warm_up()
         return retriever
+
+    def close(self) -> None:
+        """Let go of the index generation this Retriever holds (a build may then remove it once
+        it is replaced); searching afterwards still works from what is already mapped."""
+        if self.generation is not None:
+            self.generation.close()
+
+    def __enter__(self) -> "Retriever":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def warm_up(self) -> None:
         """Pay every first-call cost now rather than in the first query: the encoder runtime's

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import traceback
 
-MODULES = ("retriever.cli", "indexer.verify")
+MODULES = ("retriever.cli", "indexer.verify_cli")
 
 
 def _child(module: str, argv: list[str], out_path: str, err_path: str) -> None:

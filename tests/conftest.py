@@ -198,6 +198,13 @@ def write_corpus(directory: Path, docs: list[dict[str, str]], fmt: str) -> Path:
     raise ValueError(fmt)
 
 
+def listing(parent: Path) -> list[str]:
+    """The names in ``parent``, less the generations its index links point at (an index is a
+    link to its current generation, indexer/generations.py): what a user sees as there."""
+    published = {os.readlink(p) for p in parent.iterdir() if p.is_symlink()}
+    return sorted(p.name for p in parent.iterdir() if p.name not in published)
+
+
 @pytest.fixture
 def make_corpus(tmp_path) -> Callable:
     """Factory: ``make_corpus(fmt="beir", docs=None, n=40, seed=0)`` writes a toy corpus

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import listing
 from embedder.encoder import Embedder
 from embedder.models import REGISTRY, ModelNotAvailable, ModelSpec, resolve_model
 from indexer.build import build_index
@@ -30,7 +31,7 @@ def jsonl_lines(bad: str | bytes, at: int = 3, n: int = 5) -> bytes:
 
 def assert_no_index_left(parent: Path, keep: set[str] = frozenset()) -> None:
     """Nothing beside ``keep`` in ``parent``: no target, no temp dir (hidden or not)."""
-    left = {p.name for p in parent.iterdir()} - set(keep)
+    left = set(listing(parent)) - set(keep)
     assert left == set(), f"left behind: {left}"
 
 

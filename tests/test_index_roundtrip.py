@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 
 import numpy as np
@@ -52,8 +53,9 @@ def test_manifest_fields(toy_corpus, tiny_embedder):
     assert datetime.fromisoformat(m.created).tzinfo is not None
     names = {p.name for p in index_dir.iterdir()}
     assert names == {MANIFEST, DOC_IDS, *POSTINGS}
-    # nothing but the index is left beside it
-    assert [p.name for p in index_dir.parent.iterdir() if p.name.startswith(".")] == []
+    # nothing but the index is left beside it: its one generation (the link's target)
+    assert sorted(p.name for p in index_dir.parent.iterdir() if p.name.startswith(".")) == [".index.gen-000001"]
+    assert os.readlink(index_dir) == ".index.gen-000001"
 
 
 def test_top_k_is_capped_by_the_vocabulary(toy_corpus, tiny_embedder):
@@ -110,7 +112,8 @@ def test_overwrite_replaces_an_index(toy_corpus, tiny_embedder):
     build_index(toy_corpus, index_dir, tiny_embedder, top_k=8, overwrite=True, progress=False)
     assert Manifest.read(index_dir).sparse["top_k"] == 8
     assert len(Retriever.load(index_dir, embedder=tiny_embedder).sparse.docs) == 40 * 8
-    assert [p.name for p in index_dir.parent.iterdir() if p.name.startswith(".")] == []
+    # the replaced generation is removed (no reader holds it): the new one remains
+    assert sorted(p.name for p in index_dir.parent.iterdir() if p.name.startswith(".")) == [".index.gen-000002"]
 
 
 def test_manifest_tolerates_unknown_fields_but_not_missing_ones(toy_corpus, tiny_embedder):

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import REPO
 from indexer import cli as build_cli
-from indexer import verify as verify_cli
+from indexer import verify, verify_cli
 from indexer.checksums import CHECKSUM, file_checksum, json_checksum
 from indexer.integrity import record_files
 from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
@@ -92,7 +92,7 @@ def search(cli, index: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 def verify_index(cli, index: Path) -> subprocess.CompletedProcess:
-    return cli.run("indexer.verify", str(index))
+    return cli.run("indexer.verify_cli", str(index))
 
 
 # ------------------------------------------------------------------ damage
@@ -279,7 +279,7 @@ def test_index_without_checksums_still_refuses_damage(cli, index, rel, kind):
 
 def test_fresh_index_passes_verify_and_search_verify(index):
     """The real entry points in fresh interpreters."""
-    proc = fresh("indexer.verify", str(index))
+    proc = fresh("indexer.verify_cli", str(index))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith(f"ok (index, {len(FILES) - 1} files checksummed)")
     proc = fresh("retriever.cli", "--index", str(index), "--verify", "--json", "cat and dog")
@@ -292,7 +292,7 @@ def test_damage_in_a_fresh_interpreter(index, rel, kind):
     rather than the fork server."""
     damage(index, rel, kind)
     assert_one_line_naming(fresh("retriever.cli", "--index", str(index), "cat and dog"), 2, rel)
-    proc = fresh("indexer.verify", str(index))
+    proc = fresh("indexer.verify_cli", str(index))
     assert proc.returncode == 1 and rel in proc.stdout
 
 
@@ -402,7 +402,7 @@ def test_no_code_path_unpickles_or_runs_remote_code():
 def test_export_records_checksums_and_verifies(index, tmp_path, capsys, tiny_tokenizer):
     from indexer.exports.lucene import EXPORT_MANIFEST, export_pyserini, vocabulary_strings
 
-    assert verify_cli.EXPORT_MANIFEST == EXPORT_MANIFEST
+    assert verify.EXPORT_MANIFEST == EXPORT_MANIFEST
     vocab = Manifest.read(index).sparse["vocab_size"]
     out = tmp_path / "export"
     info = export_pyserini(index, out, tokens=vocabulary_strings(tiny_tokenizer, vocab), build_lucene=False, progress=False)
@@ -416,5 +416,5 @@ def test_export_records_checksums_and_verifies(index, tmp_path, capsys, tiny_tok
 def test_fork_server_reports_signals_and_tracebacks(cli):
     """The matrix above would pass vacuously if a crash did not show: it does, as -signal."""
     assert cli.run("_crash_cli").returncode == -11
-    proc = cli.run("indexer.verify", "--no-such-option")
+    proc = cli.run("indexer.verify_cli", "--no-such-option")
     assert proc.returncode == 2 and "usage:" in proc.stderr
