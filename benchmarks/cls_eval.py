@@ -124,8 +124,8 @@ def run(args: argparse.Namespace, command: str) -> dict:
     from benchmarks.classification import C_GRID, load_task
     from benchmarks.fusion_boosting import PREFIX_BOOSTER, TREE_BOOSTER
     from benchmarks.suite import git_commit, machine_info
-    from benchmarks.systems import set_threads
     from embedder.cache import ArrayCache, cached_arrays
+    from embedder.util import set_threads, write_json_atomic
 
     if args.boost and args.embedder == "minilm":
         raise SystemExit("cls-eval: error: --boost needs several token states per text; minilm gives one pooled vector")
@@ -173,21 +173,8 @@ def run(args: argparse.Namespace, command: str) -> dict:
         out["mean_boosted_accuracy"] = mean("boosted")
         out["mean_boosted_trees_accuracy"] = mean("boosted_trees")
     if args.out:
-        _write_json(args.out / "results.json", out)
+        write_json_atomic(args.out / "results.json", out, indent=1, ensure_ascii=True, newline=True)
     return out
-
-
-def _write_json(path: Path, data: dict) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def summary(res: dict) -> dict:

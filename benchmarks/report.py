@@ -18,6 +18,8 @@ import math
 import os
 from pathlib import Path
 
+from embedder.util import write_bytes_atomic
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 GENERATED_NOTE = (
@@ -374,10 +376,7 @@ def write_if_changed(path: Path, data: bytes) -> bool:
     """Write (temp file, then rename) only if the content differs; returns whether it wrote."""
     if path.exists() and path.read_bytes() == data:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, data)
     return True
 
 

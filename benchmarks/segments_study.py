@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     emb = Embedder.load(adapter=args.adapter, runtime=None if args.runtime == "reference" else "auto")
     if args.threads:
-        from benchmarks.systems import set_threads
+        from embedder.util import set_threads
 
         set_threads(args.threads)  # after loading (Embedder.load sizes torch's pool), before the runtime is built
     if args.embedding_cache:

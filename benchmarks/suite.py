@@ -26,8 +26,9 @@ from pathlib import Path
 import benchmarks
 from benchmarks import evaluate
 from benchmarks.datasets import Dataset
-from benchmarks.systems import Settings, System, load_timed, make, set_threads
+from benchmarks.systems import Settings, System, load_timed, make
 from benchmarks.timing import Stopwatch, latency_stats
+from embedder.util import set_threads, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -180,15 +181,11 @@ def _resumable(path: Path, system_names: list[str], depth: int) -> tuple[dict, f
 
 def _write(results: dict, out_dir: Path, start: float) -> dict:
     from benchmarks.report import render_run
-    from indexer.manifest import write_json_atomic
 
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
     results["load_avg_end"] = _load_avg()
     write_json_atomic(out_dir / RESULTS_FILE, results)
-    md = render_run(results, heading_level=1)
-    tmp = out_dir / ".report.md.tmp"
-    tmp.write_text(md, encoding="utf-8")
-    os.replace(tmp, out_dir / "report.md")
+    write_text_atomic(out_dir / "report.md", render_run(results, heading_level=1))
     return results
 
 

@@ -1064,23 +1064,6 @@ class BM25PlusMiniLM(System):
 register("bm25+minilm", "baseline: Pyserini BM25 + all-MiniLM-L6-v2, fused per query (min-max, weighted sum)")(BM25PlusMiniLM)
 
 
-def set_threads(n: int) -> None:
-    """Cap the compute threads of torch and FAISS (e.g. 1 on a machine shared with other
-    jobs, where two threads on two busy cores run slower than one)."""
-    try:
-        import torch
-
-        torch.set_num_threads(n)
-    except ImportError:
-        pass
-    try:
-        import faiss
-
-        faiss.omp_set_num_threads(n)
-    except ImportError:
-        pass
-
-
 def load_timed(system: System) -> float:
     """Load a system; returns the seconds it took (reported apart from query time)."""
     t0 = time.perf_counter()

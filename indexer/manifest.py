@@ -7,11 +7,10 @@ different model than the documents.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from embedder.util import write_json_atomic
 from indexer.checksums import json_checksum
 
 FORMAT_VERSION = 1
@@ -143,16 +142,3 @@ def _field_problem(data: dict) -> str | None:
         if not isinstance(rec, dict) or not isinstance(rec.get("size"), int) or ".." in Path(rel).parts or Path(rel).is_absolute():
             return f"field 'files': bad record for {rel!r}"
     return None
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

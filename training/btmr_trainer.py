@@ -23,11 +23,10 @@ import torch
 
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.token_groups import BTMR_CONFIG, BTMR_TOKEN_FILE
+from embedder.util import set_threads
 from training.adapter_io import save_adapter
 from training.btmr import BTMRConfig, document_pairs, forward_states, matryoshka_contrastive, pack, pick_bmt_token
-from training.cli_common import (
-    add_corpus_arguments, add_recipe_arguments, add_run_arguments, fail, recipe_with_args, set_threads, setup
-)
+from training.cli_common import add_corpus_arguments, add_recipe_arguments, add_run_arguments, fail, recipe_with_args, setup
 from training.loop import LoopStage, TrainingLoop, attach_lora, latest_checkpoint, load_backbone, seed_everything
 from training.recipe import TrainRecipe
 from training.target_cache import texts_fingerprint

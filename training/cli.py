@@ -9,7 +9,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from training.cli_common import add_prompt_arguments, fail, recipe_with_args, report_adapter, set_threads, setup, staged_parser
+from embedder.util import set_threads
+from training.cli_common import add_prompt_arguments, fail, recipe_with_args, report_adapter, setup, staged_parser
 from training.config import RECIPES, Stage
 
 
@@ -280,9 +281,9 @@ def diagnose_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     setup(args.threads, quiet=True)
     from embedder.models import ModelNotAvailable
+    from embedder.util import write_json_atomic
     from indexer.corpus import CorpusError
     from training.diagnostics import compare_embedders
-    from training.target_cache import write_json_atomic
     from training.texts import corpus_texts
 
     try:
@@ -290,9 +291,7 @@ def diagnose_main(argv: list[str] | None = None) -> int:
         after = load_embedder(args.model, args.adapter, threads=args.threads)
         if after.adapter is None:
             raise ModelNotAvailable(f"--adapter {args.adapter!r} resolves to no adapter: nothing to compare")
-        from embedder.encoder import Embedder
-
-        from embedder.encoder import EmbedderConfig
+        from embedder.encoder import Embedder, EmbedderConfig
 
         # The backbone read with the trained embedder's prompt, pooling and attention; memory
         # pooling reads learned vectors the backbone does not have, so the backbone is then read
@@ -308,7 +307,7 @@ def diagnose_main(argv: list[str] | None = None) -> int:
     report["adapter"] = after.adapter
     report["before_reading"] = {"prompt": before.config.prompt, "pooling": before.config.pooling, "attention": before.config.attention}
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "diagnostics.json", report)
+    write_json_atomic(args.out / "diagnostics.json", report, sort_keys=True, ensure_ascii=True)
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
         return 0

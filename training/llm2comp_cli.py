@@ -13,7 +13,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from training.cli_common import fail, recipe_with_args, report_adapter, set_threads, setup, staged_parser
+from embedder.util import set_threads
+from training.cli_common import fail, recipe_with_args, report_adapter, setup, staged_parser
 from training.llm2comp_config import RECIPES, LLM2CompStage
 
 PROG = "train-llm2comp"
