@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     from ranx import Qrels, Run
 
     from benchmarks import datasets as dsets
-    from benchmarks.evaluate import read_trec
+    from benchmarks.runs import read_trec
 
     sources = parse_channels(args.channels)
     channels = [c for c, _ in sources]

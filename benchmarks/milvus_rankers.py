@@ -13,28 +13,13 @@ scores), i.e. how much a channel can still tell its documents apart inside Milvu
 from __future__ import annotations
 
 import argparse
-import gzip
 import math
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 CHANNELS = ("sparse", "dense", "bm25")
-
-
-def read_run(path: Path) -> dict[str, list[float]]:
-    """A TREC run's scores per query, in file order (``.trec`` or ``.trec.gz``)."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    scores: dict[str, list[float]] = defaultdict(list)
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            parts = line.split()
-            if len(parts) != 6:
-                raise ValueError(f"{path}:{lineno}: expected 6 fields (qid Q0 doc rank score tag), got {len(parts)}")
-            scores[parts[0]].append(float(parts[4]))
-    return scores
 
 
 def arctan_spread(scores: list[float]) -> float:
@@ -48,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=Path, required=True, help="a beir-eval output folder with the sparse-/dense-/bm25-milvus runs")
     p.add_argument("--out", type=Path, required=True, help="table results file to write")
     args = p.parse_args(argv)
+    from benchmarks.runs import read_trec
     from benchmarks.tables import write_table
 
     rows = []
@@ -57,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             files = sorted(folder.glob(f"{channel}-milvus.trec*"))
             if not files:
                 raise FileNotFoundError(f"{folder}: no {channel}-milvus run (run beir-eval with --systems {channel}-milvus)")
-            per_query = read_run(files[0])
+            per_query = {q: list(hits.values()) for q, hits in read_trec(files[0]).items()}
             spreads = [arctan_spread(s) for s in per_query.values() if s]
             tops = [max(s) for s in per_query.values() if s]
             row += [round(float(np.median(tops)), 3), round(float(np.median(spreads)), 5)]

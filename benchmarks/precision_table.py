@@ -14,12 +14,12 @@ it is within the tolerance.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.results_file import load_results
 from benchmarks.tables import write_table
 
 TOLERANCE = 0.005  # the bar: nDCG@10 within 0.005 of fp32 on every collection
@@ -29,7 +29,7 @@ def _results(folder: Path) -> dict:
     path = folder / "results.json"
     if not path.exists():
         raise SystemExit(f"precision_table: {path}: no beir-eval results there")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return load_results(path)
 
 
 def _runtime(res: dict, system: str) -> str:
@@ -47,7 +47,7 @@ def _p_value(ref_folder: Path, cand_folder: Path, ref_ds: dict, cand_ds: dict, s
         from ranx import Qrels, Run, compare
 
         from benchmarks.datasets import resolve
-        from benchmarks.evaluate import read_trec
+        from benchmarks.runs import read_trec
     except ImportError:
         return None
     ds = resolve(str(ref_ds["source"]))[0]

@@ -18,6 +18,7 @@ import math
 import os
 from pathlib import Path
 
+from benchmarks.results_file import find_all_results
 from embedder.util import write_bytes_atomic
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -385,38 +386,6 @@ def find_results(results_dir: Path) -> tuple[list[tuple[Path, dict]], list[tuple
     """(beir-eval results, table results) under ``results_dir``, sorted by path."""
     runs, tables, _ = find_all_results(results_dir)
     return runs, tables
-
-
-def find_all_results(results_dir: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]], list[tuple[Path, dict]]]:
-    """(beir-eval results, table results, cls-eval results) under ``results_dir``, sorted by path."""
-    runs, tables, classification = [], [], []
-    for path in sorted(results_dir.rglob("*.json")):
-        if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
-            continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from None
-        kind = data.get("kind") if isinstance(data, dict) else None
-        if kind == "beir-eval":
-            runs.append((path, data))
-        elif kind == "table":
-            _check_table(path, data)
-            tables.append((path, data))
-        elif kind == "cls-eval":
-            if not isinstance(data.get("tasks"), dict) or not isinstance(data.get("label"), str):
-                raise ValueError(f"{path}: a cls-eval results file needs 'label' (string) and 'tasks' (object)")
-            classification.append((path, data))
-    return runs, tables, classification
-
-
-def _check_table(path: Path, data: dict) -> None:
-    for key, typ in (("title", str), ("command", str), ("description", str), ("columns", list), ("rows", list)):
-        if not isinstance(data.get(key), typ):
-            raise ValueError(f"{path}: field {key!r}: expected {typ.__name__}")
-    for i, row in enumerate(data["rows"]):
-        if not isinstance(row, list) or len(row) != len(data["columns"]):
-            raise ValueError(f"{path}: field 'rows'[{i}]: expected a list of {len(data['columns'])} cells")
 
 
 def render_table_section(path: Path, data: dict, rel_to: Path, plot: str | None = None) -> str:

@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 import benchmarks  # noqa: F401  (cache locations first)
 
 MODES = ("sparse", "dense", "hybrid")

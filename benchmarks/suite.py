@@ -12,7 +12,6 @@ Timing protocol (single process, this machine):
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -26,15 +25,14 @@ from pathlib import Path
 import benchmarks
 from benchmarks import evaluate
 from benchmarks.datasets import Dataset
+from benchmarks.results_file import RESULTS_FILE, RESULTS_FORMAT, RESULTS_KIND, load_results
+from benchmarks.runs import write_trec
 from benchmarks.systems import Settings, System, load_timed, make
 from benchmarks.timing import Stopwatch, latency_stats
 from embedder.util import set_threads, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
-RESULTS_KIND = "beir-eval"
-RESULTS_FORMAT = 1
-RESULTS_FILE = "results.json"
 # Queries run once before timing: the first compiles Numba kernels; a few more let the
 # JVM's JIT (Lucene) and oneDNN (torch) settle. Timed apart, reported as warm-up.
 WARMUP_QUERIES = 3
@@ -211,7 +209,7 @@ def _run_dataset(
         runs[s.name] = run
         scores = evaluate.evaluate_run(ds.qrels, run, metrics)
         suffix = ".trec.gz" if runs_gzip else ".trec"
-        run_file = evaluate.write_trec(run, out_dir / "runs" / ds.name / f"{s.name}{suffix}", tag=s.name)
+        run_file = write_trec(run, out_dir / "runs" / ds.name / f"{s.name}{suffix}", tag=s.name)
         e2e = [a + b for a, b in zip(enc_secs, search_secs)]
         entry["results"][s.name] = {
             "metrics": scores,
@@ -237,11 +235,3 @@ def _run_dataset(
     if compare and len(runs) > 1:
         entry["comparison"] = evaluate.compare_runs(ds.qrels, runs, metrics)
     return entry
-
-
-def load_results(path: Path) -> dict:
-    """Read a results JSON file (and check it is one)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if data.get("kind") != RESULTS_KIND:
-        raise ValueError(f"{path}: field 'kind': not a beir-eval results file")
-    return data
