@@ -27,7 +27,7 @@ def write_table(
     plot: dict | None = None,
 ) -> Path:
     """Write a table results file atomically (temporary file, then rename)."""
-    from benchmarks.suite import git_commit, machine_info
+    from benchmarks.provenance import git_commit, machine_info
 
     for i, row in enumerate(rows):
         if len(row) != len(columns):

@@ -18,7 +18,8 @@ import pytest
 
 import benchmarks  # noqa: F401  (cache locations before ranx / numba)
 from benchmarks import datasets as dsets
-from benchmarks import evaluate, report, runs, systems
+from benchmarks import metrics as evaluate
+from benchmarks import report, runs, systems
 from benchmarks.suite import run_suite
 from indexer.corpus import CorpusError
 
@@ -396,7 +397,7 @@ def test_text2token_table_reads_ndcg_and_refuses_a_run_of_another_adapter(tmp_pa
 
 
 def test_embedder_table_training_cost_sums_step_seconds_across_a_resume(tmp_path):
-    from benchmarks.embedder_table import training_cost
+    from benchmarks.studies.embedder_table import training_cost
 
     adapter = tmp_path / "run" / "adapter"
     adapter.mkdir(parents=True)
@@ -415,7 +416,7 @@ def test_embedder_table_training_cost_sums_step_seconds_across_a_resume(tmp_path
 
 
 def test_embedder_table_training_cost_of_an_llm2comp_stage_snapshot_counts_its_own_steps(tmp_path):
-    from benchmarks.embedder_table import training_cost
+    from benchmarks.studies.embedder_table import training_cost
 
     recipe = {"batch_size": 8, "contrastive_batch_size": 32,
               "stages": [{"kind": "ctkd", "steps": 2}, {"kind": "simcse", "steps": 1}, {"kind": "spans", "steps": 1}]}

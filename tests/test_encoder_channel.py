@@ -218,7 +218,7 @@ def test_bm25_minilm_fusion_is_ranx_minmax_wsum():
     """The baseline's per-query fusion gives ranx.fuse's numbers (min-max, weighted sum)."""
     from ranx import Run, fuse
 
-    from benchmarks.systems import BM25PlusMiniLM
+    from benchmarks.systems.baselines import BM25PlusMiniLM
 
     rng = np.random.default_rng(0)
     system = SimpleNamespace(fusion={"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}})

@@ -1,7 +1,7 @@
 """Sweep the aligned-token parameters (document top-K, query expansion M, literal token
 forms, query token weighting) on BEIR collections, encoding each corpus only once.
 
-    python -m benchmarks.sweep_sparse --data ../shared/data/cisi --data ../shared/data/medline
+    python -m benchmarks.studies.sweep_sparse --data ../shared/data/cisi --data ../shared/data/medline
 
 Writes a ``{"kind": "table"}`` results file that ``beir-eval report`` renders into BENCHMARKS.md.
 """
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title="Aligned-token parameter sweep (raw backbone, nDCG@10)",
-        command="python -m benchmarks.sweep_sparse " + " ".join(f"--data {d}" for d in args.data),
+        command="python -m benchmarks.studies.sweep_sparse " + " ".join(f"--data {d}" for d in args.data),
         description=(
             "Documents keep their top-K aligned tokens (weight = logit); a query is its literal tokens "
             "(forms: 'space' = word-initial Ġ forms, 'bare' = each word tokenised alone, 'both') united with its top-M "

@@ -8,7 +8,7 @@ run with the ``*-milvus`` systems and reports, per collection and channel, how m
 arctan leaves to a channel's top-100 (median over queries of max - min of the normalised
 scores), i.e. how much a channel can still tell its documents apart inside Milvus's fusion.
 
-    python -m benchmarks.milvus_rankers --runs benchmarks/results/milvus --out benchmarks/results/milvus-rankers.json
+    python -m benchmarks.studies.milvus_rankers --runs benchmarks/results/milvus --out benchmarks/results/milvus-rankers.json
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def arctan_spread(scores: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.milvus_rankers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.milvus_rankers", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=Path, required=True, help="a beir-eval output folder with the sparse-/dense-/bm25-milvus runs")
     p.add_argument("--out", type=Path, required=True, help="table results file to write")
     args = p.parse_args(argv)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         f"`{args.runs}`. A spread near 0 means the channel adds almost the same amount to every document it returned: "
         "inside Milvus's weighted fusion it then only votes for *which* documents enter the list, not their order."
     )
-    command = "python -m benchmarks.milvus_rankers " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.studies.milvus_rankers " + " ".join(argv if argv is not None else sys.argv[1:])
     write_table(args.out, "Milvus WeightedRanker vs min-max: what arctan normalisation leaves of each channel", command, description, columns, rows)
     print(f"wrote {args.out}")
     return 0

@@ -1,6 +1,6 @@
 """One row per embedder of the same backbone, with the baselines users would build instead.
 
-    python -m benchmarks.embedder_table --pairs ../shared/data/stsb/test.tsv \\
+    python -m benchmarks.studies.embedder_table --pairs ../shared/data/stsb/test.tsv \\
         --variant "Text2Token (shipped)=default:benchmarks/results/encoder-hybrid" \\
         --variant "+ contrastive=runs/contrastive-cpu/adapter:benchmarks/results/contrastive-cpu" \\
         --baseline-runs benchmarks/results/encoder-hybrid \\
@@ -8,7 +8,7 @@
 
 Columns: STS-B test Spearman; per shared collection nDCG@10 of the sparse (aligned tokens) and
 dense channels and of the hybrid with weights chosen leave-one-collection-out (LOCO; read from
-``<results>/fusion_cv.json``, written by ``benchmarks.fusion_cv``); their means; and what the
+``<results>/fusion_cv.json``, written by ``benchmarks.studies.fusion_cv``); their means; and what the
 training cost (steps, pairs or texts seen, seconds, from the adapter's record and loss curve).
 With ``--classification NAME=DIR``, the mean accuracy of a ``cls-eval`` results folder (sentence
 classification on frozen embeddings) for the row NAME; every such folder must share one protocol.
@@ -280,12 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title=args.title,
-        command="python -m benchmarks.embedder_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command="python -m benchmarks.studies.embedder_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
         description=(
             f"Backbone {args.model}. STS-B: Spearman correlation of cosine similarity with the gold scores on {args.pairs} "
             f"({len(pairs.scores)} pairs). nDCG@10 from the beir-eval runs named in the command: sparse = aligned tokens, "
             "dense = cosine of pooled embeddings, hybrid = min-max or RRF fusion of sparse, dense and BM25 (Pyserini) with "
-            "the setting best on the other four collections (leave-one-collection-out, benchmarks.fusion_cv). Baselines: "
+            "the setting best on the other four collections (leave-one-collection-out, benchmarks.studies.fusion_cv). Baselines: "
             "BM25 in the hybrid columns, MiniLM in the dense columns, BM25 + MiniLM fused with LOCO weights in the hybrid "
             "columns. Training time is the trainer's own clock on the machine of the run (its adapter record)."
             + (

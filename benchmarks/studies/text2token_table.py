@@ -1,7 +1,7 @@
 """What Text2Token training changes: STS-B Spearman and nDCG@10 of the sparse and dense
 channels, per embedder variant (raw backbone, after stage 1, after stage 2).
 
-    python -m benchmarks.text2token_table --pairs ../shared/data/stsb/test.tsv \\
+    python -m benchmarks.studies.text2token_table --pairs ../shared/data/stsb/test.tsv \\
         --variant raw=none:benchmarks/results/text2token/raw \\
         --variant stage1=runs/smollm2-cpu/adapter-stage1:benchmarks/results/text2token/stage1 \\
         --variant stage2=runs/smollm2-cpu/adapter:benchmarks/results/text2token/stage2
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title="Text2Token: the embedder before and after training (STS-B test Spearman, nDCG@10)",
-        command="python -m benchmarks.text2token_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command="python -m benchmarks.studies.text2token_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
         description=(
             f"Backbone {args.model}. STS-B: Spearman correlation of cosine similarity with the gold scores on "
             f"{args.pairs} ({len(pairs.scores)} pairs). nDCG@10 from the beir-eval runs named in the command (sparse = "

@@ -7,7 +7,7 @@ lacks are named in the table as not compared. Each row: a collection and a syste
 nDCG@10, their difference, the paired t-test p-value on per-query nDCG@10 (ranx), and whether
 it is within the tolerance.
 
-    python -m benchmarks.precision_table --reference benchmarks/results/runtime-fp32 \\
+    python -m benchmarks.studies.precision_table --reference benchmarks/results/runtime-fp32 \\
         --candidate benchmarks/results/runtime-openvino-fp32 --systems sparse,dense,hybrid \\
         --out benchmarks/results/precision_faithfulness.json
 """
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([ds["name"], system, round(a, 4), round(b, 4), round(diff, 4), None if pv is None else round(pv, 3),
                          "yes" if abs(diff) <= TOLERANCE else "NO"])
     ref_rt, cand_rt = _runtime(ref, systems[0]), _runtime(cand, systems[0])
-    command = "python -m benchmarks.precision_table " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.studies.precision_table " + " ".join(argv if argv is not None else sys.argv[1:])
     write_table(
         args.out,
         f"Faithfulness of the fast encoder: nDCG@10, {cand_rt} vs {ref_rt}",
