@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -134,6 +135,13 @@ def register(name: str, description: str) -> Callable[[Factory], Factory]:
         return factory
 
     return deco
+
+
+def register_each(factory: Callable[..., System], variants: dict[str, tuple[str, dict]]) -> None:
+    """Register one class under several names, each with its own keyword arguments:
+    ``variants`` = {name: (description, kwargs)} (e.g. the Milvus systems, one per mode)."""
+    for name, (description, kwargs) in variants.items():
+        register(name, description)(partial(factory, **kwargs))
 
 
 def make(name: str, settings: Settings, shared: dict) -> System:

@@ -5,11 +5,10 @@ bm25, hybrid, encoder, and the hybrids of the encoder channel's subsets), all se
 from __future__ import annotations
 
 import json
-from functools import partial
 from typing import Any, Callable
 
 from benchmarks.datasets import Dataset
-from benchmarks.systems.base import Hits, IndexStats, Settings, System, SystemUnavailable, register, torch_threads
+from benchmarks.systems.base import Hits, IndexStats, Settings, System, SystemUnavailable, register, register_each, torch_threads
 from benchmarks.timing import Stopwatch
 
 
@@ -401,10 +400,7 @@ class EncoderHybrid(AlignedTokensSystem):
         return p
 
 
-# one system per subset: the same class, its subset as a parameter
-register("hybrid-bm25+encoder", "this project: fusion of its bm25, encoder channels (Retriever mode hybrid)")(
-    partial(EncoderHybrid, subset="bm25+encoder"))
-register("hybrid-bm25+encoder+sparse", "this project: fusion of its bm25, encoder, sparse channels (Retriever mode hybrid)")(
-    partial(EncoderHybrid, subset="bm25+encoder+sparse"))
-register("hybrid-bm25+encoder+sparse+dense", "this project: fusion of its bm25, encoder, sparse, dense channels (Retriever mode hybrid)")(
-    partial(EncoderHybrid, subset="bm25+encoder+sparse+dense"))
+register_each(EncoderHybrid, {
+    f"hybrid-{subset}": (f"this project: fusion of its {', '.join(subset.split('+'))} channels (Retriever mode hybrid)", {"subset": subset})
+    for subset in ENCODER_SUBSET_FALLBACKS
+})

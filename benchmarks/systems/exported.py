@@ -5,13 +5,21 @@ channel in Milvus Lite (*-milvus, with the hybrid fused by us or by Milvus's ran
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.datasets import Dataset
-from benchmarks.systems.base import Hits, IndexStats, Settings, SystemUnavailable, dir_bytes, package_version, register
+from benchmarks.systems.base import (
+    Hits,
+    IndexStats,
+    Settings,
+    SystemUnavailable,
+    dir_bytes,
+    package_version,
+    register,
+    register_each,
+)
 from benchmarks.systems.engine import AlignedTokensSystem
 from benchmarks.timing import Stopwatch
 
@@ -171,16 +179,12 @@ class MilvusSystem(AlignedTokensSystem):
         return stats
 
 
-# one system per mode (and per fuser of the hybrid): the same class, its mode as a parameter
-register("sparse-milvus", "this project's sparse channel exported to Milvus Lite and searched there (Retriever backend milvus)")(
-    partial(MilvusSystem, mode="sparse"))
-register("dense-milvus", "this project's dense channel exported to Milvus Lite and searched there (Retriever backend milvus)")(
-    partial(MilvusSystem, mode="dense"))
-register("bm25-milvus", "this project's bm25 channel exported to Milvus Lite and searched there (Retriever backend milvus)")(
-    partial(MilvusSystem, mode="bm25"))
-register("hybrid-milvus", "this project's hybrid (DEFAULT_FUSION: min-max, our fusion) over channel lists from Milvus Lite")(
-    partial(MilvusSystem, mode="hybrid"))
-register("hybrid-milvus-weighted", "hybrid fused inside Milvus Lite: WeightedRanker with DEFAULT_FUSION's weights")(
-    partial(MilvusSystem, mode="hybrid", method="milvus-weighted"))
-register("hybrid-milvus-rrf", "hybrid fused inside Milvus Lite: RRFRanker(k=60) over the channels DEFAULT_FUSION weighs")(
-    partial(MilvusSystem, mode="hybrid", method="milvus-rrf"))
+register_each(MilvusSystem, {
+    **{f"{mode}-milvus": (f"this project's {mode} channel exported to Milvus Lite and searched there (Retriever backend milvus)", {"mode": mode})
+       for mode in ("sparse", "dense", "bm25")},
+    "hybrid-milvus": ("this project's hybrid (DEFAULT_FUSION: min-max, our fusion) over channel lists from Milvus Lite", {"mode": "hybrid"}),
+    "hybrid-milvus-weighted": ("hybrid fused inside Milvus Lite: WeightedRanker with DEFAULT_FUSION's weights",
+                               {"mode": "hybrid", "method": "milvus-weighted"}),
+    "hybrid-milvus-rrf": ("hybrid fused inside Milvus Lite: RRFRanker(k=60) over the channels DEFAULT_FUSION weighs",
+                          {"mode": "hybrid", "method": "milvus-rrf"}),
+})
