@@ -119,6 +119,7 @@ def _report(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, command: str) -> int:
     from benchmarks import datasets as dsets
     from benchmarks import systems as sysreg
+    from benchmarks.results_file import read_fusions
     from benchmarks.suite import run_suite
     from embedder.models import ModelNotAvailable
     from indexer.corpus import CorpusError
@@ -186,22 +187,6 @@ def _run(args: argparse.Namespace, command: str) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {args.out / 'results.json'} and {args.out / 'report.md'} ({results['wall_seconds']:.0f} s)")
     return 0
-
-
-def read_fusions(path: Path) -> dict[str, dict]:
-    """{channel subset: Retriever fusion setting} from a ``fusion_cv --subsets-out`` results file
-    (each subset's setting chosen on all collections) or from a plain JSON object of them."""
-    import json
-
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if isinstance(data, dict) and data.get("kind") == "table":
-        subsets = (data.get("details") or {}).get("subsets")
-        if not isinstance(subsets, dict):
-            raise ValueError(f"{path}: a table file without details.subsets (not written by fusion_cv --subsets-out)")
-        data = {name: entry["default"] for name, entry in subsets.items()}
-    if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("weights"), dict) for v in data.values()):
-        raise ValueError(f"{path}: expected {{subset: {{'method': ..., 'weights': {{channel: weight}}}}}}")
-    return data
 
 
 if __name__ == "__main__":

@@ -12,85 +12,28 @@ Timing protocol (single process, this machine):
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import benchmarks
-from benchmarks import evaluate
 from benchmarks.datasets import Dataset
-from benchmarks.systems import Settings, System, load_timed, make, set_threads
+from benchmarks.metrics import compare_runs, evaluate_run, metric_names, warm_up
+from benchmarks.provenance import git_commit, load_avg, machine_info
+from benchmarks.results_file import RESULTS_FILE, RESULTS_FORMAT, RESULTS_KIND, load_results
+from benchmarks.runs import write_trec
+from benchmarks.systems import Settings, System, load_timed, make
 from benchmarks.timing import Stopwatch, latency_stats
+from embedder.util import set_threads, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
-RESULTS_KIND = "beir-eval"
-RESULTS_FORMAT = 1
-RESULTS_FILE = "results.json"
 # Queries run once before timing: the first compiles Numba kernels; a few more let the
 # JVM's JIT (Lucene) and oneDNN (torch) settle. Timed apart, reported as warm-up.
 WARMUP_QUERIES = 3
-
-
-# ------------------------------------------------------------------ provenance
-def machine_info() -> dict:
-    """CPU model, cores, RAM, OS, Python: the machine a number was measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                ram = round(int(line.split()[1]) / 1024**2, 1)
-                break
-    except OSError:
-        pass
-    from embedder.hardware import cpu_capability
-
-    cap = cpu_capability()  # the vector ISA decides which precision is fast (embedder/hardware.py)
-    return {
-        "cpu": cpu,
-        "cpu_flags": list(cap.flags),
-        "native_bf16": cap.native_bf16,
-        "cores": os.cpu_count(),
-        "ram_gib": ram,
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-    }
-
-
-def git_commit(root: Path = benchmarks.REPO_ROOT) -> dict:
-    """The checkout's commit and whether tracked files differ from it (read-only git calls)."""
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "--no-optional-locks", *args], cwd=root, capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    sha = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"sha": sha, "dirty": bool(status) if status is not None else None}
-
-
-def _load_avg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 # ------------------------------------------------------------------------- run
@@ -114,7 +57,7 @@ def run_suite(
     """
     start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    metrics = evaluate.metric_names(depth)
+    metrics = metric_names(depth)
     results: dict = {
         "kind": RESULTS_KIND,
         "format_version": RESULTS_FORMAT,
@@ -122,7 +65,7 @@ def run_suite(
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "machine": machine_info(),
-        "load_avg_start": _load_avg(),
+        "load_avg_start": load_avg(),
         "settings": {"depth": depth, "metrics": metrics, "compare": compare, "warmup_queries": WARMUP_QUERIES, **(extra_settings or {})},
         "warmup": {},
         "systems": {},
@@ -137,7 +80,7 @@ def run_suite(
     # Instantiating checks that each system can run here (packages, model files) before any long work.
     systems: list[System] = [make(name, settings, shared) for name in system_names]
 
-    results["warmup"]["ranx_seconds"] = round(evaluate.warm_up(depth), 3)
+    results["warmup"]["ranx_seconds"] = round(warm_up(depth), 3)
     results["warmup"]["numba_cache_dir"] = os.environ.get("NUMBA_CACHE_DIR")
 
     for s in systems:
@@ -180,15 +123,11 @@ def _resumable(path: Path, system_names: list[str], depth: int) -> tuple[dict, f
 
 def _write(results: dict, out_dir: Path, start: float) -> dict:
     from benchmarks.report import render_run
-    from indexer.manifest import write_json_atomic
 
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
-    results["load_avg_end"] = _load_avg()
+    results["load_avg_end"] = load_avg()
     write_json_atomic(out_dir / RESULTS_FILE, results)
-    md = render_run(results, heading_level=1)
-    tmp = out_dir / ".report.md.tmp"
-    tmp.write_text(md, encoding="utf-8")
-    os.replace(tmp, out_dir / "report.md")
+    write_text_atomic(out_dir / "report.md", render_run(results, heading_level=1))
     return results
 
 
@@ -212,9 +151,9 @@ def _run_dataset(
         # canonical order (score desc, then id) so the TREC file and ranx see the same ranking
         run = {qid: dict(sorted(((d, float(sc)) for d, sc in hits), key=lambda kv: (-kv[1], kv[0]))) for qid, hits in zip(qids, all_hits)}
         runs[s.name] = run
-        scores = evaluate.evaluate_run(ds.qrels, run, metrics)
+        scores = evaluate_run(ds.qrels, run, metrics)
         suffix = ".trec.gz" if runs_gzip else ".trec"
-        run_file = evaluate.write_trec(run, out_dir / "runs" / ds.name / f"{s.name}{suffix}", tag=s.name)
+        run_file = write_trec(run, out_dir / "runs" / ds.name / f"{s.name}{suffix}", tag=s.name)
         e2e = [a + b for a, b in zip(enc_secs, search_secs)]
         entry["results"][s.name] = {
             "metrics": scores,
@@ -238,13 +177,5 @@ def _run_dataset(
             flush=True,
         )
     if compare and len(runs) > 1:
-        entry["comparison"] = evaluate.compare_runs(ds.qrels, runs, metrics)
+        entry["comparison"] = compare_runs(ds.qrels, runs, metrics)
     return entry
-
-
-def load_results(path: Path) -> dict:
-    """Read a results JSON file (and check it is one)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if data.get("kind") != RESULTS_KIND:
-        raise ValueError(f"{path}: field 'kind': not a beir-eval results file")
-    return data

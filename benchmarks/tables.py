@@ -9,11 +9,11 @@ or ``{"kind": "per-query-diff", "title": str}``: ``details["per_query_diff"]`` =
 """
 from __future__ import annotations
 
-import json
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from embedder.util import write_json_atomic
 
 
 def write_table(
@@ -27,7 +27,7 @@ def write_table(
     plot: dict | None = None,
 ) -> Path:
     """Write a table results file atomically (temporary file, then rename)."""
-    from benchmarks.suite import git_commit, machine_info
+    from benchmarks.provenance import git_commit, machine_info
 
     for i, row in enumerate(rows):
         if len(row) != len(columns):
@@ -54,9 +54,4 @@ def write_table(
         data["details"] = details
     if plot is not None:
         data["plot"] = plot
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(path, data, indent=1, newline=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from embedder.models import ModelNotAvailable, _weights_sha256
+from embedder.models import ModelNotAvailable
+from embedder.util import weights_sha256
 
 SHIPPED_DIR = Path(__file__).parent / "adapters"
 
@@ -89,4 +90,4 @@ def adapter_identity(path: Path | None) -> dict[str, str] | None:
     """What an index records about the adapter it was built with."""
     if path is None:
         return None
-    return {"path": str(path), "sha256": _weights_sha256(path)}
+    return {"path": str(path), "sha256": weights_sha256(path, missing=ModelNotAvailable)}

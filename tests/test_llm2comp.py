@@ -260,7 +260,7 @@ def test_diagnose_compares_an_llm2comp_adapter_with_the_backbone_read_its_defaul
 def test_cls_eval_reads_an_llm2comp_adapter_through_its_memory_pooling(make_embedder, tiny_model_dir, tmp_path, capsys):
     # the template tail is not what a memory reader embeds: cls-eval must classify the engine's own pooled vectors.
     # Precision pinned on both sides: on a CPU with native bf16, "auto" encodes in bf16 and no 1e-5 tolerance holds.
-    from benchmarks.cls_eval import main
+    from benchmarks.classification.cli import main
 
     adapter = make_trainer(make_embedder, tiny_recipe(stages=(LLM2CompStage("ctkd", 1),)), tmp_path / "run").train().adapter_dir
     task = tmp_path / "toy"

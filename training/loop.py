@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from embedder.encoder import Embedder, EmbedderConfig
+from embedder.util import write_json_atomic
 from training.adapter_io import make_readable, round_lora_to_bf16
 from training.recipe import EmbedderRecipe, TrainRecipe
-from training.target_cache import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +351,7 @@ class TrainingLoop:
         bar.close()
         self.model.eval()
         seconds = time.perf_counter() - t0
-        write_json_atomic(self.run_dir / LOSS_JSON, {"recipe": r.to_dict(), "history": history})
+        write_json_atomic(self.run_dir / LOSS_JSON, {"recipe": r.to_dict(), "history": history}, sort_keys=True, ensure_ascii=True)
         if history:
             plot_loss_curve(history, self.stages, self.run_dir / LOSS_PNG)
         adapter_dir = self.run_dir / ADAPTER

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embedder.util import write_json_atomic
+
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1
@@ -117,7 +119,8 @@ class SparseTargets:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        write_json_atomic(path.with_suffix(".json"), {"format": CACHE_FORMAT, "vocab_size": self.vocab_size, "meta": self.meta})
+        info = {"format": CACHE_FORMAT, "vocab_size": self.vocab_size, "meta": self.meta}
+        write_json_atomic(path.with_suffix(".json"), info, sort_keys=True, ensure_ascii=True)
 
     @classmethod
     def load(cls, path: Path) -> SparseTargets:
@@ -127,21 +130,6 @@ class SparseTargets:
             raise ValueError(f"{path}: target cache format {info.get('format')} != {CACHE_FORMAT}")
         with np.load(path) as z:
             return cls(z["ids"], z["probs"], z["rest"], int(info["vocab_size"]), info.get("meta", {}))
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to a temporary file in the same folder, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def from_dense_topn(probs: torch.Tensor, top_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

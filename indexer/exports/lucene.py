@@ -66,11 +66,11 @@ from typing import Iterable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from embedder.models import file_sha256
+from embedder.util import file_sha256, write_json_atomic
 from indexer.build import DOC_IDS, _swap_into_place
-from indexer.inverted_index import InvertedIndex
 from indexer.integrity import record_files
-from indexer.manifest import IndexFormatError, Manifest, write_json_atomic
+from indexer.inverted_index import InvertedIndex
+from indexer.manifest import IndexFormatError, Manifest
 from indexer.staging import staging_dir
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from embedder.models import file_sha256
+from embedder.util import file_sha256
 from indexer.integrity import check_doc_ids
 from indexer.manifest import DOC_IDS, IndexFormatError, Manifest
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
+from embedder.util import set_threads
 from training.recipe import SCHEDULES, TrainRecipe
 
 
@@ -24,14 +25,6 @@ def setup(threads: int | None, quiet: bool) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     set_threads(threads)
-
-
-def set_threads(threads: int | None) -> None:
-    """Use ``threads`` torch threads; called again after ``Embedder.load``, which sizes the pool for all cores."""
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 def fail(prog: str, message: object) -> int:

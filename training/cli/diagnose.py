@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from embedder.models import ModelNotAvailable
     from indexer.corpus import CorpusError
     from training.diagnostics import compare_embedders
-    from training.target_cache import write_json_atomic
+    from embedder.util import write_json_atomic
     from training.texts import corpus_texts
 
     try:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     report["adapter"] = after.adapter
     report["before_reading"] = {"prompt": before.config.prompt, "pooling": before.config.pooling, "attention": before.config.attention}
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "diagnostics.json", report)
+    write_json_atomic(args.out / "diagnostics.json", report, sort_keys=True, ensure_ascii=True)
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
         return 0

@@ -14,7 +14,7 @@ memory-mapped. The Milvus part exports the first ``--milvus-docs`` documents (Mi
 holds its sparse postings as Python objects: see BENCHMARKS.md for what that allows) through
 ``export_milvus`` and searches them through the Milvus backend.
 
-    nice -n 10 python -m benchmarks.scale --docs 1000000 --out /tmp/scale --milvus-docs 50000
+    nice -n 10 python -m benchmarks.studies.scale --docs 1000000 --out /tmp/scale --milvus-docs 50000
 """
 from __future__ import annotations
 
@@ -229,7 +229,7 @@ def write_scale_table(result: dict, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--docs", type=int, default=1_000_000)
     p.add_argument("--top-k", type=int, default=512)
     p.add_argument("--shard-size", type=int, default=16384)
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out / stale, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     cdf, perm = zipf_cdf(VOCAB, args.zipf_s, args.seed)
-    result: dict = {"command": "python -m benchmarks.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result: dict = {"command": "python -m benchmarks.studies.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
                     "queries": args.queries, "query_tokens": args.query_tokens, "k": args.k, "docs": args.docs, "top_k": args.top_k, "vocab": VOCAB, "zipf_s": args.zipf_s, "cpu_count": os.cpu_count()}
     n_shards, made, seconds = write_shards(out / "shards", args.docs, args.shard_size, args.top_k, cdf, perm, args.seed)
     result.update(shards=n_shards, shards_generated_this_run=made, generate_commit_seconds=round(seconds, 1))

@@ -1,6 +1,6 @@
 """Choose hybrid fusion settings on held-out queries, and report what they are worth.
 
-    python -m benchmarks.fusion_cv --runs DIR --channels sparse,dense,bm25 \\
+    python -m benchmarks.studies.fusion_cv --runs DIR --channels sparse,dense,bm25 \\
         --baseline-runs benchmarks/results/beir-shared --baseline bm25-pyserini \\
         --out benchmarks/results/fusion_cv.json
 
@@ -29,7 +29,7 @@ names are the Retriever's mode names, so a chosen setting is a ``Retriever(fusio
 
 **Named channel subsets** (issue 16: does a channel add anything to the best cheap hybrid?)::
 
-    python -m benchmarks.fusion_cv --runs benchmarks/results/beir-shared \
+    python -m benchmarks.studies.fusion_cv --runs benchmarks/results/beir-shared \
         --channels bm25=bm25-pyserini,encoder=minilm,sparse,dense,dense-ef \
         --subsets bm25+encoder,bm25+encoder+sparse,bm25+encoder+sparse+dense \
         --subsets-out benchmarks/results/fusion_encoder_subsets.json --out benchmarks/results/fusion_cv_encoder.json
@@ -174,7 +174,7 @@ def subset_study(collections: list[Collection], grid: list[Setting], channels: l
     """LOCO nDCG@10 and Recall@100 of each named channel subset (``"bm25+encoder"``), each
     compared with ``reference`` by ranx.compare per collection and over the pooled queries.
     Returns (table rows, details)."""
-    from benchmarks.evaluate import compare_runs
+    from benchmarks.metrics import compare_runs
 
     names = [c.name for c in collections]
     means = np.stack([c.matrix.mean(1) for c in collections], axis=1)  # (settings, collections)
@@ -261,7 +261,7 @@ def _subset_row(sub, collection, n, ndcg, recall, ref_ndcg, ref_recall, p, label
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.fusion_cv", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.fusion_cv", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=Path, action="append", required=True, help="beir-eval output folder with runs/<dataset>/<system>.trec[.gz]; repeatable (a system's runs come from the first that has them; collections from the first)")
     p.add_argument("--channels", default="sparse,dense,bm25", help="channels to fuse, each NAME or NAME=SYSTEM (the system whose runs it reads), e.g. bm25=bm25-pyserini,encoder=minilm,sparse,dense (default sparse,dense,bm25)")
     p.add_argument("--subsets", default=None, help="named channel subsets to compare, e.g. bm25+encoder,bm25+encoder+sparse (needs --subsets-out)")
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     from ranx import Qrels, Run
 
     from benchmarks import datasets as dsets
-    from benchmarks.evaluate import read_trec
+    from benchmarks.runs import read_trec
 
     sources = parse_channels(args.channels)
     channels = [c for c, _ in sources]
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title=args.title,
-        command="python -m benchmarks.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command="python -m benchmarks.studies.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
         description=(
             f"nDCG@10. Channels fused: {_describe_sources(sources)}; runs of depth 100 from {', '.join(f'`{r}`' for r in args.runs)}. Settings searched: "
             f"{len(grid)} (min-max weighted sums on a {args.step:g} simplex grid; RRF with k in {list(RRF_KS)} over every "
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         write_table(
             args.subsets_out,
             title=args.subsets_title,
-            command="python -m benchmarks.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
+            command="python -m benchmarks.studies.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
             description=(
                 f"Channels: {_describe_sources(sources)}; runs of depth 100 from {', '.join(f'`{r}`' for r in args.runs)}. "
                 "Each subset is fused with the setting best (mean nDCG@10) on the *other* collections among the grid's settings "

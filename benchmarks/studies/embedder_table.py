@@ -1,6 +1,6 @@
 """One row per embedder of the same backbone, with the baselines users would build instead.
 
-    python -m benchmarks.embedder_table --pairs ../shared/data/stsb/test.tsv \\
+    python -m benchmarks.studies.embedder_table --pairs ../shared/data/stsb/test.tsv \\
         --variant "Text2Token (shipped)=default:benchmarks/results/encoder-hybrid" \\
         --variant "+ contrastive=runs/contrastive-cpu/adapter:benchmarks/results/contrastive-cpu" \\
         --baseline-runs benchmarks/results/encoder-hybrid \\
@@ -8,7 +8,7 @@
 
 Columns: STS-B test Spearman; per shared collection nDCG@10 of the sparse (aligned tokens) and
 dense channels and of the hybrid with weights chosen leave-one-collection-out (LOCO; read from
-``<results>/fusion_cv.json``, written by ``benchmarks.fusion_cv``); their means; and what the
+``<results>/fusion_cv.json``, written by ``benchmarks.studies.fusion_cv``); their means; and what the
 training cost (steps, pairs or texts seen, seconds, from the adapter's record and loss curve).
 With ``--classification NAME=DIR``, the mean accuracy of a ``cls-eval`` results folder (sentence
 classification on frozen embeddings) for the row NAME; every such folder must share one protocol.
@@ -24,16 +24,14 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.text2token_table import _ndcg_by_dataset, _parse_variant
-
-
-def _ndcg_from_results(results_dir: Path) -> dict[str, dict[str, float]]:
-    """nDCG@10 per collection and LLM channel of a beir-eval results file, without an adapter check."""
-    data = json.loads((results_dir / "results.json").read_text(encoding="utf-8"))
-    return {
-        ds["name"]: {c: ds["results"][c]["metrics"]["ndcg@10"] for c in CHANNELS if c in ds["results"]}
-        for ds in data["datasets"]
-    }
+from benchmarks.results_file import (
+    load_results,
+    metric_by_dataset,
+    ndcg_by_dataset,
+    parse_variant,
+    read_json,
+    recorded_adapters,
+)
 
 CHANNELS = ("sparse", "dense", "hybrid")
 
@@ -43,7 +41,7 @@ def _hybrid_loco(results_dir: Path) -> dict[str, float]:
     path = results_dir / "fusion_cv.json"
     if not path.exists():
         return {}
-    d = json.loads(path.read_text(encoding="utf-8"))
+    d = read_json(path)
     return {name: v["loco"] for name, v in d["details"]["per_collection"].items()}
 
 
@@ -90,12 +88,12 @@ def training_cost(adapter: str, model: str) -> dict:
 
 
 def _baseline_rows(runs: Path, fusion: Path | None, datasets: list[str]) -> list[list]:
-    data = json.loads((runs / "results.json").read_text(encoding="utf-8"))
-    per = {ds["name"]: {s: r["metrics"]["ndcg@10"] for s, r in ds["results"].items()} for ds in data["datasets"]}
+    data = load_results(runs)
+    per = metric_by_dataset(data, data["systems"])
     rows = []
     loco = {}
     if fusion is not None:
-        sub = json.loads(fusion.read_text(encoding="utf-8"))["details"]["subsets"]["bm25+encoder"]["per_collection"]
+        sub = read_json(fusion)["details"]["subsets"]["bm25+encoder"]["per_collection"]
         loco = {name: v["ndcg@10"] for name, v in sub.items()}
     for name, system, column in (("BM25 (Pyserini)", "bm25-pyserini", "hybrid"), ("all-MiniLM-L6-v2", "minilm", "dense")):
         vals = {d: per.get(d, {}).get(system) for d in datasets}
@@ -107,17 +105,15 @@ def _baseline_rows(runs: Path, fusion: Path | None, datasets: list[str]) -> list
 
 def _recorded_weights(results_dir: Path) -> str:
     """The one adapter (weights' sha256) every LLM channel of a beir-eval results file ran with."""
-    path = results_dir / "results.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    used = {((s.get("params") or {}).get("adapter") or {}).get("sha256") for c, s in data["systems"].items() if c in CHANNELS}
+    used = {(adapter or {}).get("sha256") for adapter in recorded_adapters(load_results(results_dir), CHANNELS).values()}
     if len(used) != 1:
-        raise ValueError(f"{path}: field 'systems.*.params.adapter': the channels ran different weights ({sorted(map(str, used))})")
+        raise ValueError(f"{results_dir / 'results.json'}: field 'systems.*.params.adapter': the channels ran different weights ({sorted(map(str, used))})")
     return str(used.pop())
 
 
 def _carried_rows(previous: Path) -> dict[str, dict]:
     """Rows of an earlier table by embedder name, as {column: cell}."""
-    table = json.loads(previous.read_text(encoding="utf-8"))
+    table = read_json(previous)
     return {r[0]: dict(zip(table["columns"], r)) for r in table["rows"]}
 
 
@@ -142,7 +138,7 @@ def _classification(specs: list[str], names: list[str]) -> tuple[dict[str, float
         if name not in names:
             raise SystemExit(f"--classification {spec!r}: no row named {name!r} (rows: {', '.join(names)})")
         path = Path(folder) / "results.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
         for field in ("tasks", "mean_accuracy", "max_rows"):
             if field not in data:
                 raise SystemExit(f"{path}: field {field!r} missing: not a cls-eval results file")
@@ -183,7 +179,7 @@ def _named_values(specs: list[str], flag: str, what: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=Path, required=True, help="STS-B style TSV (sentence1, sentence2, score)")
-    p.add_argument("--variant", type=_parse_variant, action="append", required=True, help="NAME=ADAPTER[:BEIR_EVAL_OUT_DIR]")
+    p.add_argument("--variant", type=parse_variant, action="append", required=True, help="NAME=ADAPTER[:BEIR_EVAL_OUT_DIR]")
     p.add_argument("--baseline-runs", type=Path, help="beir-eval output folder with bm25-pyserini and minilm runs")
     p.add_argument("--baseline-fusion", type=Path, help="fusion_cv --subsets-out file with the bm25+encoder subset")
     p.add_argument(
@@ -234,14 +230,14 @@ def main(argv: list[str] | None = None) -> int:
             if name not in previous or results_dir is None:
                 raise SystemExit(f"{adapter}: adapter folder gone, and {args.carry} has no row named {name!r} to carry")
             row = previous[name]
-            nd = _ndcg_from_results(results_dir)
+            nd = metric_by_dataset(load_results(results_dir), CHANNELS)
             for d, h in _hybrid_loco(results_dir).items():
                 nd.setdefault(d, {})["hybrid"] = h
             cost = {k: row[col] for k, col in (("steps", "training steps"), ("seen", "seen"), ("seconds", "training s")) if row.get(col, "–") != "–"}
             carried.append(f"{name} (weights sha256 {_recorded_weights(results_dir)[:12]})")
             entries.append((name, adapter, row["STS-B ρ"], nd, cost))
             continue
-        nd = _ndcg_by_dataset(results_dir, resolve_adapter(adapter, args.model)) if results_dir else {}
+        nd = ndcg_by_dataset(results_dir, resolve_adapter(adapter, args.model)) if results_dir else {}
         for d, h in (_hybrid_loco(results_dir) if results_dir else {}).items():
             nd.setdefault(d, {})["hybrid"] = h
         t0 = time.perf_counter()
@@ -284,12 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title=args.title,
-        command="python -m benchmarks.embedder_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command="python -m benchmarks.studies.embedder_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
         description=(
             f"Backbone {args.model}. STS-B: Spearman correlation of cosine similarity with the gold scores on {args.pairs} "
             f"({len(pairs.scores)} pairs). nDCG@10 from the beir-eval runs named in the command: sparse = aligned tokens, "
             "dense = cosine of pooled embeddings, hybrid = min-max or RRF fusion of sparse, dense and BM25 (Pyserini) with "
-            "the setting best on the other four collections (leave-one-collection-out, benchmarks.fusion_cv). Baselines: "
+            "the setting best on the other four collections (leave-one-collection-out, benchmarks.studies.fusion_cv). Baselines: "
             "BM25 in the hybrid columns, MiniLM in the dense columns, BM25 + MiniLM fused with LOCO weights in the hybrid "
             "columns. Training time is the trainer's own clock on the machine of the run (its adapter record)."
             + (

@@ -1,40 +1,20 @@
 """Sweep the aligned-token parameters (document top-K, query expansion M, literal token
 forms, query token weighting) on BEIR collections, encoding each corpus only once.
 
-    python -m benchmarks.sweep_sparse --data ../shared/data/cisi --data ../shared/data/medline
+    python -m benchmarks.studies.sweep_sparse --data ../shared/data/cisi --data ../shared/data/medline
 
 Writes a ``{"kind": "table"}`` results file that ``beir-eval report`` renders into BENCHMARKS.md.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-os.environ.setdefault("IR_DATASETS_HOME", str(Path(__file__).resolve().parents[1] / ".cache" / "ir_datasets"))
-
-
-def _load_beir(folder: Path) -> tuple[list[str], list[str], dict[str, str], dict[str, dict[str, int]]]:
-    ids, texts = [], []
-    for line in open(folder / "corpus.jsonl", encoding="utf-8"):
-        d = json.loads(line)
-        ids.append(str(d["_id"]))
-        texts.append(f"{d.get('title', '')} {d['text']}".strip())
-    queries = {str(q["_id"]): q["text"] for q in map(json.loads, open(folder / "queries.jsonl", encoding="utf-8"))}
-    qrels: dict[str, dict[str, int]] = {}
-    for i, line in enumerate(open(folder / "qrels" / "test.tsv", encoding="utf-8")):
-        qid, did, score = line.rstrip("\n").split("\t")
-        if i == 0 and not score.isdigit():
-            continue
-        if int(score) > 0:
-            qrels.setdefault(qid, {})[did] = int(score)
-    queries = {q: t for q, t in queries.items() if q in qrels}
-    return ids, texts, queries, qrels
+import benchmarks  # noqa: F401  (cache locations first)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from ranx import Qrels, Run, evaluate
 
+    from benchmarks.datasets import load_beir_folder
     from embedder.encoder import Embedder
     from indexer.dense import normalise
     from indexer.inverted_index import InvertedIndex
@@ -56,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     emb = Embedder.load(adapter="none")
     rows = []
     for folder in args.data:
-        ids, texts, queries, qrels_d = _load_beir(folder)
+        # the one BEIR reader (benchmarks/datasets.py): its CorpusError checks, judged queries only
+        ds = load_beir_folder(folder)
+        ids, texts, queries = [d.doc_id for d in ds.docs], [d.text for d in ds.docs], ds.queries
+        qrels_d = {q: {d: r for d, r in judged.items() if r > 0} for q, judged in ds.qrels.items()}
         qids = list(queries)
         t0 = time.perf_counter()
         h_docs = emb.embed(texts)
@@ -94,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title="Aligned-token parameter sweep (raw backbone, nDCG@10)",
-        command="python -m benchmarks.sweep_sparse " + " ".join(f"--data {d}" for d in args.data),
+        command="python -m benchmarks.studies.sweep_sparse " + " ".join(f"--data {d}" for d in args.data),
         description=(
             "Documents keep their top-K aligned tokens (weight = logit); a query is its literal tokens "
             "(forms: 'space' = word-initial Ġ forms, 'bare' = each word tokenised alone, 'both') united with its top-M "

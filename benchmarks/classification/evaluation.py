@@ -11,7 +11,7 @@ prediction that is scored.
 
 Token Fusion Boosting (btmr-multiple-tokens §3.3, Algorithm 1): one logistic regression per
 prefix (the first 1, 2, ..., k token states concatenated), fused by gradient boosting over their
-class probabilities (benchmarks/fusion_boosting.py: the prefix classifiers as the weak learners by
+class probabilities (benchmarks/classification/fusion_boosting.py: the prefix classifiers as the weak learners by
 default, trees for comparison). The probabilities the boosters are trained on are *out-of-fold*
 predictions on the training part, so they learn how the prefixes err on unseen texts, not how
 they fit their own training data.
@@ -173,7 +173,7 @@ def fusion_boost(
     probabilities; its out-of-fold training probabilities (inner folds, that C kept: choosing
     C again per fold costs 13x and touches no test text either way) are the boosters' features.
     """
-    from benchmarks.fusion_boosting import fuse
+    from benchmarks.classification.fusion_boosting import fuse
 
     cv = _inner_cv(y_train, seed)
     oof, test_p, single = [], [], []
@@ -204,7 +204,7 @@ def evaluate_task(task: Task, states: np.ndarray, boost: bool, seed: int = 0, on
     (SentEval averages fold accuracies; with equal-sized stratified folds the two agree to
     rounding, and pooled macro-F1 is defined on every class).
     """
-    from benchmarks.fusion_boosting import BOOSTERS
+    from benchmarks.classification.fusion_boosting import BOOSTERS
     from embedder.token_groups import prefix_features
 
     k = states.shape[1] if boost else 1

@@ -1,6 +1,6 @@
 """Multi-vector documents against single-vector ones (indexer/segments.py), on BEIR-style collections.
 
-    python -m benchmarks.segments_study --data ../shared/data/cisi --data ../shared/data/medline \\
+    python -m benchmarks.studies.segments_study --data ../shared/data/cisi --data ../shared/data/medline \\
         --embedding-cache .cache/embeddings --out benchmarks/results/segments.json
 
 For each collection, two indexes with the same embedder (sparse + dense + BM25 channels): one
@@ -20,8 +20,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations first)
 
@@ -52,7 +50,7 @@ class _QueryCache:
 
 def study(ds, embedder, work: Path, k: int = 100) -> list[dict]:
     """One row per variant (single, multi) of one collection."""
-    from benchmarks.evaluate import evaluate_run
+    from benchmarks.metrics import evaluate_run
     from indexer.build import build_index, index_size_bytes
     from indexer.corpus import CorpusSpec
     from retriever.retriever import Retriever
@@ -86,7 +84,7 @@ def study(ds, embedder, work: Path, k: int = 100) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m benchmarks.segments_study", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.segments_study", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", action="append", required=True, help="a BEIR folder; repeatable")
     p.add_argument("--adapter", default="default")
     p.add_argument("--runtime", choices=("auto", "reference"), default="auto")
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     emb = Embedder.load(adapter=args.adapter, runtime=None if args.runtime == "reference" else "auto")
     if args.threads:
-        from benchmarks.systems import set_threads
+        from embedder.util import set_threads
 
         set_threads(args.threads)  # after loading (Embedder.load sizes torch's pool), before the runtime is built
     if args.embedding_cache:
@@ -125,7 +123,7 @@ def _write(args, argv, emb, rows: list[dict]) -> None:
     write_table(
         args.out,
         "Multi-vector documents (whole documents as 256-token windows) against single-vector (truncated at 256)",
-        "python -m benchmarks.segments_study " + shlex.join(argv),
+        "python -m benchmarks.studies.segments_study " + shlex.join(argv),
         (
             "Same embedder (" + emb.runtime_summary() + "), same queries (encoded once), sparse/dense/hybrid as the Retriever "
             "runs them (hybrid: the default minmax fusion with BM25). *multi*: a document longer than 256 tokens is read whole "

@@ -1,4 +1,4 @@
-"""What validating an index costs beside loading it: ``python -m benchmarks.load_cost --index DIR``.
+"""What validating an index costs beside loading it: ``python -m benchmarks.studies.load_cost --index DIR``.
 
 Times, best of ``--repeat`` runs with the files in the page cache:
 - *load*: ``Retriever.load(DIR, warm=False)`` end to end (manifest, checks, channels, the model;
@@ -47,7 +47,7 @@ def validation(index_dir: Path, manifest: Manifest, channels: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.load_cost", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.load_cost", description=__doc__.split("\n")[0])
     p.add_argument("--index", required=True, type=Path)
     p.add_argument("--repeat", type=int, default=5)
     args = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Effectiveness with ranx: metrics, paired significance tests, TREC run files.
+"""Effectiveness with ranx: metrics and paired significance tests (TREC run files: benchmarks/runs.py).
 
 ranx compiles its metrics with Numba on first call (40-60 s cold on 2 cores); with
 ``NUMBA_CACHE_DIR`` persistent (see :mod:`benchmarks`) later runs only load the cache.
@@ -6,19 +6,15 @@ ranx compiles its metrics with Numba on first call (40-60 s cold on 2 cores); wi
 """
 from __future__ import annotations
 
-import gzip
 import math
-import os
 import time
 import warnings
-from pathlib import Path
 from typing import Mapping
 
 import benchmarks  # noqa: F401  (cache locations before ranx / ir_datasets / numba load)
+from benchmarks.runs import Qrels, Run
 
-Run = dict[str, dict[str, float]]  # query id -> doc id -> score
 NO_HIT = "\x00no-hit"  # placeholder doc id that no qrels can name
-Qrels = dict[str, dict[str, int]]
 
 
 def metric_names(depth: int) -> list[str]:
@@ -90,35 +86,3 @@ def _complete(run: Run, qrels: Qrels) -> Run:
         # changes no metric (it is not relevant) and keeps the all-zero answer computable.
         out[next(iter(out))] = {NO_HIT: 0.0}
     return out
-
-
-def write_trec(run: Run, path: Path, tag: str) -> Path:
-    """Write a run in TREC format (``qid Q0 docid rank score tag``), best first.
-
-    A ``.gz`` suffix writes it gzip-compressed. Written beside then renamed into place.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(tmp, "wt", encoding="utf-8") as f:
-        for qid in sorted(run, key=_natural):
-            ranked = sorted(run[qid].items(), key=lambda kv: (-kv[1], kv[0]))
-            for rank, (did, score) in enumerate(ranked, start=1):
-                f.write(f"{qid} Q0 {did} {rank} {score:.9g} {tag}\n")  # .9g: float32 round-trips
-    os.replace(tmp, path)
-    return path
-
-
-def read_trec(path: Path) -> Run:
-    """Read a TREC run file (plain or .gz)."""
-    opener = gzip.open if Path(path).suffix == ".gz" else open
-    run: Run = {}
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            qid, _, did, _, score, _ = line.split()
-            run.setdefault(qid, {})[did] = float(score)
-    return run
-
-
-def _natural(qid: str):
-    return (0, int(qid), "") if qid.isdigit() else (1, 0, qid)

@@ -8,33 +8,18 @@ run with the ``*-milvus`` systems and reports, per collection and channel, how m
 arctan leaves to a channel's top-100 (median over queries of max - min of the normalised
 scores), i.e. how much a channel can still tell its documents apart inside Milvus's fusion.
 
-    python -m benchmarks.milvus_rankers --runs benchmarks/results/milvus --out benchmarks/results/milvus-rankers.json
+    python -m benchmarks.studies.milvus_rankers --runs benchmarks/results/milvus --out benchmarks/results/milvus-rankers.json
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import math
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 CHANNELS = ("sparse", "dense", "bm25")
-
-
-def read_run(path: Path) -> dict[str, list[float]]:
-    """A TREC run's scores per query, in file order (``.trec`` or ``.trec.gz``)."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    scores: dict[str, list[float]] = defaultdict(list)
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            parts = line.split()
-            if len(parts) != 6:
-                raise ValueError(f"{path}:{lineno}: expected 6 fields (qid Q0 doc rank score tag), got {len(parts)}")
-            scores[parts[0]].append(float(parts[4]))
-    return scores
 
 
 def arctan_spread(scores: list[float]) -> float:
@@ -44,10 +29,11 @@ def arctan_spread(scores: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.milvus_rankers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.milvus_rankers", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=Path, required=True, help="a beir-eval output folder with the sparse-/dense-/bm25-milvus runs")
     p.add_argument("--out", type=Path, required=True, help="table results file to write")
     args = p.parse_args(argv)
+    from benchmarks.runs import read_trec
     from benchmarks.tables import write_table
 
     rows = []
@@ -57,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             files = sorted(folder.glob(f"{channel}-milvus.trec*"))
             if not files:
                 raise FileNotFoundError(f"{folder}: no {channel}-milvus run (run beir-eval with --systems {channel}-milvus)")
-            per_query = read_run(files[0])
+            per_query = {q: list(hits.values()) for q, hits in read_trec(files[0]).items()}
             spreads = [arctan_spread(s) for s in per_query.values() if s]
             tops = [max(s) for s in per_query.values() if s]
             row += [round(float(np.median(tops)), 3), round(float(np.median(spreads)), 5)]
@@ -70,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         f"`{args.runs}`. A spread near 0 means the channel adds almost the same amount to every document it returned: "
         "inside Milvus's weighted fusion it then only votes for *which* documents enter the list, not their order."
     )
-    command = "python -m benchmarks.milvus_rankers " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.studies.milvus_rankers " + " ".join(argv if argv is not None else sys.argv[1:])
     write_table(args.out, "Milvus WeightedRanker vs min-max: what arctan normalisation leaves of each channel", command, description, columns, rows)
     print(f"wrote {args.out}")
     return 0

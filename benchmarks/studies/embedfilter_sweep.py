@@ -1,6 +1,6 @@
 """EmbedFilter's filtering ratio τ: STS-B Spearman and dense nDCG@10, raw and trained backbone.
 
-    python -m benchmarks.embedfilter_sweep --pairs ../shared/data/stsb/test.tsv --data shared \\
+    python -m benchmarks.studies.embedfilter_sweep --pairs ../shared/data/stsb/test.tsv --data shared \\
         --variant raw=none --variant trained=default --taus 1,2,4,8 \\
         --embedding-cache .cache/embeddings --out benchmarks/results/embedfilter.json
 
@@ -34,7 +34,7 @@ def dense_run(docs: np.ndarray, queries: np.ndarray, doc_ids: list[str], query_i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.embedfilter_sweep", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.embedfilter_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=Path, required=True, help="STS-B pairs TSV (e.g. ../shared/data/stsb/test.tsv)")
     p.add_argument("--data", action="append", default=None, help="collections as beir-eval reads them (default: shared)")
     p.add_argument("--variant", action="append", required=True, help="NAME=ADAPTER (none, default or a folder); repeatable")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title="EmbedFilter: filtering ratio τ (STS-B and dense retrieval)",
-        command="python -m benchmarks.embedfilter_sweep " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command="python -m benchmarks.studies.embedfilter_sweep " + shlex.join(argv if argv is not None else sys.argv[1:]),
         description=(
             f"Dense channel with EmbedFilter (embedfilter paper §4): keep d/τ right singular vectors of the LM head "
             f"from the middle of its spectrum. STS-B: Spearman ρ of cosine vs gold on {args.pairs.name} "

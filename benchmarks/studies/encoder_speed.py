@@ -12,10 +12,10 @@ one at a time, as ``Retriever.search`` does. Reported per runtime:
 - faithfulness to the naive fp32 embeddings: cosine of the pooled embeddings (min, mean) and
   overlap of the top-64 aligned tokens (min, mean).
 
-    python -m benchmarks.encoder_speed --corpus ../shared/data/cisi --docs 128 \\
+    python -m benchmarks.studies.encoder_speed --corpus ../shared/data/cisi --docs 128 \\
         --out benchmarks/results/encoder-speed-avx2.json
 
-The machine's CPU flags go into the results header (benchmarks/suite.py machine_info): the
+The machine's CPU flags go into the results header (benchmarks/provenance.py machine_info): the
 numbers mean nothing without them. Warm-up calls (export, compilation, first allocation) are
 timed apart and never counted.
 """
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime", "dtype", "prefix cache", "docs/s", "tokens/s", "docs speed-up", "query p50 ms", "query p95 ms",
         "query speed-up", "cos min", "cos mean", f"top-{TOP_TOKENS} overlap min", f"top-{TOP_TOKENS} overlap mean", "warm-up s",
     ]
-    command = "python -m benchmarks.encoder_speed " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    command = "python -m benchmarks.studies.encoder_speed " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     write_table(
         args.out,
         f"Encoder runtimes on {cap.name} ({' '.join(cap.flags) or 'no AVX2'}; native bf16: {'yes' if cap.native_bf16 else 'no'})",

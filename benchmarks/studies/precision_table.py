@@ -7,19 +7,19 @@ lacks are named in the table as not compared. Each row: a collection and a syste
 nDCG@10, their difference, the paired t-test p-value on per-query nDCG@10 (ranx), and whether
 it is within the tolerance.
 
-    python -m benchmarks.precision_table --reference benchmarks/results/runtime-fp32 \\
+    python -m benchmarks.studies.precision_table --reference benchmarks/results/runtime-fp32 \\
         --candidate benchmarks/results/runtime-openvino-fp32 --systems sparse,dense,hybrid \\
         --out benchmarks/results/precision_faithfulness.json
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.results_file import load_results
 from benchmarks.tables import write_table
 
 TOLERANCE = 0.005  # the issue's bar: nDCG@10 within 0.005 of fp32 on every collection
@@ -29,7 +29,7 @@ def _results(folder: Path) -> dict:
     path = folder / "results.json"
     if not path.exists():
         raise SystemExit(f"precision_table: {path}: no beir-eval results there")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return load_results(path)
 
 
 def _runtime(res: dict, system: str) -> str:
@@ -47,7 +47,7 @@ def _p_value(ref_folder: Path, cand_folder: Path, ref_ds: dict, cand_ds: dict, s
         from ranx import Qrels, Run, compare
 
         from benchmarks.datasets import resolve
-        from benchmarks.evaluate import read_trec
+        from benchmarks.runs import read_trec
     except ImportError:
         return None
     ds = resolve(str(ref_ds["source"]))[0]
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([ds["name"], system, round(a, 4), round(b, 4), round(diff, 4), None if pv is None else round(pv, 3),
                          "yes" if abs(diff) <= TOLERANCE else "NO"])
     ref_rt, cand_rt = _runtime(ref, systems[0]), _runtime(cand, systems[0])
-    command = "python -m benchmarks.precision_table " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.studies.precision_table " + " ".join(argv if argv is not None else sys.argv[1:])
     write_table(
         args.out,
         f"Faithfulness of the fast encoder: nDCG@10, {cand_rt} vs {ref_rt}",

@@ -1,4 +1,4 @@
-"""What holding an index generation costs a load: ``python -m benchmarks.generation_cost --index DIR``.
+"""What holding an index generation costs a load: ``python -m benchmarks.studies.generation_cost --index DIR``.
 
 Times, best of ``--repeat`` runs with the files in the page cache (no model is loaded):
 - *by path*: the file-level load before issue 33 (manifest, recorded sizes, doc ids, every
@@ -32,7 +32,7 @@ def timings(repeat: int, fn: Callable[[], object]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.generation_cost", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.generation_cost", description=__doc__.split("\n")[0])
     p.add_argument("--index", required=True, type=Path)
     p.add_argument("--repeat", type=int, default=100)
     args = p.parse_args(argv)

@@ -1,8 +1,10 @@
-"""The classification section of BENCHMARKS.md, from ``kind: cls-eval`` results files (benchmarks/cls_eval.py)."""
+"""The classification section of BENCHMARKS.md, from ``kind: cls-eval`` results files (benchmarks/classification/)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from benchmarks.report.markdown import fmt_machine, md_table
 
 TASK_ORDER = ("mr", "cr", "subj", "mpqa", "trec", "banking77", "emotion")
 MULTI_CLASS = ("trec", "banking77", "emotion")
@@ -68,7 +70,6 @@ def plot_classification(files: list[tuple[Path, dict]]):
 
 def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str | None = None) -> str:
     """Markdown: accuracy per task and embedder (single token; boosted where measured), macro-F1, and per-prefix detail."""
-    from benchmarks.report import _machine, _table
 
     files = sorted(files, key=row_order)
     tasks = _tasks(files)
@@ -115,10 +116,10 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
                      f"standard error of an accuracy near 80% is about {100 * (0.16 / cap) ** 0.5:.1f} points (TREC tests its 500 texts); "
                      "rows share their texts, so their differences are less noisy than that, but differences under a point are within noise.\n")
     parts += [
-        f"Machine: {_machine(first.get('machine', {}))}.\n",
-        _table(header, acc, ["l"] + ["r"] * (len(header) - 1)) + "\n",
+        f"Machine: {fmt_machine(first.get('machine', {}))}.\n",
+        md_table(header, acc, ["l"] + ["r"] * (len(header) - 1)) + "\n",
         "Macro-F1 (%) of the multi-class sets:\n",
-        _table(["Embedder"] + [t for t in tasks if t in MULTI_CLASS] + ["mean"], f1, ["l"] + ["r"] * 4) + "\n",
+        md_table(["Embedder"] + [t for t in tasks if t in MULTI_CLASS] + ["mean"], f1, ["l"] + ["r"] * 4) + "\n",
     ]
     if detail:
         k = max(len(r) - 7 for r in detail)
@@ -126,7 +127,7 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
             "Each prefix alone, boosted (and with trees), the booster's weight per prefix (mean over splits), and the gain of "
             "boosting over the best single prefix (measured on the test texts, so an optimistic bar for the prefix) and over "
             "the one-token row:\n",
-            _table(["Embedder", "task"] + [f"prefix {i}" for i in range(1, k + 1)]
+            md_table(["Embedder", "task"] + [f"prefix {i}" for i in range(1, k + 1)]
                    + ["boosted", "trees", "weights w_1..w_k", "gain vs best prefix", "gain vs one token"],
                    detail, ["l", "l"] + ["r"] * (k + 5)) + "\n",
         ]

@@ -1,7 +1,7 @@
 """What Text2Token training changes: STS-B Spearman and nDCG@10 of the sparse and dense
 channels, per embedder variant (raw backbone, after stage 1, after stage 2).
 
-    python -m benchmarks.text2token_table --pairs ../shared/data/stsb/test.tsv \\
+    python -m benchmarks.studies.text2token_table --pairs ../shared/data/stsb/test.tsv \\
         --variant raw=none:benchmarks/results/text2token/raw \\
         --variant stage1=runs/smollm2-cpu/adapter-stage1:benchmarks/results/text2token/stage1 \\
         --variant stage2=runs/smollm2-cpu/adapter:benchmarks/results/text2token/stage2
@@ -13,48 +13,19 @@ computed here. Writes a ``{"kind": "table"}`` file that ``beir-eval report`` ren
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
-CHANNELS = ("sparse", "dense")
-
-
-def _parse_variant(spec: str) -> tuple[str, str, Path | None]:
-    name, eq, rest = spec.partition("=")
-    if not eq or not name or not rest:
-        raise argparse.ArgumentTypeError(f"--variant expects NAME=ADAPTER[:RESULTS_DIR], got {spec!r}")
-    adapter, colon, results = rest.partition(":")
-    return name, adapter, Path(results) if colon else None
-
-
-def _ndcg_by_dataset(results_dir: Path, adapter_dir: Path | None) -> dict[str, dict[str, float]]:
-    """nDCG@10 per dataset and channel from one beir-eval results.json, checking the adapter it used."""
-    path = results_dir / "results.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    from embedder.adapters import adapter_identity
-
-    # the weights' hash, not the path: a shipped adapter keeps its hash when its folder is renamed
-    expect = adapter_identity(adapter_dir)
-    for channel in CHANNELS:
-        params = data["systems"].get(channel, {}).get("params", {})
-        used = params.get("adapter")
-        if channel in data["systems"] and (used or {}).get("sha256") != (expect or {}).get("sha256"):
-            raise ValueError(
-                f"{path}: field 'systems.{channel}.params.adapter': ran with {used!r}, expected the weights of {adapter_dir}"
-            )
-    return {
-        ds["name"]: {c: ds["results"][c]["metrics"]["ndcg@10"] for c in CHANNELS if c in ds["results"]}
-        for ds in data["datasets"]
-    }
+from benchmarks.results_file import LLM_CHANNELS as CHANNELS
+from benchmarks.results_file import ndcg_by_dataset, parse_variant
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=Path, required=True, help="STS-B style TSV (sentence1, sentence2, score)")
-    p.add_argument("--variant", type=_parse_variant, action="append", required=True, help="NAME=ADAPTER[:BEIR_EVAL_OUT_DIR]")
+    p.add_argument("--variant", type=parse_variant, action="append", required=True, help="NAME=ADAPTER[:BEIR_EVAL_OUT_DIR]")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/text2token.json"))
     args = p.parse_args(argv)
@@ -66,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     per_variant = []
     for name, adapter, results_dir in args.variant:
         # A variant without a results folder gets its STS-B figure only (nDCG cells "–").
-        ndcg = _ndcg_by_dataset(results_dir, resolve_adapter(adapter, args.model)) if results_dir else {}
+        ndcg = ndcg_by_dataset(results_dir, resolve_adapter(adapter, args.model)) if results_dir else {}
         t0 = time.perf_counter()
         sts = sts_spearman(load_embedder(args.model, adapter), pairs)["spearman"]
         print(f"{name}: STS-B spearman {sts:.4f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
@@ -83,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title="Text2Token: the embedder before and after training (STS-B test Spearman, nDCG@10)",
-        command="python -m benchmarks.text2token_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command="python -m benchmarks.studies.text2token_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
         description=(
             f"Backbone {args.model}. STS-B: Spearman correlation of cosine similarity with the gold scores on "
             f"{args.pairs} ({len(pairs.scores)} pairs). nDCG@10 from the beir-eval runs named in the command (sparse = "

@@ -1,0 +1,294 @@
+"""The section of one beir-eval results file: per-dataset tables, significance, quoted numbers, plots."""
+from __future__ import annotations
+
+import json
+
+from benchmarks.report.markdown import fmt, fmt_commit, fmt_int, fmt_machine, fmt_ms, md_table, metric_label
+
+# Published numbers, quoted (never measured here), shown beside ours where the dataset matches.
+# Keys: canonical BEIR dataset names. Each entry: (source label, link, {system: {metric: value}}).
+QUOTED: dict[str, list[tuple[str, str, dict[str, dict[str, float]]]]] = {}
+
+
+def _quote(dataset: str, label: str, link: str, rows: dict[str, dict[str, float]]) -> None:
+    QUOTED.setdefault(dataset, []).append((label, link, rows))
+
+
+_ANSERINI = "https://github.com/castorini/anserini/blob/master/docs/regressions/regressions-beir-v1.0.0-{}.flat.md"
+for _name, _ndcg, _r100 in (("scifact", 0.6789, 0.9253), ("nfcorpus", 0.3218, 0.2457), ("fiqa", 0.2361, 0.5395), ("arguana", 0.3970, 0.9324)):
+    _quote(_name, "Anserini/Pyserini BEIR v1.0.0 regression, BM25 flat", _ANSERINI.format(_name), {"BM25 flat (Lucene)": {"ndcg@10": _ndcg, "recall@100": _r100}})
+_PAPER = "text-is-worth-several-tokens, Table 3 (nDCG@10)"
+for _name, _vals in (
+    ("fiqa", (0.236, 0.336, 0.531, 0.404, 0.600, 0.457)),
+    ("nfcorpus", (0.325, 0.334, 0.393, 0.326, 0.409, 0.336)),
+    ("scifact", (0.665, 0.693, 0.789, 0.669, 0.792, 0.703)),
+    ("arguana", (0.315, 0.479, 0.575, 0.481, 0.632, 0.526)),
+):
+    _systems = ("BM25", "SPLADEv2", "LLM2Vec (dense)", "LLM2Vec to sparse (aligned tokens)", "GritLM (dense)", "GritLM to sparse (aligned tokens)")
+    _quote(_name, _PAPER, "../shared/papers/text-is-worth-several-tokens.txt", {s: {"ndcg@10": v} for s, v in zip(_systems, _vals)})
+
+
+def canonical_dataset(name: str) -> str:
+    """``beir-scifact-test`` / ``scifact`` -> ``scifact`` (for matching quoted numbers)."""
+    n = name.lower()
+    for prefix in ("beir-", "beir/"):
+        if n.startswith(prefix):
+            n = n[len(prefix) :]
+    for suffix in ("-test", "/test", "-dev", "-train"):
+        if n.endswith(suffix):
+            n = n[: -len(suffix)]
+    return n
+
+
+def _shared_cpu(res: dict) -> str | None:
+    """A note when the load average says other jobs competed for the CPU.
+
+    The run itself keeps up to its thread count busy (all cores when not capped), so a
+    1-minute load more than half a core above that (at start or end) means other work ran."""
+    cores = (res.get("machine") or {}).get("cores") or 1
+    own = min((res.get("settings") or {}).get("threads") or cores, cores)
+    loads = [x[0] for x in (res.get("load_avg_start"), res.get("load_avg_end")) if x]
+    if loads and max(loads) > max(own, 1) + 0.5:
+        return f"1-minute load average up to {max(loads):.1f} on {cores} cores"
+    return None
+
+
+def _model_bits(p: dict) -> list[str]:
+    model = p.get("model") or {}
+    adapter = p.get("adapter")
+    bits = [f"model {model.get('name')} (sha256 {str(model.get('sha256', ''))[:12]})"]
+    bits.append(f"adapter {adapter.get('path')} ({str(adapter.get('sha256', ''))[:12]})" if adapter else f"adapter: none (raw backbone; --adapter {p.get('adapter_arg')})")
+    emb = p.get("embedding") or {}
+    bits.append(f"pooling {emb.get('pooling')}, attention {emb.get('attention')}, max_length {emb.get('max_length')}")
+    if emb.get("query_prompt"):  # an asymmetric embedder: queries read their own template
+        bits.append(f"query template {emb['query_prompt']!r} (documents: {emb.get('prompt')!r})")
+    return bits
+
+
+def _params_summary(name: str, p: dict) -> str:
+    """The parameters that matter, in one line (all of them are in the JSON)."""
+    mode = p.get("mode")
+    kind = (p.get("index_options") or {}).get("dense_kind", p.get("dense_kind"))
+    faiss = f"cosine, FAISS {kind}" + (" (exact)" if kind == "Flat" else "")
+    if mode == "bm25":
+        lex = p.get("lexical") or {}
+        return f"analyser {lex.get('analyzer')}; BM25 k1={lex.get('k1')}, b={lex.get('b')}; {lex.get('scoring')}"
+    if mode in ("sparse", "dense", "dense-ef", "hybrid") or "top_k" in p:
+        bits = _model_bits(p)
+        if mode in ("sparse", "hybrid") or (mode is None and "top_k" in p):
+            bits.append(f"top_k (K) {p.get('top_k')}, expansion_m (M) {p.get('expansion_m')}, literal {p.get('literal')}")
+            if p.get("query_weighting"):
+                bits.append(f"query token weights: {p['query_weighting']}")
+        if mode in ("dense", "dense-ef"):
+            bits.append(faiss)
+        if mode == "dense-ef":
+            bits.append(f"EmbedFilter τ={p.get('embedfilter_tau')}")
+        if mode == "hybrid":
+            f = p.get("fusion") or {}
+            used = ", ".join(f"{c} {w:g}" for c, w in (f.get("weights") or {}).items() if w)
+            bits.append(f"fusion {f.get('method')} ({used})" + (f", k={f['rrf_k']}" if f.get("rrf_k") else ""))
+        return "; ".join(bits)
+    if "k1" in p:
+        return f"Pyserini {p.get('pyserini')} on Java {p.get('java')}; BM25 k1={p.get('k1')}, b={p.get('b')}; {p.get('analyzer')}"
+    if "max_seq_length" in p:
+        return f"{p.get('model')} ({p.get('package')}), {p.get('dim')}-d, max_seq_length {p.get('max_seq_length')}; {p.get('metric')}"
+    return ", ".join(f"{k}={v}" for k, v in p.items() if not isinstance(v, (dict, list)))
+
+
+# ---------------------------------------------------------------- beir-eval run
+def render_run(res: dict, heading_level: int = 2, plots: list[tuple[str, str]] | None = None, title: str | None = None) -> str:
+    """Markdown for one beir-eval results file."""
+    h = "#" * heading_level
+    metrics = res["settings"]["metrics"]
+    out: list[str] = []
+    out.append(f"{h} {title or 'beir-eval results'}\n")
+    out.append(f"Command: `{res['command']}`\n")
+    load = ""
+    if res.get("load_avg_start") or res.get("load_avg_end"):
+        load = f"; load average (1/5/15 min) at start {res.get('load_avg_start')}, at end {res.get('load_avg_end')}"
+    busy = _shared_cpu(res)
+    out.append(
+        f"- Date: {res['date']}; commit {fmt_commit(res.get('commit'))}\n"
+        f"- Machine: {fmt_machine(res.get('machine', {}))}{load}\n"
+        f"- Wall time of the whole command: {res.get('wall_seconds', float('nan')):.0f} s (including model loads, index builds, compilation)\n"
+        f"- Compute threads (torch, FAISS): {res['settings'].get('threads') or 'the libraries’ default (all cores)'}\n"
+        f"- Run depth {res['settings']['depth']} hits per query; metrics by ranx; "
+        f"ranx compile/cache-load {res.get('warmup', {}).get('ranx_seconds', float('nan')):.1f} s (not in any timing below)\n"
+        + (f"- **The CPU was shared with other jobs during this run** ({busy}): times and throughputs are pessimistic.\n" if busy else "")
+    )
+    n_warm = res["settings"].get("warmup_queries", 1)
+    out.append(
+        f"Latency: one process, one query at a time, after a warm-up on the first {n_warm} queries (Numba compilation, "
+        "JVM JIT, oneDNN) that is timed apart, and after one untimed pass of all pre-encoded queries through the index (steady state). "
+        "*Search* = the pre-encoded query through the index (top-k ids and scores); "
+        "*end to end* = query encoding + search. QPS = queries / summed latency. Index docs/s = documents / build seconds "
+        "(the sparse and dense channels of this project share one build: the corpus is encoded once). "
+        "Encode tokens/s = prompt tokens (template + text) through the backbone per encoding second (this project's systems).\n"
+    )
+    rows = []
+    for name, info in res["systems"].items():
+        rows.append([f"`{name}`", info.get("description", ""), _params_summary(name, info.get("params", {})), fmt(info.get("load_seconds"), 1)])
+    out.append(md_table(["System", "What", "Parameters", "Load s"], rows, ["l", "l", "l", "r"]) + "\n")
+
+    datasets = res["datasets"]
+    if len(datasets) > 1:
+        out.append(f"{h}# Mean over {len(datasets)} datasets\n")
+        out.append(_mean_table(res, metrics) + "\n")
+    for ds in datasets:
+        out.append(_render_dataset(ds, metrics, h))
+    if plots:
+        out.append(f"{h}# Plots\n")
+        for caption, path in plots:
+            out.append(f"![{caption}]({path})\n")
+    out.append(
+        "<details><summary>All parameters of this run (from the results JSON)</summary>\n\n```json\n"
+        + json.dumps({n: i.get("params", {}) for n, i in res["systems"].items()}, indent=2, sort_keys=True)
+        + "\n```\n</details>\n"
+    )
+    return "\n".join(out)
+
+
+def _mean_table(res: dict, metrics: list[str]) -> str:
+    rows = []
+    for name in res["systems"]:
+        vals = {m: [] for m in metrics}
+        e2e = []
+        for ds in res["datasets"]:
+            r = ds["results"].get(name)
+            if r:
+                for m in metrics:
+                    vals[m].append(r["metrics"][m])
+                e2e.append(r["latency"]["end_to_end"]["p50_ms"])
+        if not e2e:
+            continue
+        rows.append([f"`{name}`"] + [fmt(sum(v) / len(v)) for v in vals.values()] + [fmt_ms(sum(e2e) / len(e2e))])
+    return md_table(["System"] + [metric_label(m) for m in metrics] + ["e2e p50 ms (mean)"], rows)
+
+
+def _render_dataset(ds: dict, metrics: list[str], h: str) -> str:
+    out = [f"{h}# {ds['name']}\n"]
+    desc = f"Source: `{ds['source']}` (split {ds['split']}): {ds['n_docs']:,} documents, {ds['n_queries']} judged queries, {ds['n_qrels']:,} qrels."
+    if ds.get("sample"):
+        s = ds["sample"]
+        desc += f" **Sampled** (seed {s['seed']}): {s['n_queries']} of {s['of_queries']} queries, {s['n_docs']} of {s['of_docs']:,} documents (all judged documents of the sampled queries kept)."
+    for note in ds.get("notes") or []:
+        desc += f" Note: {note}."
+    out.append(desc + "\n")
+    rows = []
+    for name, r in ds["results"].items():
+        rows.append([f"`{name}`"] + [fmt(r["metrics"][m]) for m in metrics] + [fmt_ms(r["latency"]["end_to_end"]["p50_ms"])])
+    out.append(md_table(["System"] + [metric_label(m) for m in metrics] + ["Latency e2e p50 ms"], rows) + "\n")
+    rows = []
+    for name, r in ds["results"].items():
+        lat, ix = r["latency"], r["index"]
+        cached = bool(ix.get("embeddings_cached"))  # build from cached embeddings: no encoding measured
+        rows.append(
+            [
+                f"`{name}`",
+                "cached" if cached else fmt(ix["docs_per_s"], 1),
+                "cached" if cached else (fmt_int(ix.get("tokens_per_s")) if ix.get("tokens_per_s") else "–"),
+                fmt_int(ix["bytes_per_doc"]),
+                fmt_ms(lat["search"]["p50_ms"]),
+                fmt_ms(lat["search"]["p95_ms"]),
+                fmt(lat["search"]["qps"], 1),
+                fmt_ms(lat["end_to_end"]["p50_ms"]),
+                fmt_ms(lat["end_to_end"]["p95_ms"]),
+                fmt(lat["end_to_end"]["qps"], 1),
+                fmt(r.get("warmup_seconds"), 2),
+            ]
+        )
+    out.append(
+        md_table(
+            ["System", "Index docs/s", "Encode tokens/s", "Index bytes/doc", "Search p50 ms", "Search p95 ms", "Search QPS", "E2E p50 ms", "E2E p95 ms", "E2E QPS", "Warm-up s"],
+            rows,
+        )
+        + "\n"
+    )
+    if ds.get("comparison"):
+        out.append(_render_comparison(ds["comparison"]))
+    quoted = QUOTED.get(canonical_dataset(ds["name"]))
+    if quoted and not ds.get("sample"):
+        out.append(_render_quoted(quoted, metrics))
+    return "\n".join(out)
+
+
+def _render_comparison(c: dict) -> str:
+    systems, metrics = c["systems"], c["metrics"]
+    rows = []
+    for i, a in enumerate(systems):
+        for b in systems[i + 1 :]:
+            cells = []
+            for m in metrics:
+                p = c["p_values"].get(a, {}).get(b, {}).get(m)
+                cells.append("–" if p is None else (f"**{p:.4f}**" if p < c["max_p"] else f"{p:.4f}"))
+            rows.append([f"`{a}` vs `{b}`"] + cells)
+    return (
+        f"Paired significance ({c['stat_test']} test, ranx.compare), p-values; bold: p < {c['max_p']}:\n\n"
+        + md_table(["Pair"] + [metric_label(m) for m in metrics], rows)
+        + "\n"
+    )
+
+
+def _render_quoted(quoted: list, metrics: list[str]) -> str:
+    out = ["Published numbers on the full dataset, **quoted, not measured here** (other machines, other settings):\n"]
+    for label, link, rows in quoted:
+        cols = [m for m in metrics if any(m in v for v in rows.values())]
+        out.append(f"[{label}]({link}):\n")
+        out.append(md_table(["System (quoted)"] + [metric_label(m) for m in cols], [[s] + [fmt(v.get(m)) for m in cols] for s, v in rows.items()]) + "\n")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------- plots
+def plot_ndcg(res: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(res["systems"])
+    datasets = [d["name"] for d in res["datasets"]]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(datasets) + 2), 4))
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        ys = [d["results"].get(name, {}).get("metrics", {}).get("ndcg@10", float("nan")) for d in res["datasets"]]
+        ax.bar([j + (i - (len(names) - 1) / 2) * width for j in range(len(datasets))], ys, width, label=name)
+    ax.set_xticks(range(len(datasets)), datasets)
+    ax.set_ylabel("nDCG@10")
+    ax.set_title("nDCG@10 per dataset and system")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_latency(res: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    markers = "osD^vP*Xh<>"
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, name in enumerate(res["systems"]):
+        for j, d in enumerate(res["datasets"]):
+            r = d["results"].get(name)
+            if not r:
+                continue
+            ax.scatter(
+                r["latency"]["end_to_end"]["p50_ms"],
+                r["metrics"]["ndcg@10"],
+                color=colors[i % len(colors)],
+                marker=markers[j % len(markers)],
+                label=name if j == 0 else None,
+            )
+    for j, d in enumerate(res["datasets"]):
+        ax.scatter([], [], color="gray", marker=markers[j % len(markers)], label=d["name"])
+    ax.set_xscale("log")
+    ax.set_xlabel("end-to-end latency p50 per query (ms, log scale; encoding + search)")
+    ax.set_ylabel("nDCG@10")
+    ax.set_title("Quality vs query latency (one process, one query at a time)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

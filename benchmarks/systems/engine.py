@@ -1,0 +1,409 @@
+"""This project's engine as benchmark systems: one system per Retriever mode (sparse, dense, dense-ef,
+bm25, hybrid, encoder, and the hybrids of the encoder channel's subsets), all served by one
+:class:`AlignedTokensEngine` per run: one index built with every channel they need, queries encoded once.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from benchmarks.datasets import Dataset
+from benchmarks.systems.base import Hits, IndexStats, Settings, System, SystemUnavailable, register, register_each, torch_threads
+from benchmarks.timing import Stopwatch
+
+
+class AlignedTokensEngine:
+    """One embedder, one index per dataset, queries encoded once per dataset; shared by
+    every system of this project in a run ("sparse", "dense", and any mode added later).
+
+    Systems declare the index channels they need (:meth:`require`, e.g. ``dense=True``);
+    the index is built once per dataset with all of them, so the corpus is encoded once.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        from embedder.models import DEFAULT_MODEL
+        from indexer.build import DEFAULT_TOP_K
+        from retriever.query import DEFAULT_EXPANSION_M
+
+        self.settings = settings
+        self.model = settings.model or DEFAULT_MODEL
+        self.top_k = settings.top_k if settings.top_k is not None else DEFAULT_TOP_K
+        self.expansion_m = settings.expansion_m if settings.expansion_m is not None else DEFAULT_EXPANSION_M
+        self.build_options: dict = {}
+        self.embedder = None
+        self.encoder = None  # the sentence-transformers encoder of the "encoder" channel, when required
+        self.retriever = None
+        self.dataset: str | None = None
+        self.build_stats: dict = {}
+        self._encoded: dict[tuple, tuple[list, list[float]]] = {}
+        self._retrievers: dict[str, Any] = {}  # the index searched with other fusion settings
+
+    def require(self, **build_options) -> None:
+        """Ask for index channels (keyword arguments of ``indexer.build.build_index``)."""
+        for key, value in build_options.items():
+            if key in self.build_options and self.build_options[key] != value:
+                raise ValueError(f"systems disagree on index option {key}: {self.build_options[key]!r} vs {value!r}")
+            self.build_options[key] = value
+
+    def load(self) -> None:
+        if self.embedder is None:
+            from embedder.encoder import Embedder
+
+            self.embedder = Embedder.load(
+                self.model, adapter=self.settings.adapter, device=self.settings.device, dtype=self.settings.dtype,
+                runtime=None if self.settings.runtime == "reference" else self.settings.runtime,
+            )
+            if self.settings.embedding_cache is not None:
+                from embedder.cache import CachedEmbedder
+
+                self.embedder = CachedEmbedder(self.embedder, self.settings.embedding_cache)
+        if self.encoder is None and self.build_options.get("encoder"):
+            from embedder.sentence_encoder import SentenceEncoder
+
+            self.encoder = SentenceEncoder.load(self.build_options["encoder"], device=self.settings.device)
+
+    def params(self) -> dict:
+        e, r = self.embedder, self.retriever
+        p = {
+            "model": e.identity if e else {"name": self.model},
+            "adapter": e.adapter if e else self.settings.adapter,
+            "adapter_arg": self.settings.adapter,
+            "embedding": e.config.to_dict() if e else None,
+            "top_k": self.top_k,
+            "expansion_m": self.expansion_m,
+            "index_options": dict(self.build_options, dense_kind=self.settings.dense_kind, **({"segments": True} if self.settings.segments else {})),
+            "device": e.device if e else self.settings.device,
+            "torch_threads": torch_threads(),
+            "runtime": e.runtime_info() if e else None,
+        }
+        if self.encoder is not None:
+            p["encoder"] = self.encoder.describe()
+        # Query-side settings as the Retriever applies them (its defaults, read from it).
+        for attr in ("literal", "query_weighting", "fusion", "backend", "query_encoder"):
+            if r is not None and hasattr(r, attr):
+                p[attr] = getattr(r, attr)
+        return p
+
+    def index(self, ds: Dataset) -> dict:
+        """Build (once per dataset) the index holding every channel the systems need."""
+        if self.dataset == ds.name and self.retriever is not None:
+            return self.build_stats
+        from indexer.build import build_index, index_size_bytes
+        from indexer.corpus import CorpusSpec
+        from retriever.retriever import Retriever
+
+        self.load()
+        hits_before = getattr(self.embedder, "hits", 0)
+        folder = self.settings.work_dir / ds.name
+        corpus = ds.write_corpus(folder / "corpus.jsonl")
+        index_dir = folder / "aligned-tokens"
+        options = dict(self.build_options)
+        if options.get("encoder"):
+            options["encoder"] = self.encoder  # the model loaded once, not its name
+        if self.settings.segments:
+            options["segments"] = True
+        manifest = build_index(
+            CorpusSpec(corpus, fmt="jsonl"),
+            index_dir,
+            self.embedder,
+            top_k=self.top_k,
+            dense_kind=self.settings.dense_kind,
+            overwrite=True,
+            progress=self.settings.progress,
+            **options,
+        )
+        extra = {"encoder": self.encoder} if self.encoder is not None else {}
+        # no query cache: every query is encoded (and timed) as a first query would be
+        self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, query_encoder=self.settings.query_encoder,
+                                   query_cache_size=0, **extra)
+        self.dataset = ds.name
+        self._encoded.clear()
+        self._retrievers.clear()
+        self.build_stats = {
+            "n_docs": manifest.n_docs,
+            "seconds": float(manifest.build["seconds"]),
+            "manifest_build": manifest.build,
+            "total_bytes": index_size_bytes(index_dir),
+            "files": {str(p.relative_to(index_dir)): p.stat().st_size for p in sorted(index_dir.rglob("*")) if p.is_file()},
+            "index_dir": str(index_dir),
+            # encoding served from embedder/cache.py: build time and tokens/s are not measured
+            "embeddings_cached": getattr(self.embedder, "hits", 0) > hits_before,
+        }
+        return self.build_stats
+
+    def retriever_for(self, fusion: dict | None):
+        """The index's Retriever with ``fusion`` as its hybrid setting (None: its default)."""
+        if fusion is None:
+            return self.retriever
+        key = json.dumps(fusion, sort_keys=True)
+        if key not in self._retrievers:
+            from retriever.retriever import Retriever
+
+            r = self.retriever
+            extra = {"encoder": self.encoder} if self.encoder is not None else {}
+            self._retrievers[key] = Retriever(r.index_dir, r.manifest, self.embedder, expansion_m=self.expansion_m, fusion=fusion,
+                                              query_encoder=r.student or "llm", query_cache_size=0, **extra)
+        return self._retrievers[key]
+
+    def encode(self, queries: list[str], mode: str | None = None, retriever=None) -> tuple[list, list[float]]:
+        """Each query encoded alone, with what ``mode``'s channels need (Retriever.encode): the
+        LLM (literal + top-M aligned tokens, and its embedding) and/or the sentence encoder.
+        ``mode`` None: every channel of the index (older callers)."""
+        r = retriever or self.retriever
+        channels = r.channels_of(mode) if hasattr(r, "channels_of") else []
+        needs = (any(c in ("sparse", "dense", "dense-ef") for c in channels), "encoder" in channels)
+        key = (needs, tuple(queries)) if hasattr(r, "channels_of") else tuple(queries)
+        if key not in self._encoded:
+            encs, secs = [], []
+            for q in queries:
+                with Stopwatch() as sw:
+                    enc = (r.encode([q], mode) if hasattr(r, "channels_of") else r.encode([q]))[0]
+                encs.append(enc)
+                secs.append(sw.seconds)
+            self._encoded[key] = (encs, secs)
+        return self._encoded[key]
+
+    def search(self, enc, mode: str, k: int, retriever=None) -> Hits:
+        """One pre-encoded query through one channel of the index: top-k ids and scores.
+
+        ``Retriever.search`` adds per-hit matched-token explanations on top; they are left
+        out of the timing, as Lucene's search returns ids and scores only. Where the
+        Retriever has no single-channel call for a mode (fusion), its public
+        ``search_encoded`` is timed with ``explain=False``, for the same reason.
+        """
+        r = retriever or self.retriever
+        if mode != "hybrid" and hasattr(r, "_channel"):
+            docs, scores = r._channel(enc, mode, k)
+        elif mode == "sparse" and not hasattr(r, "_channel"):
+            docs, scores = r.sparse.search(enc.tokens, enc.weights, k)
+        elif mode == "dense" and not hasattr(r, "_channel"):
+            d, s = r.dense.search(enc.embedding[None, :], k)
+            docs, scores = d[0], s[0]
+        else:
+            return [(h.doc_id, float(h.score)) for h in r.search_encoded([enc], k=k, mode=mode, explain=False)[0]]
+        ids = r.doc_ids
+        return [(ids[d], float(s)) for d, s in zip(docs, scores) if d >= 0]
+
+    def timed_call(self, mode: str) -> str:
+        r = self.retriever
+        if mode != "hybrid" and (r is None or hasattr(r, "_channel") or mode in ("sparse", "dense")):
+            return "index-level top-k (ids and scores; no matched-token explanations)"
+        return "Retriever.search_encoded(explain=False): every channel, then fusion (ids, scores, per-channel shares)"
+
+
+def shared_engine(settings: Settings, shared: dict) -> AlignedTokensEngine:
+    """The run's one engine (created on first use)."""
+    if "aligned-tokens" not in shared:
+        shared["aligned-tokens"] = AlignedTokensEngine(settings)
+    return shared["aligned-tokens"]
+
+
+# Index files that belong to each channel (the rest, e.g. doc_ids.json and the manifest,
+# is shared by all channels and counted in each).
+_CHANNEL_FILES: dict[str, Callable[[str], bool]] = {
+    "sparse": lambda name: name.startswith("postings_"),
+    "dense": lambda name: name.startswith("dense.") or name.startswith("dense_projection"),
+    "dense-ef": lambda name: name.startswith("dense_ef"),
+    "bm25": lambda name: name.startswith("lexical/"),
+    "encoder": lambda name: name.startswith("encoder."),
+}
+_SHARED_FILES = ("doc_ids.json", "manifest.json")
+
+
+class AlignedTokensSystem(System):
+    """A search mode of this project's engine (``Retriever`` mode) as a benchmark system.
+
+    Subclass with ``mode`` and ``build_options`` (the index channels the mode needs) and
+    register it, e.g. ``mode = "hybrid"; build_options = {"dense": True}``; where the channels
+    depend on the run's settings, override :meth:`index_options` instead.
+    """
+
+    mode = "sparse"
+    build_options: dict = {}
+    fusion: dict | None = None  # hybrid: None = the Retriever's default for the index's channels
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        super().__init__(settings, shared)
+        self.build_options = self.index_options(settings)
+        self.engine = shared_engine(settings, shared)
+        self.engine.require(**self.build_options)
+
+    def index_options(self, settings: Settings) -> dict:
+        """The index channels this system needs (options of the shared index build)."""
+        return dict(self.build_options)
+
+    @property
+    def retriever(self):
+        return self.engine.retriever_for(self.fusion) if self.engine.retriever is not None else None
+
+    def load(self) -> None:
+        self.engine.load()
+
+    def params(self) -> dict:
+        p = self.engine.params()
+        p["mode"] = self.mode
+        p["timed_search"] = self.engine.timed_call(self.mode)
+        r = self.retriever
+        if self.mode == "hybrid":
+            if r is not None:
+                p["fusion"] = r.fusion
+                p["channels_fused"] = r.channels_of("hybrid")
+            elif self.fusion is not None:
+                p["fusion"] = self.fusion
+            if self.fusion is None:
+                p["fusion_source"] = "the Retriever's default for the index's channels (DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER with an encoder channel)"
+        elif self.mode != "encoder":
+            p.pop("encoder", None)
+        if self.mode in ("dense", "dense-ef", "bm25", "encoder"):
+            for key in ("top_k", "expansion_m", "literal", "query_weighting", "fusion"):
+                p.pop(key, None)
+        if self.mode == "encoder":
+            for key in ("adapter", "adapter_arg", "embedding"):
+                p.pop(key, None)
+            p["metric"] = "cosine (inner product of L2-normalised sentence-transformers embeddings, FAISS)"
+        if self.mode in ("dense", "dense-ef"):
+            p["metric"] = "cosine (inner product of L2-normalised pooled embeddings)"
+        if self.mode == "dense-ef":
+            p["embedfilter_tau"] = self.engine.build_options.get("embedfilter_tau")
+        elif self.mode == "sparse":
+            p.pop("fusion", None)
+            p["scoring"] = "sum over matched query tokens of query weight x document logit weight"
+        elif self.mode == "bm25":
+            for key in ("adapter", "adapter_arg", "embedding", "device"):
+                p.pop(key, None)
+            p["lexical"] = {"analyzer": self.engine.build_options.get("lexical"), "k1": 0.9, "b": 0.4, "scoring": "Lucene BM25Similarity, Numba inverted index"}
+        return p
+
+    def index(self, ds: Dataset) -> IndexStats:
+        b = self.engine.index(ds)
+        own = _CHANNEL_FILES.get(self.mode)
+        files = b["files"]
+        size = b["total_bytes"] if own is None else sum(v for k, v in files.items() if own(k) or k in _SHARED_FILES)
+        details = {
+            "bytes_counted": "all index files" if own is None else f"{self.mode} channel files + doc ids + manifest",
+            "shared_build": "one index build serves all of this project's systems in the run (the corpus is encoded once)",
+            "total_index_bytes": b["total_bytes"],
+            "encode_seconds": b["manifest_build"].get("encode_seconds"),
+            "tokens_per_s": b["manifest_build"].get("tokens_per_s"),
+            "embeddings_cached": b["embeddings_cached"],
+        }
+        return IndexStats(b["n_docs"], b["seconds"], size, details)
+
+    def encode(self, queries: list[str]) -> tuple[list, list[float]]:
+        return self.engine.encode(queries, self.mode, self.retriever)
+
+    def search(self, encoded, k: int) -> Hits:
+        return self.engine.search(encoded, self.mode, k, self.retriever)
+
+
+@register("sparse", "this project: aligned-token sparse retrieval (Numba inverted index)")
+class AlignedTokensSparse(AlignedTokensSystem):
+    mode = "sparse"
+
+
+@register("dense", "this project: the same pooled LLM embedding, exact cosine search (FAISS)")
+class AlignedTokensDense(AlignedTokensSystem):
+    mode = "dense"
+    build_options = {"dense": True}
+
+
+def _embedfilter_tau(settings: Settings) -> int:
+    from embedder.embedfilter import DEFAULT_TAU
+
+    return settings.embedfilter_tau if settings.embedfilter_tau is not None else DEFAULT_TAU
+
+
+@register("dense-ef", "this project: the pooled embedding projected by EmbedFilter (LM-head spectrum), cosine (FAISS)")
+class AlignedTokensDenseEF(AlignedTokensSystem):
+    mode = "dense-ef"
+
+    def index_options(self, settings: Settings) -> dict:
+        return {"embedfilter_tau": _embedfilter_tau(settings)}
+
+
+@register("bm25", "this project: BM25 (k1=0.9, b=0.4) on its own Numba inverted index, no JVM")
+class LexicalBM25(AlignedTokensSystem):
+    mode = "bm25"
+
+    def index_options(self, settings: Settings) -> dict:
+        return {"lexical": settings.lexical}
+
+    def encode(self, queries: list[str]) -> tuple[list, list[float]]:
+        # BM25 needs no model: the query is analysed (tokenised, stemmed) inside search.
+        from retriever.query import EncodedQuery
+
+        return [EncodedQuery.text_only(q) for q in queries], [0.0] * len(queries)
+
+
+@register("hybrid", "this project: fusion of the sparse aligned-token, dense and BM25 channels (Retriever mode hybrid, DEFAULT_FUSION)")
+class AlignedTokensHybrid(AlignedTokensSystem):
+    mode = "hybrid"
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        from retriever.retriever import DEFAULT_FUSION
+
+        # DEFAULT_FUSION explicitly: in a run whose index also holds the encoder channel, the
+        # Retriever's own default would switch to DEFAULT_FUSION_WITH_ENCODER, and "hybrid" would
+        # stop meaning the same system from one run to the next.
+        self.fusion = DEFAULT_FUSION
+        super().__init__(settings, shared)
+
+    def index_options(self, settings: Settings) -> dict:
+        options: dict = {"dense": True, "lexical": settings.lexical}
+        if self.fusion["weights"].get("dense-ef", 0) > 0:
+            options["embedfilter_tau"] = _embedfilter_tau(settings)
+        return options
+
+
+@register("encoder", "this project: the encoder channel (build-index --encoder; all-MiniLM-L6-v2 by default), cosine (FAISS)")
+class AlignedTokensEncoder(AlignedTokensSystem):
+    mode = "encoder"
+
+    def index_options(self, settings: Settings) -> dict:
+        return {"encoder": settings.encoder}
+
+
+# Hybrids of the encoder channel with this engine's own channels, one system per channel subset
+# (issue 16: does the aligned-token channel add anything on top of BM25 + a small encoder?).
+# Weights: Settings.fusions[subset] (beir-eval --fusion-from: the setting fusion_cv --subsets chose
+# on all collections), else these UNTUNED fallbacks (the issue's 0.6 / 0.4 starting point, the
+# rest of the weight spread over the extra channels). Latency depends on the channels, not the weights.
+ENCODER_SUBSET_FALLBACKS: dict[str, dict] = {
+    "bm25+encoder": {"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}},
+    "bm25+encoder+sparse": {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.3, "sparse": 0.2}},
+    "bm25+encoder+sparse+dense": {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.3, "sparse": 0.1, "dense": 0.1}},
+}
+
+
+class EncoderHybrid(AlignedTokensSystem):
+    """The hybrid mode over one subset of channels with the encoder channel (``subset``, e.g.
+    "bm25+encoder+sparse"), fused with Settings.fusions[subset] or its untuned fallback."""
+
+    mode = "hybrid"
+
+    def __init__(self, settings: Settings, shared: dict, subset: str) -> None:
+        self.subset = subset
+        fusion = settings.fusions.get(subset) or ENCODER_SUBSET_FALLBACKS[subset]
+        unknown = set(fusion["weights"]) - set(subset.split("+"))
+        if any(fusion["weights"][c] > 0 for c in unknown):
+            raise SystemUnavailable(f"hybrid-{subset}: fusion {fusion} weighs channels outside the subset")
+        self.fusion = fusion
+        self.fusion_source = "--fusion-from" if subset in settings.fusions else "untuned fallback (benchmarks.systems.ENCODER_SUBSET_FALLBACKS)"
+        super().__init__(settings, shared)
+
+    def index_options(self, settings: Settings) -> dict:
+        options: dict = {"encoder": settings.encoder, "lexical": settings.lexical}
+        if "dense" in self.subset.split("+"):
+            options["dense"] = True
+        return options
+
+    def params(self) -> dict:
+        p = super().params()
+        p["fusion_source"] = self.fusion_source
+        return p
+
+
+register_each(EncoderHybrid, {
+    f"hybrid-{subset}": (f"this project: fusion of its {', '.join(subset.split('+'))} channels (Retriever mode hybrid)", {"subset": subset})
+    for subset in ENCODER_SUBSET_FALLBACKS
+})
