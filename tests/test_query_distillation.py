@@ -26,6 +26,12 @@ def test_the_objective_is_zero_at_the_teacher_and_per_example():
     # the KL term sees the scale of h, the cosine does not
     assert query_distillation_loss(2 * t, t, w, kl_weight=0.0).abs().max().item() < 1e-5
     assert kl_over_top(2 * t @ w.T, t @ w.T, 10).min().item() > 0
+    # the KL term is kl_over_top's, whether the teacher's top tokens are given or found
+    from training.objectives.query_distillation import teacher_top_tokens
+
+    kl = query_distillation_loss(s, t, w, kl_top=10) - query_distillation_loss(s, t, w, kl_weight=0.0)
+    torch.testing.assert_close(kl, kl_over_top(s @ w.T, t @ w.T, 10))
+    torch.testing.assert_close(query_distillation_loss(s, t, w, kl_top=10, teacher_top=teacher_top_tokens(t, w, 10, chunk=3)), kl + 1 - torch.cosine_similarity(s, t))
 
 
 def test_kl_over_top_matches_a_direct_computation():

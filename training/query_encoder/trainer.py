@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from embedder.query_encoder import DistilledQueryEncoder, make_head, teacher_identity
-from training.objectives.query_distillation import query_distillation_loss
+from training.objectives.query_distillation import query_distillation_loss, teacher_top_tokens
 from training.query_encoder.data import student_inputs, teacher_states
 from training.query_encoder.recipe import DistillRecipe
 
@@ -36,6 +36,7 @@ def train_head(
     steps = recipe.epochs * ((len(train) + recipe.batch_size - 1) // recipe.batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=max(steps, 1), pct_start=0.1)
     w = lm_head.detach().float()
+    top = teacher_top_tokens(ht, w, recipe.kl_top) if recipe.kl_weight else None
     curve, start = [], time.perf_counter()
     bar = tqdm(range(recipe.epochs), desc="distilling", unit="epoch", disable=not progress)
     for epoch in bar:
@@ -45,7 +46,8 @@ def train_head(
         for i in range(0, len(perm), recipe.batch_size):
             b = perm[i : i + recipe.batch_size]
             loss = query_distillation_loss(
-                head(xt[b]), ht[b], w, kl_weight=recipe.kl_weight, kl_top=recipe.kl_top, temperature=recipe.temperature
+                head(xt[b]), ht[b], w, kl_weight=recipe.kl_weight, kl_top=recipe.kl_top, temperature=recipe.temperature,
+                teacher_top=top[b] if top is not None else None,
             ).mean()
             opt.zero_grad()
             loss.backward()
