@@ -12,8 +12,8 @@ from embedder.hardware import DTYPES
 from embedder.models import ModelNotAvailable
 from indexer.manifest import IndexFormatError
 from retriever.backends import BACKENDS
-from retriever.quiet import quiet_libraries
 from retriever.query import DEFAULT_EXPANSION_M
+from retriever.quiet import quiet_libraries
 from retriever.retriever import DEFAULT_QUERY_WEIGHTING, MODES, QUERY_WEIGHTINGS, Retriever, check_k
 
 

@@ -21,7 +21,7 @@ for tools.
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 SYMBOLS = "(symbols)"  # the one entry grouping pieces with no letter or digit
 WORD_START = "…"  # appended to a word start (``Schu…``), prepended to an inner piece (``…ellig``)

@@ -364,7 +364,7 @@ class Retriever:
             known = None
             if self.lexical is not None and self.lexical.analyzer == "words":
                 vocab, analyze = self.lexical.vocab, self._analyze
-                known = lambda word: all(t in vocab for t in analyze(word))  # noqa: E731  (stop words give no term: known)
+                known = lambda word: all(t in vocab for t in analyze(word))  # stop words give no term: known
             self._explainer = TokenExplainer(self.embedder.tokenizer, known)
         return self._explainer
 
