@@ -89,12 +89,11 @@ def first_match(text: str, words: Iterable[str]) -> int | None:
 
 
 def display_words(matched: Iterable[str]) -> list[str]:
-    """The words of ``Hit.matched_tokens`` worth highlighting: channel prefixes and fragment
-    marks removed, grouped symbols left out."""
+    """The words of ``Hit.matched_tokens`` worth highlighting: channel prefixes removed;
+    fragments (``…ellig``, ``Schu…``: parts of words) and grouped symbols left out."""
     out = []
     for key in matched:
         word = key.split(":", 1)[1] if key.startswith("bm25:") else key
-        word = word.strip("…")
-        if word and not word.startswith("(") and word.lower() not in (w.lower() for w in out):
+        if word and "…" not in word and not word.startswith("(") and word.lower() not in (w.lower() for w in out):
             out.append(word)
     return out

@@ -16,12 +16,12 @@ function escapeHtml(s) {
 
 function escapeRegex(s) { return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"); }
 
-// the snippet as HTML, every occurrence of a matched word (at a word start) wrapped in <mark>
+// the snippet as HTML, every occurrence of a matched word (a whole word) wrapped in <mark>
 function highlight(text, words) {
   const safe = escapeHtml(text);
   const ws = words.filter((w) => w.length > 1).sort((a, b) => b.length - a.length).map((w) => escapeRegex(escapeHtml(w)));
   if (!ws.length) return safe;
-  return safe.replace(new RegExp("(^|[^\\p{L}\\p{N}])(" + ws.join("|") + ")", "giu"), "$1<mark>$2</mark>");
+  return safe.replace(new RegExp("(^|[^\\p{L}\\p{N}])(" + ws.join("|") + ")(?![\\p{L}\\p{N}])", "giu"), "$1<mark>$2</mark>");
 }
 
 function bar(channels, score) {
