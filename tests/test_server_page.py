@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 ARTIFACTS = REPO / ".cache" / "test-artifacts"
@@ -47,9 +46,10 @@ def server(toy_corpus, tiny_model_dir, tmp_path):
                            "--top-k", "16", "--quiet"]) == 0
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "retriever.server.cli", str(index), "--port", str(port)],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "retriever.server.cli", str(index), "--port", str(port)],
+                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         import httpx
@@ -57,8 +57,7 @@ def server(toy_corpus, tiny_model_dir, tmp_path):
         deadline = time.monotonic() + 180
         while True:
             if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"serve exited with {proc.returncode}: {log.read()}")
+                pytest.fail(f"serve exited with {proc.returncode}: {log_path.read_text()}")
             try:
                 if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                     break
@@ -74,7 +73,6 @@ def server(toy_corpus, tiny_model_dir, tmp_path):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
 
 
 def test_search_page_renders_explained_hits_in_chromium(server):
