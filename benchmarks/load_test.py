@@ -169,7 +169,7 @@ def start_server(index: Path, port: int, extra: list[str], log: Path, timeout: f
 def run(index: Path, queries: list[str], levels: list[int], seconds: float, max_requests: int, k: int, mode: str | None,
         serve_args: list[str], log: Path) -> dict:
     """The measurements: in-process latency, then each client level against one server."""
-    results = {"in_process": in_process(index, queries, k, mode), "levels": []}
+    results = {"load_avg_start": list(os.getloadavg()), "in_process": in_process(index, queries, k, mode), "levels": []}
     port = free_port()
     proc = start_server(index, port, serve_args, log)
     try:
@@ -184,6 +184,7 @@ def run(index: Path, queries: list[str], levels: list[int], seconds: float, max_
         for clients in levels:
             results["levels"].append(asyncio.run(drive(url, queries, clients, seconds, max_requests, k, mode, {})))
         results["rss_after_mib"] = rss_mib(proc.pid)
+        results["load_avg_end"] = list(os.getloadavg())  # other work on the machine competes for the same cores
     finally:
         proc.terminate()
         try:
@@ -214,7 +215,8 @@ def table(results: dict, command: str, index: Path, n_queries: int, seconds: flo
             "encoding and loopback included); QPS = successful responses / wall seconds; errors = non-200 answers or transport errors. "
             "RSS: the server process's resident memory before the first level and after the last. "
             f"CPU: {m['cpu']}, {m['cores']} cores ({', '.join(m['cpu_flags']) or 'no AVX2'}); the driver runs on the same cores as the "
-            "server, so concurrent clients also compete with it for CPU."
+            "server, so concurrent clients also compete with it for CPU. 1-minute load average at start / end: "
+            f"{results['load_avg_start'][0]:.1f} / {results.get('load_avg_end', [float('nan')])[0]:.1f}."
         ),
         "columns": COLUMNS,
         "rows": rows,
