@@ -11,8 +11,9 @@ The aligned-token channel matches vocabulary entries of a byte-level BPE tokeniz
   a word); pieces without a letter or digit (punctuation, partial UTF-8 bytes) are *grouped*
   into one entry, :data:`SYMBOLS`.
 
-A piece counts as a word when it is a word of the query, or when it starts a word and, where
-the index has a stemmed-words BM25 channel, its stem is a term of the corpus (``Schu`` is not).
+A piece counts as a word when it is a word of the query (then it is spelled as the query spells
+it), or when it starts a word, is more than one letter and, where the index has a stemmed-words
+BM25 channel, its stem is a term of the corpus (``Schu`` is not).
 
 BM25 terms are stems (``pars`` for "parsing"): each is shown as the query word it came from.
 The raw token ids and analysed terms stay on the hit (``Hit.matched_ids``, ``Hit.matched_terms``)
@@ -58,17 +59,21 @@ class TokenExplainer:
                 self._pieces[token_id] = (text.strip(), initial)
         return self._pieces[token_id]
 
-    def label(self, token_id: int, query_words: set[str]) -> str:
-        """The entry a token is listed under: a word, a marked fragment or :data:`SYMBOLS`."""
+    def label(self, token_id: int, query_words: dict[str, str]) -> str:
+        """The entry a token is listed under: a word, a marked fragment or :data:`SYMBOLS`.
+
+        ``query_words``: the query's words by their lower case; a token spelling one of them is
+        listed as the query spells it (``FILE`` and ``file`` are one entry, "file")."""
         text, initial = self.piece(token_id)
         if not any(ch.isalnum() for ch in text) or "\ufffd" in text:
             return SYMBOLS
         lower = text.lower()
         if lower in query_words:
-            return text
+            return query_words[lower]
         if self.marks_word_starts and not initial:
             return WORD_START + text
-        if self.known_word is not None and not self.known_word(lower):
+        if (len(text) == 1 and text.isalpha()) or (self.known_word is not None and not self.known_word(lower)):
+            # a lone letter is a piece of a word, not one (unless the query has it)
             return text + WORD_START if self.marks_word_starts else WORD_START + text
         return text
 
@@ -77,7 +82,9 @@ class TokenExplainer:
 
         Entries of one word in different forms or cases are merged under the spelling of
         the largest contribution."""
-        query_words = {w.lower() for w in _WORD.findall(query)}
+        query_words: dict[str, str] = {}
+        for w in _WORD.findall(query):
+            query_words.setdefault(w.lower(), w)
         return merge((self.label(t, query_words), c) for t, c in sorted(zip(token_ids, contributions), key=lambda tc: -tc[1]))
 
 

@@ -17,7 +17,7 @@ def byte_bpe():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     sentences = ["argparse parses command line options", "the Command line", "use argparse and parse"] * 30
-    sentences += ["Schumann Schubert Schulz", "intelligence and intelligent agents"] * 3 + ["hello world"] * 5
+    sentences += ["Schumann Schubert Schulz", "intelligence and intelligent agents"] * 3 + ["hello world"] * 5 + ["plot x and x"] * 5
     trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(sentences, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok)
@@ -42,6 +42,17 @@ def test_word_initial_and_inner_forms_of_a_word_merge_with_summed_contribution(b
                     [1.0, 0.5, 0.25, 0.5], "argparse command")
     assert words == {"argparse": 1.5, "command": 0.75}
     assert sum(words.values()) == pytest.approx(2.25)  # entries still add up to the score
+    # a query word is spelled as the query spells it, whatever the token's case
+    assert e.words([one(byte_bpe, "ĠCommand"), one(byte_bpe, "Ġcommand")], [1.0, 1.0], "COMMAND line") == {"COMMAND": 2.0}
+
+
+def test_a_lone_letter_is_a_fragment_unless_the_query_has_it(byte_bpe):
+    e = TokenExplainer(byte_bpe)
+    letter = "x"
+    g = [one(byte_bpe, "Ġx")]
+    assert e.piece(g[0]) == (letter, True)
+    assert e.words(g, [1.0], "gzip") == {letter + "…": 1.0}
+    assert e.words(g, [1.0], f"vitamin {letter}") == {letter: 1.0}
 
 
 def test_fragments_are_marked_and_symbols_grouped(byte_bpe):
