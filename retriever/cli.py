@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 def format_explanation(hit, n_words: int = 5) -> str:
     """A hit's matched words (with their contributions) and, for hybrid hits, each channel's
     share of the score, on one line."""
-    words = ", ".join(f"{t} {w:.2g}" for t, w in list(hit.matched_tokens.items())[:n_words])
+    words = ", ".join(f"{t} {w:.1f}" if abs(w) >= 1 else f"{t} {w:.2g}" for t, w in list(hit.matched_tokens.items())[:n_words])
     shares = " ".join(f"{c} {v:.2f}" for c, v in sorted(hit.channels.items(), key=lambda cv: -cv[1]))
     return "  ".join(part for part in (words, f"[{shares}]" if shares else "") if part)
 
