@@ -30,7 +30,7 @@ def test_load_test_measures_without_errors_and_writes_a_table(toy_corpus, tiny_m
     for lv in levels:
         assert lv["errors"] == 0 and 0 < lv["requests"] <= 40 and lv["seconds"] < 60  # bounded: stopped by itself
         assert lv["p50_ms"] <= lv["p95_ms"] <= lv["p99_ms"]
-    assert data["details"]["in_process"]["requests"] == 3
+    assert data["details"]["in_process"]["requests"] == 9  # 3 queries, 3 measured passes
     assert data["details"]["rss_before_mib"] > 0 and data["details"]["rss_after_mib"] > 0
     assert data["machine"]["cpu"] in data["description"]  # the CPU is named beside the numbers
     assert "HTTP POST /search, 3 client(s)" in render_table_section(out, data, tmp_path)
