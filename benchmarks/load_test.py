@@ -26,6 +26,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clients: counts between 1 and 64")
     queries = read_queries(args.queries, args.max_queries)
     command = "python -m benchmarks.load_test " + " ".join(argv if argv is not None else sys.argv[1:])
-    log = args.out.with_suffix(".serve.log")
+    log = Path(tempfile.gettempdir()) / f"load_test-serve-{os.getpid()}.log"  # the server's output, for a failure's diagnosis
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results = run(args.index, queries, levels, args.seconds, args.max_requests, args.k, args.mode, args.serve_arg, log)
     data = table(results, command, args.index, len(queries), args.seconds, args.k)
