@@ -85,7 +85,13 @@ class TokenExplainer:
         query_words: dict[str, str] = {}
         for w in _WORD.findall(query):
             query_words.setdefault(w.lower(), w)
-        return merge((self.label(t, query_words), c) for t, c in sorted(zip(token_ids, contributions), key=lambda tc: -tc[1]))
+        pairs = sorted(zip(token_ids, contributions), key=lambda tc: -tc[1])
+        labels = [self.label(t, query_words) for t, _ in pairs]
+        # an inner form ("…parser") joins the word-initial form of the same text that matched too
+        # ("parser", or the fragment "pars…"): one word, one entry
+        starts = {lab.rstrip(WORD_START).lower(): lab for lab in labels if lab != SYMBOLS and not lab.startswith(WORD_START)}
+        labels = [starts.get(lab[1:].lower(), lab) if lab.startswith(WORD_START) and not lab.endswith(WORD_START) else lab for lab in labels]
+        return merge((lab, c) for lab, (_, c) in zip(labels, pairs))
 
 
 def merge(entries: Iterable[tuple[str, float]]) -> dict[str, float]:

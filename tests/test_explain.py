@@ -46,6 +46,17 @@ def test_word_initial_and_inner_forms_of_a_word_merge_with_summed_contribution(b
     assert e.words([one(byte_bpe, "ĠCommand"), one(byte_bpe, "Ġcommand")], [1.0, 1.0], "COMMAND line") == {"COMMAND": 2.0}
 
 
+def test_an_inner_form_joins_the_word_initial_form_that_matched_too(byte_bpe):
+    e = TokenExplainer(byte_bpe)
+    inner, start = one(byte_bpe, "argparse"), one(byte_bpe, "Ġargparse")
+    assert e.words([inner], [1.0], "who") == {"…argparse": 1.0}  # alone: the inside of some word
+    assert e.words([inner, start], [1.0, 0.5], "who") == {"argparse": 1.5}  # beside its word-initial form: that word
+    schu_inner, schu_start = one(byte_bpe, "Schu"), one(byte_bpe, "ĠSchu")
+    vocab = {"command"}
+    e = TokenExplainer(byte_bpe, known_word=lambda w: w in vocab)
+    assert e.words([schu_inner, schu_start], [1.0, 1.0], "who") == {"Schu…": 2.0}  # fragments of one piece: one entry
+
+
 def test_a_lone_letter_is_a_fragment_unless_the_query_has_it(byte_bpe):
     e = TokenExplainer(byte_bpe)
     letter = "x"

@@ -24,27 +24,32 @@ function highlight(text, words) {
   return safe.replace(new RegExp("(^|[^\\p{L}\\p{N}])(" + ws.join("|") + ")(?![\\p{L}\\p{N}])", "giu"), "$1<mark>$2</mark>");
 }
 
-function bar(channels, score) {
+// one bar per hit, as long as its score relative to the top hit's, split by each channel's share
+function bar(channels, score, top) {
   const total = Object.values(channels).reduce((a, b) => a + b, 0) || score || 1;
-  return '<div class="bar" title="' + escapeHtml(Object.entries(channels).map(([c, v]) => c + " " + (100 * v / total).toFixed(0) + "%").join(", ")) + '">'
+  const width = top > 0 ? Math.max(4, 100 * score / top) : 100;
+  return '<div class="bar-box"><div class="bar" style="width:' + width.toFixed(1) + '%" title="' + escapeHtml(Object.entries(channels).map(([c, v]) => c + " " + (100 * v / total).toFixed(0) + "%").join(", ")) + '">'
     + Object.entries(channels).map(([c, v]) =>
       '<span class="share" data-channel="' + c + '" style="width:' + (100 * v / total).toFixed(1) + "%;background:" + (COLORS[c] || "#999") + '"></span>').join("")
-    + "</div>";
+    + "</div></div>";
 }
 
+function number(v) { return Math.abs(v) >= 10 ? v.toFixed(0) : v.toPrecision(2); }
+
 function words(matched) {
-  return Object.entries(matched).slice(0, 8).map(([w, v]) => "<code>" + escapeHtml(w) + " " + v.toPrecision(2) + "</code>").join("");
+  return Object.entries(matched).slice(0, 8).map(([w, v]) => "<code>" + escapeHtml(w) + " " + number(v) + "</code>").join("");
 }
 
 function render(data, jsonHref) {
   const list = $("hits");
+  const top = data.hits.length ? data.hits[0].score : 0;
   list.innerHTML = data.hits.map((h) =>
     '<li class="hit"><div class="hit-head">'
     + (h.title ? '<span class="title">' + escapeHtml(h.title) + "</span>" : "")
-    + '<span class="id">' + escapeHtml(h.id) + "</span>"
+    + (h.title !== h.id ? '<span class="id">' + escapeHtml(h.id) + "</span>" : "")
     + '<span class="score">' + h.score.toFixed(3) + "</span></div>"
     + (h.snippet ? '<p class="snippet">' + highlight(h.snippet, h.highlight) + "</p>" : "")
-    + (Object.keys(h.channels).length ? bar(h.channels, h.score) : "")
+    + (Object.keys(h.channels).length ? bar(h.channels, h.score, top) : "")
     + '<div class="words">' + words(h.matched) + "</div></li>").join("");
   $("status").innerHTML = data.hits.length + " hit(s), mode " + escapeHtml(data.mode) + ", " + data.took_ms.toFixed(1)
     + ' ms · <a id="json-link" href="' + jsonHref + '">JSON</a>';
