@@ -149,7 +149,7 @@ def test_cli_empty_query_prints_no_hits(retriever, capsys, monkeypatch):
     monkeypatch.setattr(Retriever, "load", classmethod(lambda cls, *a, **kw: retriever))
     assert search_cli.main(["--index", str(_index_of(retriever)), "--json", "", "   "]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert rows == [{"query": "", "hits": []}, {"query": "   ", "hits": []}]
+    assert rows == [{"query": "", "mode": "hybrid", "hits": []}, {"query": "   ", "mode": "hybrid", "hits": []}]
 
 
 @pytest.mark.parametrize("k", ["0", "-5"])
