@@ -9,6 +9,7 @@ from pathlib import Path
 from embedder.encoder import POOLINGS, PROMPT_EOL, EmbedderConfig
 from embedder.hardware import DTYPES
 from embedder.models import DEFAULT_MODEL, ModelNotAvailable
+from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
 from indexer.corpus import CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
@@ -23,6 +24,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help="registered name, local directory, .gguf file or hub id")
     p.add_argument("--adapter", default="default", help="'default' (the backbone's default shipped adapter, if any), 'none', a shipped adapter's name (smollm2-135m-text2token) or a LoRA directory")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="aligned tokens kept per document")
+    p.add_argument(
+        "--channels", metavar="LIST",
+        help="channels to build, comma-separated from sparse,dense,dense-ef,bm25,encoder (sparse is always built). "
+        "Default: the best measured set, sparse,bm25,encoder (MiniLM) where the encoder extra is installed, else sparse,dense,bm25. "
+        "The flags below add their channel and set its option",
+    )
     p.add_argument("--dense", action="store_true", help="also store dense embeddings in a FAISS index")
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string for the dense index (Flat, HNSW32, ...)")
     p.add_argument("--embedfilter", type=int, metavar="TAU", help="also store EmbedFilter dense vectors (d // TAU dims)")
@@ -89,19 +96,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.query_prompt is not None:  # "none" overrides an asymmetric adapter's query template
             settings["query_prompt"] = None if args.query_prompt == "none" else args.query_prompt
         settings |= {"max_length": args.max_length, "batch_size": args.batch_size, "fold_all_caps": not args.keep_case}
+        channels, options, default = channel_set.resolve(args.channels, args.dense, args.embedfilter, args.lexical, args.encoder)
         embedder = Embedder.load(args.model, adapter=args.adapter, device=args.device, dtype=args.dtype, runtime=args.runtime, settings=settings)
         # --workers load the same embedder again, with the settings resolved here
-        embedder_spec = EmbedderSpec(str(args.model), args.adapter, embedder.config.to_dict(), args.device, args.dtype, args.runtime, args.encoder)
+        embedder_spec = EmbedderSpec(
+            str(args.model), args.adapter, embedder.config.to_dict(), args.device, args.dtype, args.runtime, options.get("encoder")
+        )
         if not args.quiet:
+            note = " (the default: the best measured hybrid; --channels chooses)" if default else ""
+            if default and "encoder" not in channels:
+                note += "; no encoder channel: install the encoder extra (pip install '.[encoder]') for the better default"
+            print(channel_set.describe(channels, options) + note)
             print(embedder.runtime_summary())
         encoder = None
-        if args.encoder:
+        if options.get("encoder"):
             from embedder.sentence_encoder import SentenceEncoder
 
-            encoder = SentenceEncoder.load(args.encoder, device=args.device)
+            encoder = SentenceEncoder.load(options["encoder"], device=args.device)
         m = build_index(
-            spec, args.index, embedder, args.top_k, args.dense, args.dense_kind,
-            overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=args.embedfilter, lexical=args.lexical,
+            spec, args.index, embedder, args.top_k, options["dense"], args.dense_kind,
+            overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=options.get("embedfilter_tau"), lexical=options.get("lexical"),
             encoder=encoder, chunk_size=args.shard_size, workers=args.workers, embedder_spec=embedder_spec,
             segments=args.segments, max_segments=args.max_segments,
         )

@@ -13,6 +13,7 @@ from embedder.models import ModelNotAvailable
 from indexer.manifest import IndexFormatError
 from retriever.backends import BACKENDS
 from retriever.query import DEFAULT_EXPANSION_M
+from retriever.quiet import quiet_libraries
 from retriever.retriever import DEFAULT_QUERY_WEIGHTING, MODES, QUERY_WEIGHTINGS, Retriever, check_k
 
 
@@ -21,13 +22,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--index", required=True, type=Path)
     p.add_argument("queries", nargs="*", help="queries (default: one per line on standard input)")
     p.add_argument("-k", type=int, default=10, help="hits per query")
-    p.add_argument("--mode", choices=MODES, default="sparse")
+    p.add_argument("--mode", choices=MODES, help="default: hybrid where the index has channels to fuse (build-index's default), else its one channel")
     p.add_argument("--expansion-m", type=int, default=DEFAULT_EXPANSION_M, help="aligned tokens added to each query")
     p.add_argument("--query-weighting", choices=QUERY_WEIGHTINGS, default=DEFAULT_QUERY_WEIGHTING, help="weight of each query token")
     p.add_argument("--model", help="must match the index's model; default: the one in its manifest")
     p.add_argument("--encoder", help="must match the index's encoder channel; default: the one in its manifest (e.g. its model directory moved)")
-    p.add_argument("--tokens", type=int, default=5, help="matched tokens shown per hit (text output)")
-    p.add_argument("--json", action="store_true", help="one JSON object per query on standard output")
+    p.add_argument("--tokens", type=int, default=5, help="matched words shown per hit (text output)")
+    p.add_argument(
+        "--json", action="store_true",
+        help="one JSON object per query on standard output (hits with matched words, raw token ids and BM25 terms, channel shares)",
+    )
     p.add_argument("--verify", action="store_true", help="compare every index file with its recorded checksum first")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="query encoder precision (default auto: chosen for this machine)")
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the query encoder runs (default auto)")
@@ -57,24 +61,35 @@ def main(argv: list[str] | None = None) -> int:
             from embedder.sentence_encoder import SentenceEncoder
 
             extra["encoder"] = SentenceEncoder.load(args.encoder)
-        retriever = Retriever.load(
-            args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify,
-            dtype=args.dtype, runtime=args.runtime, backend=args.backend, lucene_index=args.lucene_index, milvus_uri=args.milvus_uri,
-            milvus_collection=args.milvus_collection, query_encoder=args.query_encoder, **extra
-        )
-        results = retriever.batch_search(queries, k=args.k, mode=args.mode)
+        with quiet_libraries():  # progress bars and warnings of model loading: not a query's output
+            retriever = Retriever.load(
+                args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify,
+                dtype=args.dtype, runtime=args.runtime, backend=args.backend, lucene_index=args.lucene_index, milvus_uri=args.milvus_uri,
+                milvus_collection=args.milvus_collection, query_encoder=args.query_encoder, **extra
+            )
+            mode = args.mode or retriever.default_mode
+            if args.mode is None and mode != "hybrid":  # an index without channels to fuse: say what was chosen
+                print(f"search-index: {retriever.describe_mode(mode)}", file=sys.stderr)
+            results = retriever.batch_search(queries, k=args.k, mode=mode)
     except (IndexFormatError, ModelNotAvailable, ValueError, OSError) as exc:
         print(f"search-index: error: {exc}", file=sys.stderr)
         return 2
     for q, hits in zip(queries, results):
         if args.json:
-            print(json.dumps({"query": q, "hits": [asdict(h) for h in hits]}, ensure_ascii=False))
+            print(json.dumps({"query": q, "mode": mode, "hits": [asdict(h) for h in hits]}, ensure_ascii=False))
             continue
         print(f"query: {q}")
         for rank, h in enumerate(hits, 1):
-            toks = ", ".join(f"{t} {w:.1f}" for t, w in list(h.matched_tokens.items())[: args.tokens])
-            print(f"  {rank:2d}. {h.doc_id:<20} {h.score:9.3f}  {toks}")
+            print(f"  {rank:2d}. {h.doc_id:<20} {h.score:9.3f}  {format_explanation(h, args.tokens)}")
     return 0
+
+
+def format_explanation(hit, n_words: int = 5) -> str:
+    """A hit's matched words (with their contributions) and, for hybrid hits, each channel's
+    share of the score, on one line."""
+    words = ", ".join(f"{t} {w:.1f}" if abs(w) >= 1 else f"{t} {w:.2g}" for t, w in list(hit.matched_tokens.items())[:n_words])
+    shares = " ".join(f"{c} {v:.2f}" for c, v in sorted(hit.channels.items(), key=lambda cv: -cv[1]))
+    return "  ".join(part for part in (words, f"[{shares}]" if shares else "") if part)
 
 
 if __name__ == "__main__":

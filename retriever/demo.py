@@ -1,5 +1,9 @@
 """``make demo``: index a corpus that exists on every machine and show what the engine finds.
 
+The index is what ``build-index`` builds with no flags (the best measured channel set); the
+hits are hybrid, with the words that matched and each channel's share of the score; the demo
+ends with the ``serve`` command that puts the index behind the search page.
+
 With no ``--corpus``, the corpus is the docstrings of the Python standard library, generated
 on the fly (one document per module, class and function docstring). The index is cached in
 ``.cache/demo`` and rebuilt only when the corpus or model changes.
@@ -73,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from embedder.encoder import Embedder
+    from indexer import channel_set
     from indexer.build import build_index
+    from retriever.quiet import quiet_libraries
     from retriever.retriever import Retriever
 
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -90,21 +96,39 @@ def main(argv: list[str] | None = None) -> int:
         corpus = args.corpus
         queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
     key = hashlib.sha256(Path(corpus).resolve().as_posix().encode() + (Path(corpus).read_bytes() if Path(corpus).is_file() else b"")).hexdigest()[:12]
-    index_dir = args.cache / f"index-{key}"
+    channels, options, _ = channel_set.resolve(None)  # what build-index builds with no flags
+    index_dir = args.cache / f"index-{key}-{'-'.join(channels)}"
     embedder = Embedder.load()
     print(embedder.runtime_summary())
     try:
-        retriever = Retriever.load(index_dir, embedder=embedder)
+        with quiet_libraries():
+            retriever = Retriever.load(index_dir, embedder=embedder)
         print(f"index: reusing {index_dir}")
     except IndexFormatError:
-        m = build_index(corpus, index_dir, embedder, dense=True, overwrite=True)
+        encoder = None
+        if options.get("encoder"):
+            from embedder.sentence_encoder import SentenceEncoder
+
+            encoder = SentenceEncoder.load(options["encoder"])
+        print(channel_set.describe(channels, options) + " (build-index's default)")
+        m = build_index(corpus, index_dir, embedder, dense=options["dense"], lexical=options.get("lexical"), encoder=encoder, overwrite=True)
         print(f"index: built {index_dir}: {m.n_docs} docs, {m.build['docs_per_s']:.1f} docs/s, {m.build['tokens_per_s']:.0f} tokens/s")
-        retriever = Retriever.load(index_dir, embedder=embedder)
-    for q, hits in zip(queries, retriever.batch_search(queries, k=3)):
+        with quiet_libraries():
+            retriever = Retriever.load(index_dir, embedder=embedder, encoder=encoder)
+    print(f"search: {retriever.describe_mode()}")
+    with quiet_libraries():
+        results = retriever.batch_search(queries, k=3)
+    for q, hits in zip(queries, results):
         print(f"\nquery: {q}")
         for rank, h in enumerate(hits, 1):
-            toks = ", ".join(list(h.matched_tokens)[:6])
-            print(f"  {rank}. {h.doc_id:<32} score {h.score:8.1f}   matched: {toks}")
+            words = ", ".join(list(h.matched_tokens)[:6])
+            shares = "  ".join(f"{c} {v / h.score:.0%}" for c, v in sorted(h.channels.items(), key=lambda cv: -cv[1])) if h.score else ""
+            print(f"  {rank}. {h.doc_id:<32} score {h.score:.3f}   [{shares}]")
+            print(f"     matched: {words}")
+    serve = Path(sys.executable).parent / "serve"
+    command = f"{os.path.relpath(serve) if serve.exists() else 'serve'} {os.path.relpath(index_dir)}"
+    print(f"\nnext: serve it, then open http://127.0.0.1:8000/ (search page) or try the API:\n  {command}")
+    print("""  curl -s localhost:8000/search -H 'Content-Type: application/json' -d '{"query": "parse command line options", "k": 3}'""")
     return 0
 
 

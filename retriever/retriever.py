@@ -25,6 +25,7 @@ from indexer.lexical import BM25Index, make_analyzer
 from indexer.manifest import MANIFEST, IndexFormatError, Manifest
 from indexer.reader import OpenedIndex, open_index
 from retriever.backends import Backend, open_backend
+from retriever.explain import TokenExplainer, merge, term_words
 from retriever.fusion import check_fusion, fuse
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, queries_from_states
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
@@ -64,15 +65,21 @@ FUSION_DEPTH = 100  # hits taken from each channel before fusing
 class Hit:
     """One search result.
 
-    ``matched_tokens``: each matched aligned token (or, for "bm25", each matched term) with
-    its contribution to the channel score, largest first. ``channels``: for hybrid hits,
-    each channel's weighted, normalised share of ``score``.
+    ``matched_tokens``: what matched, as words a person reads (retriever/explain.py), with
+    each entry's contribution to the channel score, largest first; they add up to the score
+    of a "sparse" or "bm25" hit. Forms of one word are merged; fragments are marked
+    (``Schu…``, ``…ellig``), symbols grouped. In "hybrid", BM25's entries are prefixed ``bm25:``.
+    ``matched_ids``: the same for tools, raw: each matched aligned-token id. ``matched_terms``:
+    each matched BM25 term as analysed (a stem). ``channels``: for hybrid hits, each channel's
+    weighted, normalised share of ``score``.
     """
 
     doc_id: str
     score: float
     matched_tokens: dict[str, float] = field(default_factory=dict)
     channels: dict[str, float] = field(default_factory=dict)
+    matched_ids: dict[int, float] = field(default_factory=dict)
+    matched_terms: dict[str, float] = field(default_factory=dict)
     query_encoder: str = ""  # who encoded the query for the LLM channels: "llm", "distilled:NAME" ("": no LLM channel)
 
 
@@ -161,6 +168,7 @@ class Retriever:
             encoder = SentenceEncoder.load(manifest.encoder["name"], device=getattr(embedder, "device", None))
         manifest.check_encoder(encoder.identity if encoder is not None else None)
         self.encoder = encoder
+        self._explainer: TokenExplainer | None = None
         self.student, self._student_encoder = self._query_encoder(query_encoder)
         self.query_cache = QueryCache(query_cache_size)
 
@@ -279,6 +287,7 @@ class Retriever:
                 self.search(query, k=1, mode=mode)
         if self.embedder is not None:
             self.embedder.token_strings([0])
+            self.explainer.piece(0)
 
     @property
     def modes(self) -> list[str]:
@@ -291,6 +300,25 @@ class Retriever:
             "encoder": self.encoder_index is not None,
         }
         return [m for m in MODES if m == "hybrid" or have[m]]
+
+    @property
+    def default_mode(self) -> str:
+        """The mode a search without one uses: "hybrid" where the index holds two or more of
+        the fusion's channels (what ``build-index`` builds by default); otherwise the one
+        channel there is (an index built with ``--channels sparse``, or before hybrid was
+        the default): fusing one channel would only rescale its scores."""
+        fused = self.channels_of("hybrid")
+        return "hybrid" if len(fused) >= 2 else (fused[0] if fused else "sparse")
+
+    def describe_mode(self, mode: str | None = None) -> str:
+        """One line saying which mode (and for hybrid, which channels and weights) a search uses."""
+        mode = mode or self.default_mode
+        if mode != "hybrid":
+            why = "" if len(self.modes) > 2 or mode != self.default_mode else " (the index has no other channel to fuse)"
+            return f"mode {mode}{why}"
+        weights = self.fusion["weights"]
+        parts = ", ".join(f"{c} {weights[c]:g}" for c in self.channels_of("hybrid"))
+        return f"mode hybrid: {self.fusion.get('method', 'minmax')}({parts})"
 
     # ------------------------------------------------------------------ search
     def channels_of(self, mode: str | None = None) -> list[str]:
@@ -345,21 +373,23 @@ class Retriever:
                 q.encoder_embedding = e
         return encoded
 
-    def search(self, query: str, k: int = 10, mode: str = "sparse") -> list[Hit]:
+    def search(self, query: str, k: int = 10, mode: str | None = None) -> list[Hit]:
         """Top-k hits for one query, best first.
 
         The contract (the same for :meth:`batch_search` and ``search-index``): ``query`` must be
         a str (TypeError); an empty or whitespace-only query has no hits; ``k`` must be a
-        positive int (ValueError); ``mode`` one of :attr:`modes` (ValueError).
+        positive int (ValueError); ``mode`` one of :attr:`modes` (ValueError), by default
+        :attr:`default_mode` (hybrid on an index with several channels).
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, got {type(query).__name__}")
         return self.batch_search([query], k=k, mode=mode)[0]
 
-    def batch_search(self, queries: Sequence[str], k: int = 10, mode: str = "sparse") -> list[list[Hit]]:
+    def batch_search(self, queries: Sequence[str], k: int = 10, mode: str | None = None) -> list[list[Hit]]:
         """Top-k hits for each query (see :meth:`search` for the contract)."""
         queries = check_queries(queries)
         k = check_k(k)
+        mode = self.default_mode if mode is None else mode
         self._check_mode(mode)
         asked = [i for i, q in enumerate(queries) if q.strip()]  # a blank query matches nothing
         texts = [_utf8_safe(queries[i]) for i in asked]
@@ -371,10 +401,12 @@ class Retriever:
             results[i] = hits
         return results
 
-    def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str = "sparse", explain: bool = True) -> list[list[Hit]]:
-        """Search pre-encoded queries (see :meth:`encode`). ``explain=False`` leaves
-        ``Hit.matched_tokens`` empty (the per-hit token lookups cost more than the search)."""
+    def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str | None = None, explain: bool = True) -> list[list[Hit]]:
+        """Search pre-encoded queries (see :meth:`encode`; encode with the same ``mode``).
+        ``explain=False`` leaves ``Hit.matched_tokens`` empty (the per-hit token lookups cost
+        more than the search)."""
         k = check_k(k)
+        mode = self.default_mode if mode is None else mode
         self._check_mode(mode)
         # no channel needs more than every document: FAISS would allocate k slots per query
         k = min(k, len(self.doc_ids))
@@ -409,21 +441,64 @@ class Retriever:
         terms, weights, _ = self.lexical.encode_query(self._analyze(q.text))
         return self.engine.search_sparse(mode, terms, weights, k)
 
-    def _matched(self, q: EncodedQuery, mode: str, doc: int) -> dict[str, float]:
+    def _matched(self, q: EncodedQuery, mode: str, doc: int) -> Hit:
+        """A hit's explanation in ``mode`` ("sparse" or "bm25"): readable words and raw ids/terms
+        (a Hit with doc id and score left for the caller)."""
+        hit = Hit("", 0.0)
         if mode == "sparse":
             contrib = self.engine.contributions(mode, q.tokens, doc) * q.weights
-            names = self.embedder.token_strings(q.tokens)
+            nz = np.flatnonzero(contrib)
+            nz = nz[np.argsort(-contrib[nz], kind="stable")]
+            ids, values = q.tokens[nz].tolist(), contrib[nz].tolist()
+            hit.matched_ids = dict(zip(ids, values))
+            hit.matched_tokens = self.explainer.words(ids, values, q.text)
         elif mode == "bm25":
             terms, weights, names = self.lexical.encode_query(self._analyze(q.text))
             contrib = self.engine.contributions(mode, terms, doc) * weights
-        else:
-            return {}
-        nz = np.flatnonzero(contrib)
-        nz = nz[np.argsort(-contrib[nz], kind="stable")]
-        return {names[j]: float(contrib[j]) for j in nz}
+            nz = np.flatnonzero(contrib)
+            nz = nz[np.argsort(-contrib[nz], kind="stable")]
+            raw = [names[j] for j in nz]
+            hit.matched_terms = {t: float(contrib[j]) for t, j in zip(raw, nz)}
+            shown = term_words(raw, q.text, self._analyze, self._decode_term)
+            hit.matched_tokens = merge(zip(shown, contrib[nz].tolist()))
+        return hit
+
+    @property
+    def explainer(self) -> TokenExplainer:
+        """Spells matched tokens as words (built on first use: it decodes vocabulary entries)."""
+        if self._explainer is None:
+            known = None
+            if self.lexical is not None and self.lexical.analyzer == "words":
+                vocab, analyze = self.lexical.vocab, self._analyze
+                known = lambda word: all(t in vocab for t in analyze(word))  # stop words give no term: known
+            self._explainer = TokenExplainer(self.embedder.tokenizer, known)
+        return self._explainer
+
+    def _decode_term(self, term: str) -> str:
+        """A backbone-token BM25 term (``Ġparse``) as text."""
+        return self.embedder.tokenizer.convert_tokens_to_string([term]).strip() or term
+
+    def _explained(self, q: EncodedQuery, mode: str, doc: int, score: float, explain: bool, channels: dict | None = None) -> Hit:
+        """The hit of document ``doc``, explained by ``mode``'s channel ("hybrid": sparse and
+        bm25, the latter's words prefixed ``bm25:``)."""
+        hit = Hit(self.doc_ids[doc], float(score), channels=dict(channels or {}))
+        if not explain:
+            return hit
+        if mode in ("sparse", "bm25"):
+            part = self._matched(q, mode, doc)
+            hit.matched_tokens, hit.matched_ids, hit.matched_terms = part.matched_tokens, part.matched_ids, part.matched_terms
+        elif mode == "hybrid":
+            if q.tokens.size:
+                part = self._matched(q, "sparse", doc)
+                hit.matched_tokens, hit.matched_ids = part.matched_tokens, part.matched_ids
+            if self.lexical is not None and "bm25" in self.channels_of("hybrid"):
+                part = self._matched(q, "bm25", doc)
+                hit.matched_tokens.update({f"bm25:{t}": w for t, w in part.matched_tokens.items()})
+                hit.matched_terms = part.matched_terms
+        return hit
 
     def _to_hits(self, q: EncodedQuery, mode: str, docs: np.ndarray, scores: np.ndarray, explain: bool = True) -> list[Hit]:
-        return [Hit(self.doc_ids[d], float(s), self._matched(q, mode, int(d)) if explain else {}) for d, s in zip(docs, scores) if d >= 0]
+        return [self._explained(q, mode, int(d), s, explain) for d, s in zip(docs, scores) if d >= 0]
 
     def _hybrid(self, q: EncodedQuery, k: int, explain: bool = True) -> list[Hit]:
         weights = self.fusion["weights"]
@@ -434,16 +509,8 @@ class Retriever:
         if method.startswith("milvus-"):
             return self._engine_hybrid(q, k, used, method, explain)
         channels = {m: self._channel(q, m, FUSION_DEPTH) for m in used}
-        hits = []
-        for f in fuse(channels, weights, k, method, self.fusion.get("rrf_k", 60)):
-            if not explain:
-                hits.append(Hit(self.doc_ids[f.doc], f.score, {}, f.contributions))
-                continue
-            matched = self._matched(q, "sparse", f.doc) if q.tokens.size else {}
-            if "bm25" in channels:
-                matched.update({f"bm25:{t}": w for t, w in self._matched(q, "bm25", f.doc).items()})
-            hits.append(Hit(self.doc_ids[f.doc], f.score, matched, f.contributions))
-        return hits
+        fused = fuse(channels, weights, k, method, self.fusion.get("rrf_k", 60))
+        return [self._explained(q, "hybrid", f.doc, f.score, explain, f.contributions) for f in fused]
 
     def _engine_hybrid(self, q: EncodedQuery, k: int, used: list[str], method: str, explain: bool) -> list[Hit]:
         """Hybrid fused by the engine itself (Milvus's WeightedRanker / RRFRanker, fusion method
@@ -464,17 +531,7 @@ class Retriever:
         docs, scores = self.engine.hybrid(
             queries, self.fusion["weights"], k, method, FUSION_DEPTH, self.fusion.get("rrf_k", 60), self.fusion.get("norm_score", True)
         )
-        hits = []
-        for d, s in zip(docs.tolist(), scores.tolist()):
-            if d < 0:
-                continue
-            matched = {}
-            if explain:
-                matched = self._matched(q, "sparse", d) if q.tokens.size else {}
-                if "bm25" in used:
-                    matched.update({f"bm25:{t}": w for t, w in self._matched(q, "bm25", d).items()})
-            hits.append(Hit(self.doc_ids[d], float(s), matched))
-        return hits
+        return [self._explained(q, "hybrid", d, s, explain) for d, s in zip(docs.tolist(), scores.tolist()) if d >= 0]
 
 
 def check_k(k: object) -> int:

@@ -364,6 +364,36 @@ def test_engine_systems_match_the_retriever(tmp_path: Path, make_corpus, tiny_em
         assert len(secs) == len(texts)
 
 
+def test_default_system_is_build_index_and_search_index_without_flags(tmp_path: Path, make_corpus, tiny_embedder):
+    """The "default" system builds the channels build-index builds with no flags and searches
+    in the Retriever's default mode; even beside a system that asks the shared index for more."""
+    from indexer.channel_set import default_channels
+    from retriever.retriever import Retriever
+
+    folder = make_corpus("beir")
+    docs = [json.loads(x) for x in (folder / "corpus.jsonl").read_text().splitlines()]
+    queries = [{"_id": f"q{i}", "text": d["title"]} for i, d in enumerate(docs[:5])]
+    write_beir(tmp_path / "toyq", docs, queries, [(q["_id"], d["_id"], 1) for q, d in zip(queries, docs)])
+    ds = dsets.load_beir_folder(tmp_path / "toyq")
+    shared: dict = {}
+    settings = systems.Settings(work_dir=tmp_path / "work", progress=False, top_k=8)
+    dense = systems.make("dense", settings, shared)  # the shared index gets dense; "default" keeps its own
+    default = systems.make("default", settings, shared)
+    engine = shared["aligned-tokens-default"]
+    engine.embedder = systems.shared_engine(settings, shared).embedder = tiny_embedder
+    default.index(ds)
+    dense.index(ds)
+    r = engine.retriever
+    assert [m for m in r.modes if m != "hybrid"] == list(default_channels()) and default.mode == r.default_mode == "hybrid"
+    assert engine.top_k != 8 and default.params()["channels"] == list(default_channels())  # --top-k is not the default's
+    texts = list(ds.queries.values())
+    reference = Retriever.load(r.index_dir, embedder=tiny_embedder)
+    encoded, _ = default.encode(texts)
+    got, _ = default.search_all(encoded, 10)
+    want = reference.batch_search(texts, k=10)
+    assert [[d for d, _ in hits] for hits in got] == [[h.doc_id for h in hits] for hits in want]
+
+
 def test_text2token_table_reads_ndcg_and_refuses_a_run_of_another_adapter(tmp_path):
     import argparse
 

@@ -41,26 +41,41 @@ def assert_same_ranking(hits: list[Hit], want: list[tuple[str, float]], r: Retri
 def test_hits_and_their_matched_tokens(retriever):
     for q in QUERIES:
         enc = retriever.encode([q])[0]
-        query_tokens = set(retriever.embedder.token_strings(enc.tokens))
-        hits = retriever.search(q, k=5)
+        hits = retriever.search(q, k=5, mode="sparse")
         assert 0 < len(hits) <= 5 and all(isinstance(h, Hit) for h in hits)
         assert len({h.doc_id for h in hits}) == len(hits)
         assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
         for h in hits:
             if h.score > 0:
                 assert h.matched_tokens, "a hit with a positive score matched at least one token"
+            # the readable words and the raw ids both add up to the score
             assert sum(h.matched_tokens.values()) == pytest.approx(h.score, rel=1e-5, abs=1e-5)
-            assert set(h.matched_tokens) <= query_tokens
-            contrib = list(h.matched_tokens.values())
-            assert contrib == sorted(contrib, reverse=True)
+            assert sum(h.matched_ids.values()) == pytest.approx(h.score, rel=1e-5, abs=1e-5)
+            assert set(h.matched_ids) <= set(enc.tokens.tolist())
+            for values in (list(h.matched_tokens.values()), list(h.matched_ids.values())):
+                assert values == sorted(values, reverse=True)
             # the matched tokens are among the document's own aligned tokens
             row = retriever.sparse.doc_vectors().getrow(retriever.doc_ids.index(h.doc_id))
-            assert set(h.matched_tokens) <= set(retriever.embedder.token_strings(row.indices))
+            assert set(h.matched_ids) <= set(row.indices.tolist())
+            # every readable entry is a decoded matched token, marked or grouped
+            pieces = {retriever.explainer.piece(t)[0].lower() for t in h.matched_ids}
+            assert {w.lower().strip("…") for w in h.matched_tokens if w != "(symbols)"} <= pieces
+
+
+def test_default_mode_is_hybrid_where_the_index_has_channels_to_fuse(retriever, toy_corpus, tiny_embedder, tmp_path):
+    assert retriever.default_mode == "hybrid" and retriever.channels_of("hybrid") == ["sparse", "dense"]
+    assert retriever.search(QUERIES[0], k=5) == retriever.search(QUERIES[0], k=5, mode="hybrid")
+    assert "hybrid" in retriever.describe_mode()
+    build_index(toy_corpus, tmp_path / "sparse-only", tiny_embedder, top_k=16, progress=False)
+    alone = Retriever.load(tmp_path / "sparse-only", embedder=tiny_embedder)
+    assert alone.default_mode == "sparse"  # one channel: nothing to fuse
+    assert alone.search(QUERIES[0], k=5) == alone.search(QUERIES[0], k=5, mode="sparse")
+    assert "no other channel" in alone.describe_mode()
 
 
 def test_scores_equal_the_definition(retriever):
     for enc in retriever.encode(QUERIES):
-        hits = retriever.search_encoded([enc], k=8)[0]
+        hits = retriever.search_encoded([enc], k=8, mode="sparse")[0]
         assert_same_ranking(hits, brute_force(retriever, enc.tokens, enc.weights, 8), retriever, enc)
 
 
@@ -81,10 +96,10 @@ def test_query_weighting(toy_corpus, tiny_embedder, tmp_path):
 
 
 def test_batch_search_equals_search(retriever):
-    batch = retriever.batch_search(QUERIES, k=6)
+    batch = retriever.batch_search(QUERIES, k=6, mode="sparse")
     assert len(batch) == len(QUERIES)
     for q, hits in zip(QUERIES, batch):
-        single = retriever.search(q, k=6)
+        single = retriever.search(q, k=6, mode="sparse")
         assert [h.doc_id for h in hits] == [h.doc_id for h in single]
         np.testing.assert_allclose([h.score for h in hits], [h.score for h in single], rtol=1e-5)
     assert retriever.batch_search([], k=3) == []
@@ -92,7 +107,7 @@ def test_batch_search_equals_search(retriever):
 
 def test_k_larger_than_the_matches(retriever):
     enc = retriever.encode(["game"])[0]
-    hits = retriever.search_encoded([enc], k=1000)[0]
+    hits = retriever.search_encoded([enc], k=1000, mode="sparse")[0]
     assert len(hits) == len(brute_force(retriever, enc.tokens, enc.weights, 1000)) <= retriever.manifest.n_docs
 
 
@@ -118,9 +133,10 @@ def test_without_expansion_only_query_words_match(toy_corpus, tiny_embedder, tmp
     build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=64, progress=False)
     r = Retriever.load(tmp_path / "index", embedder=tiny_embedder, expansion_m=0)
     q = "cat dog river"
-    allowed = set(tiny_embedder.token_strings(literal_ids(tiny_embedder, q, "both")))
+    allowed = set(literal_ids(tiny_embedder, q, "both"))
     hits = r.search(q, k=10)
-    assert hits and all(set(h.matched_tokens) <= allowed for h in hits)
+    assert hits and all(set(h.matched_ids) <= allowed for h in hits)
+    assert all(set(h.matched_tokens) <= set(q.split()) for h in hits)  # query words, spelled as words
 
 
 def test_dense_mode(retriever, docs_factory):
@@ -148,7 +164,8 @@ def test_dense_mode_needs_dense_vectors(toy_corpus, tiny_embedder, tmp_path):
 
 def test_encoded_queries_serve_both_modes(retriever):
     enc = retriever.encode(QUERIES)
-    assert retriever.search_encoded(enc, k=4) == retriever.batch_search(QUERIES, k=4)
+    assert retriever.search_encoded(enc, k=4) == retriever.batch_search(QUERIES, k=4)  # the default mode, hybrid
+    assert retriever.search_encoded(enc, k=4, mode="sparse") == retriever.batch_search(QUERIES, k=4, mode="sparse")
     assert retriever.search_encoded(enc, k=4, mode="dense") == retriever.batch_search(QUERIES, k=4, mode="dense")
 
 

@@ -287,8 +287,10 @@ def test_bm25_mode_scores_and_explains_hits(all_channels, docs_factory, words):
         want = lucene_bm25([words(t) for t in texts], words(query))
         for h in hits:
             assert h.score == pytest.approx(want[position[h.doc_id]], rel=1e-5)
-            assert h.matched_tokens and set(h.matched_tokens) <= set(words(query))
+            assert h.matched_terms and set(h.matched_terms) <= set(words(query))  # the analysed terms (stems)
+            assert set(h.matched_tokens) <= set(query.lower().split())  # shown as the query's words
             assert sum(h.matched_tokens.values()) == pytest.approx(h.score, rel=1e-5)
+            assert sum(h.matched_terms.values()) == pytest.approx(h.score, rel=1e-5)
 
 
 def test_dense_ef_mode_is_cosine_of_projected_embeddings(all_channels, docs_factory):

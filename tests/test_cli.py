@@ -50,17 +50,63 @@ def test_build_index_keep_case_is_recorded_and_reloaded(toy_corpus, tiny_model_d
     assert Retriever.load(tmp_path / "index").embedder.config.fold_all_caps is False
 
 
+def test_build_index_without_channel_flags_builds_the_best_measured_set(toy_corpus, tiny_model_dir, tmp_path, capsys):
+    from indexer.channel_set import WITH_ENCODER, WITHOUT_ENCODER, encoder_available
+
+    assert build_cli.main(["--corpus", str(toy_corpus), "--index", str(tmp_path / "i"), "--model", str(tiny_model_dir), "--adapter", "none",
+                           "--top-k", "16"]) == 0
+    out = capsys.readouterr().out
+    want = WITH_ENCODER if encoder_available() else WITHOUT_ENCODER
+    assert out.startswith("channels: sparse, ") and "(the default" in out
+    r = Retriever.load(tmp_path / "i")
+    assert [m for m in r.modes if m != "hybrid"] == list(want)
+    assert r.default_mode == "hybrid"
+    assert set(r.channels_of("hybrid")) == set(want)  # every channel built is fused
+    assert search_cli.main(["--index", str(tmp_path / "i"), "--json", "-k", "2", "cat"]) == 0
+    (row,) = json_lines(capsys.readouterr().out)
+    assert row["mode"] == "hybrid" and row["hits"] and set(row["hits"][0]["channels"]) <= set(want)
+
+
+@pytest.mark.parametrize("flags, channels", [
+    (["--channels", "sparse"], ["sparse"]),
+    (["--channels", "bm25,dense"], ["sparse", "dense", "bm25"]),
+    (["--dense"], ["sparse", "dense"]),  # the older flags keep their meaning
+    (["--lexical", "tokens"], ["sparse", "bm25"]),
+    (["--channels", "bm25", "--lexical", "tokens"], ["sparse", "bm25"]),
+])
+def test_build_index_channels(toy_corpus, tiny_model_dir, tmp_path, capsys, flags, channels):
+    assert build(toy_corpus, tmp_path / "i", tiny_model_dir, *flags) == 0
+    m = Manifest.read(tmp_path / "i")
+    assert bool(m.dense) == ("dense" in channels) and bool(m.lexical) == ("bm25" in channels) and not m.encoder
+    if "--lexical" in flags:
+        assert m.lexical["analyzer"] == "tokens"
+
+
+def test_build_index_unknown_channel(toy_corpus, tiny_model_dir, tmp_path, capsys):
+    expect_error(capsys, build(toy_corpus, tmp_path / "i", tiny_model_dir, "--channels", "sparse,telepathy"),
+                 "build-index: error:", "unknown channel 'telepathy'", "sparse, dense, dense-ef, bm25, encoder")
+    assert not (tmp_path / "i").exists()
+
+
 def test_search_index_json(index, capsys):
     assert search_cli.main(["--index", str(index), "--json", "-k", "3", "cat and dog", "computer memory"]) == 0
-    rows = json_lines(capsys.readouterr().out)
+    out = capsys.readouterr()
+    rows = json_lines(out.out)
     assert [r["query"] for r in rows] == ["cat and dog", "computer memory"]
+    assert all(r["mode"] == "hybrid" for r in rows) and out.err == ""  # sparse + dense: hybrid by default, silently
     expected = Retriever.load(index).batch_search(["cat and dog", "computer memory"], k=3)
     for row, hits in zip(rows, expected):
         assert 0 < len(row["hits"]) <= 3
         assert [h["doc_id"] for h in row["hits"]] == [h.doc_id for h in hits]
         for h in row["hits"]:
-            assert {"doc_id", "score", "matched_tokens"} <= set(h)
-            assert sum(h["matched_tokens"].values()) == pytest.approx(h["score"], rel=1e-5)
+            assert {"doc_id", "score", "matched_tokens", "matched_ids", "channels"} <= set(h)
+            assert sum(h["channels"].values()) == pytest.approx(h["score"], rel=1e-5)
+    assert search_cli.main(["--index", str(index), "--json", "--mode", "sparse", "-k", "3", "cat and dog"]) == 0
+    (row,) = json_lines(capsys.readouterr().out)
+    for h in row["hits"]:  # sparse: the words and the raw token ids each add up to the score
+        assert sum(h["matched_tokens"].values()) == pytest.approx(h["score"], rel=1e-5)
+        assert sum(h["matched_ids"].values()) == pytest.approx(h["score"], rel=1e-5)
+        assert all(key.isdigit() for key in h["matched_ids"])  # token ids, for tools
 
 
 def test_search_index_text_output(index, capsys):
@@ -69,7 +115,16 @@ def test_search_index_text_output(index, capsys):
     assert lines[0] == "query: parrot"
     assert len(lines) == 3 and lines[1].lstrip().startswith("1. ") and lines[2].lstrip().startswith("2. ")
     hit = Retriever.load(index).search("parrot", k=1)[0]
-    assert hit.doc_id in lines[1]
+    assert hit.doc_id in lines[1] and "[" in lines[1]  # hybrid: the channels' shares
+
+
+def test_search_index_says_which_mode_an_index_without_channels_to_fuse_gets(toy_corpus, tiny_model_dir, tmp_path, capsys):
+    assert build(toy_corpus, tmp_path / "sparse", tiny_model_dir, "--channels", "sparse") == 0
+    capsys.readouterr()
+    assert search_cli.main(["--index", str(tmp_path / "sparse"), "--json", "cat"]) == 0
+    out = capsys.readouterr()
+    assert json_lines(out.out)[0]["mode"] == "sparse"
+    assert "mode sparse" in out.err and "no other channel" in out.err
 
 
 def test_search_index_reads_queries_from_stdin(index, capsys, monkeypatch):
@@ -136,7 +191,7 @@ def test_search_index_not_an_index(tmp_path, capsys):
 
 
 def test_search_index_dense_without_dense_vectors(toy_corpus, tiny_model_dir, tmp_path, capsys):
-    assert build(toy_corpus, tmp_path / "sparse-only", tiny_model_dir) == 0
+    assert build(toy_corpus, tmp_path / "sparse-only", tiny_model_dir, "--channels", "sparse") == 0
     capsys.readouterr()
     rc = search_cli.main(["--index", str(tmp_path / "sparse-only"), "--mode", "dense", "q"])
     expect_error(capsys, rc, "search-index: error:", "sparse-only: mode 'dense' needs an index built with --dense")

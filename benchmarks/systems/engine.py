@@ -375,6 +375,41 @@ ENCODER_SUBSET_FALLBACKS: dict[str, dict] = {
 }
 
 
+@register("default", "this project as a user gets it: build-index + search-index with no flags (default channels, Retriever default mode and fusion)")
+class UserDefault(AlignedTokensSystem):
+    """Exactly what ``build-index`` and ``search-index`` give with no flags: the channels of
+    ``indexer.channel_set.default_channels`` with their default options, the engine's default
+    top-K, expansion M and adapter, searched in the Retriever's default mode with its default
+    fusion. Run settings that would change that (``--top-k``, ``--adapter``, ``--lexical``...)
+    are ignored; how the encoder runs (dtype, runtime, device, threads, embedding cache) is the
+    machine's, not the system's, and is kept. Its index is its own (under ``WORK/default``),
+    since other systems of a run may ask the shared index for other channels."""
+
+    def __init__(self, settings: Settings, shared: dict) -> None:
+        from dataclasses import replace
+
+        from indexer import channel_set
+
+        System.__init__(self, settings, shared)
+        own = replace(settings, work_dir=settings.work_dir / "default", top_k=None, expansion_m=None, adapter="default",
+                      dense_kind="Flat", embedfilter_tau=None, lexical=channel_set.DEFAULT_ANALYZER,
+                      encoder=channel_set.DEFAULT_ENCODER, fusions={}, segments=False)
+        self.engine = shared.setdefault("aligned-tokens-default", AlignedTokensEngine(own))
+        self.channels, options, _ = channel_set.resolve(None)
+        self.engine.require(**options)
+
+    @property
+    def mode(self) -> str:  # the Retriever's default for the index built (hybrid, unless one channel)
+        r = self.engine.retriever
+        return r.default_mode if r is not None else "hybrid"
+
+    def params(self) -> dict:
+        p = super().params()
+        p["channels"] = list(self.channels)
+        p["definition"] = "build-index CORPUS + search-index with no flags"
+        return p
+
+
 class EncoderHybrid(AlignedTokensSystem):
     """The hybrid mode over one subset of channels with the encoder channel (``subset``, e.g.
     "bm25+encoder+sparse"), fused with Settings.fusions[subset] or its untuned fallback."""

@@ -1,0 +1,93 @@
+"""Which channels an index holds: the default set, and ``--channels LIST``.
+
+The default is the set whose hybrid measured best with weights chosen held out (leave one
+collection out over the five shared collections, benchmarks/fusion_cv.py --subsets;
+benchmarks/results/contrastive-long/fusion_encoder_subsets.json, in BENCHMARKS.md):
+
+- with the encoder extra installed (``pip install '.[encoder]'``, which ``make`` does):
+  aligned tokens + BM25 on words + the MiniLM encoder, LOCO mean nDCG@10 0.554 against 0.535
+  for BM25 + MiniLM. The dense channel is *not* built: beside the encoder it adds nothing held
+  out (sparse + dense + bm25 + encoder 0.552);
+- without it: aligned tokens + dense + BM25 on words (LOCO 0.522,
+  benchmarks/results/contrastive-long/fusion_cv.json).
+
+The aligned-token channel ("sparse") is always built: it is the index's core (its postings
+name the documents every other channel refers to).
+"""
+from __future__ import annotations
+
+import importlib.util
+
+CHANNELS = ("sparse", "dense", "dense-ef", "bm25", "encoder")
+DEFAULT_ENCODER = "minilm"
+DEFAULT_ANALYZER = "words"
+WITH_ENCODER = ("sparse", "bm25", "encoder")
+WITHOUT_ENCODER = ("sparse", "dense", "bm25")
+
+
+def encoder_available(name: str = DEFAULT_ENCODER) -> bool:
+    """Whether the default encoder can be loaded here: sentence-transformers importable and
+    the packaged model installed (the ``encoder`` extra)."""
+    if importlib.util.find_spec("sentence_transformers") is None:
+        return False
+    from embedder.models import ModelNotAvailable
+    from embedder.sentence_encoder import resolve_encoder
+
+    try:
+        resolve_encoder(name)
+    except ModelNotAvailable:
+        return False
+    return True
+
+
+def default_channels() -> tuple[str, ...]:
+    """The channels ``build-index`` builds when none are named (see the module docstring)."""
+    return WITH_ENCODER if encoder_available() else WITHOUT_ENCODER
+
+
+def parse_channels(text: str) -> tuple[str, ...]:
+    """``"sparse,bm25,encoder"`` as a tuple in :data:`CHANNELS` order, sparse always included;
+    ValueError naming the unknown channel otherwise."""
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CHANNELS]
+    if unknown or not names:
+        problem = f"unknown channel {unknown[0]!r}" if unknown else "no channel named"
+        raise ValueError(f"--channels {text!r}: {problem} (choose from {', '.join(CHANNELS)})")
+    return tuple(c for c in CHANNELS if c in names or c == "sparse")
+
+
+def resolve(channels: str | None, dense: bool = False, embedfilter_tau: int | None = None, lexical: str | None = None,
+            encoder: str | None = None) -> tuple[tuple[str, ...], dict, bool]:
+    """(channels, build_index options, whether they are the default set) from the command line:
+    ``channels`` (``--channels LIST``) and the older per-channel flags, which add their channel
+    and set its option (``--lexical tokens``, ``--encoder NAME``, ``--embedfilter TAU``). With
+    neither, :func:`default_channels`."""
+    flagged = {"dense": dense, "dense-ef": embedfilter_tau is not None, "bm25": lexical is not None, "encoder": encoder is not None}
+    named = [c for c, on in flagged.items() if on]
+    if channels is None and not named:
+        chosen, default = default_channels(), True
+    else:
+        listed = parse_channels(channels) if channels is not None else ("sparse",)
+        chosen, default = tuple(c for c in CHANNELS if c in listed or c in named), False
+    return chosen, build_options(chosen, encoder, lexical, embedfilter_tau), default
+
+
+def build_options(channels: tuple[str, ...], encoder: str | None = None, lexical: str | None = None, embedfilter_tau: int | None = None) -> dict:
+    """Keyword arguments of ``indexer.build.build_index`` for a channel set (the encoder by name):
+    ``encoder`` / ``lexical`` / ``embedfilter_tau`` override the defaults of their channel."""
+    options: dict = {"dense": "dense" in channels}
+    if "bm25" in channels:
+        options["lexical"] = lexical or DEFAULT_ANALYZER
+    if "encoder" in channels:
+        options["encoder"] = encoder or DEFAULT_ENCODER
+    if "dense-ef" in channels:
+        from embedder.embedfilter import DEFAULT_TAU
+
+        options["embedfilter_tau"] = embedfilter_tau or DEFAULT_TAU
+    return options
+
+
+def describe(channels: tuple[str, ...], options: dict) -> str:
+    """One line for the build's output: ``channels: sparse, bm25 (words), encoder (minilm)``."""
+    detail = {"bm25": options.get("lexical"), "encoder": options.get("encoder"), "dense-ef": options.get("embedfilter_tau")}
+    return "channels: " + ", ".join(f"{c} ({detail[c]})" if detail.get(c) else c for c in channels)

@@ -1,0 +1,43 @@
+"""What a server allows: limits on work and input, and who may ask."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+API_KEY_ENV = "ALIGNED_TOKENS_API_KEY"  # the bearer token, when not given with --api-key
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits of one server (every one checked before any model work).
+
+    ``max_concurrency``: searches running at once (one warm model: more only contend for the
+    cores); further requests queue, and one still queued after ``queue_timeout_s`` gets 503
+    with ``Retry-After``. ``max_body_bytes``: request bodies larger are refused (413) before
+    they are parsed. ``max_query_chars``, ``max_k``, ``max_batch``: larger values are refused
+    (422) with a message. ``api_key``: when set, every route but ``/healthz`` and the page's
+    static files needs ``Authorization: Bearer <api_key>``.
+    """
+
+    max_concurrency: int = 1
+    queue_timeout_s: float = 10.0
+    max_body_bytes: int = 64 * 1024
+    max_query_chars: int = 2000
+    max_k: int = 100
+    max_batch: int = 32
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrency", "max_body_bytes", "max_query_chars", "max_k", "max_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.queue_timeout_s <= 0:
+            raise ValueError(f"queue_timeout_s must be positive, got {self.queue_timeout_s}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key is empty")
+
+    def public(self) -> dict:
+        """The limits as /info shows them (never the key)."""
+        return {
+            "max_concurrency": self.max_concurrency, "queue_timeout_s": self.queue_timeout_s, "max_body_bytes": self.max_body_bytes,
+            "max_query_chars": self.max_query_chars, "max_k": self.max_k, "max_batch": self.max_batch, "auth": self.api_key is not None,
+        }
