@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import benchmarks  # noqa: F401  (sets IR_DATASETS_HOME before ir_datasets can be imported)
+import benchmarks
 from indexer.corpus import CorpusError, CorpusSpec, Document, read_queries
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,7 @@ class Dataset:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
-            for d in self.docs:
-                f.write(json.dumps({"_id": d.doc_id, "text": d.text}, ensure_ascii=False) + "\n")
+            f.writelines(json.dumps({"_id": d.doc_id, "text": d.text}, ensure_ascii=False) + "\n" for d in self.docs)
         os.replace(tmp, path)
         return path
 

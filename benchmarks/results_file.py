@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 RESULTS_KIND = "beir-eval"
 RESULTS_FORMAT = 1

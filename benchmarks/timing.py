@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ def latency_stats(seconds: Sequence[float]) -> dict[str, float | int]:
 class Stopwatch:
     """``with Stopwatch() as sw: ...`` then ``sw.seconds``."""
 
-    def __enter__(self) -> "Stopwatch":
+    def __enter__(self) -> Stopwatch:
         self.seconds = 0.0
         self._t0 = time.perf_counter()
         return self

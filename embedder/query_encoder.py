@@ -118,7 +118,7 @@ class DistilledQueryEncoder:
         return target
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str]) -> "DistilledQueryEncoder":
+    def load(cls, directory: str | os.PathLike[str]) -> DistilledQueryEncoder:
         """Read a student written by :meth:`save` (``distill-query-encoder``)."""
         from safetensors.torch import load_file
 
@@ -150,6 +150,12 @@ def student_beside(adapter: dict | None) -> Path | None:
 
 
 __all__ = [
-    "DistilledQueryEncoder", "QueryEncoderMismatch", "make_head", "teacher_identity", "student_beside",
-    "STUDENT_FILE", "HEAD_FILE", "SHIPPED_SUBDIR",
+    "HEAD_FILE",
+    "SHIPPED_SUBDIR",
+    "STUDENT_FILE",
+    "DistilledQueryEncoder",
+    "QueryEncoderMismatch",
+    "make_head",
+    "student_beside",
+    "teacher_identity",
 ]

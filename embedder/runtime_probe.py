@@ -134,4 +134,4 @@ def probe(directory: Path, fields: dict, target: str, kwargs: dict, timeout: flo
     return verdict
 
 
-__all__ = ["ProbeVerdict", "probe", "probe_key", "run_in_child", "VERDICTS_FILE", "DEFAULT_TIMEOUT_S"]
+__all__ = ["DEFAULT_TIMEOUT_S", "VERDICTS_FILE", "ProbeVerdict", "probe", "probe_key", "run_in_child"]

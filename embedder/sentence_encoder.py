@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -82,7 +82,7 @@ class SentenceEncoder:
         self.batch_size = batch_size
 
     @classmethod
-    def load(cls, name_or_path: str | os.PathLike[str] = MINILM, device: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> "SentenceEncoder":
+    def load(cls, name_or_path: str | os.PathLike[str] = MINILM, device: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> SentenceEncoder:
         name, directory = resolve_encoder(name_or_path)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: never ask the hub
         try:
@@ -132,4 +132,4 @@ class SentenceEncoder:
         return np.ascontiguousarray(emb, dtype=np.float32)
 
 
-__all__ = ["SentenceEncoder", "ENCODERS", "MINILM", "MINILM_DIST", "packaged_model_dir", "resolve_encoder"]
+__all__ = ["ENCODERS", "MINILM", "MINILM_DIST", "SentenceEncoder", "packaged_model_dir", "resolve_encoder"]

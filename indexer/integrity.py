@@ -13,8 +13,9 @@ import json
 import math
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from conftest import save_tiny_sentence_encoder
+
 from indexer.build import build_index
 from indexer.manifest import IndexFormatError, Manifest
 from retriever.retriever import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Retriever
@@ -228,7 +228,7 @@ def test_bm25_minilm_fusion_is_ranx_minmax_wsum():
         dense[f"q{q}"] = {f"d{d}": float(s) for d, s in zip(rng.choice(60, 20, replace=False), rng.uniform(-1, 1, 20))}
     theirs = fuse([Run(bm25), Run(dense)], norm="min-max", method="wsum", params={"weights": [0.6, 0.4]}).to_dict()
     for q in bm25:
-        ranked = lambda hits: sorted(hits.items(), key=lambda kv: -kv[1])  # noqa: E731
+        ranked = lambda hits: sorted(hits.items(), key=lambda kv: -kv[1])
         ours = BM25PlusMiniLM.fuse(system, ranked(bm25[q]), ranked(dense[q]), k=100)
         assert dict(ours) == pytest.approx(theirs[q], abs=1e-9)
 

@@ -13,14 +13,14 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import faiss
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from indexer import cli as build_cli
 from indexer import verify, verify_cli
 from indexer.checksums import CHECKSUM, file_checksum, json_checksum

@@ -13,9 +13,9 @@ from conftest import toy_docs
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.memory import MEMORY_FILE, MemoryTokens, memory_ids
 from training.corpus_pairs import sentence_and_document, split_sentences, two_spans
-from training.objectives.ctkd import ctkd_loss, cut_for_continuation, encode_memory
 from training.llm2comp.recipe import RECIPES, LLM2CompRecipe, LLM2CompStage
 from training.llm2comp.trainer import LLM2CompTrainer
+from training.objectives.ctkd import ctkd_loss, cut_for_continuation, encode_memory
 
 TEXTS = [f"{d['title']} {d['text']}. {d['text']} with {d['title']}." for d in toy_docs(24)]
 N_MEM = 3

@@ -128,6 +128,7 @@ def _parent_embedder(model_dir: Path):
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGFPE", "raise"])
 def test_a_worker_that_dies_fails_the_build_at_once_naming_its_shard(tiny_model_dir, worker_corpus, tmp_path, how):
     from _runtime_crashes import DyingSpec
+
     from indexer.build import build_index
     from indexer.workers import WorkerFailed
 
@@ -148,6 +149,7 @@ def test_a_worker_that_dies_fails_the_build_at_once_naming_its_shard(tiny_model_
 
 def test_a_worker_that_dies_while_loading_is_named_so(tiny_model_dir, worker_corpus, tmp_path):
     from _runtime_crashes import DyingSpec
+
     from indexer.build import build_index
     from indexer.workers import WorkerFailed
 
@@ -158,6 +160,7 @@ def test_a_worker_that_dies_while_loading_is_named_so(tiny_model_dir, worker_cor
 
 def test_the_rerun_after_a_dead_worker_resumes_to_the_full_index(tiny_model_dir, worker_corpus, tmp_path):
     from _runtime_crashes import DyingSpec
+
     from indexer.build import EmbedderSpec, build_index
     from indexer.workers import WorkerFailed
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from conftest import REPO, toy_docs, write_corpus
+
 from indexer.build import build_index
 from indexer.manifest import Manifest
 from indexer.staging import staging_dir, sweep_stale

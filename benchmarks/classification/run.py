@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -135,12 +135,12 @@ def run(opts: ClsEvalOptions, command: str) -> dict:
     limits = threadpool_limits(opts.threads) if opts.threads else nullcontext()
     with limits:
         results = _classify(tasks, states_all, {t: i for i, t in enumerate(texts)}, opts, k, c_grid)
-    mean = lambda key: float(np.mean([r[key]["accuracy"] if key != "accuracy" else r["accuracy"] for r in results.values()]))  # noqa: E731
+    mean = lambda key: float(np.mean([r[key]["accuracy"] if key != "accuracy" else r["accuracy"] for r in results.values()]))
     out = {
         "kind": "cls-eval",
         "label": opts.label or _default_label(opts, desc),
         "command": command,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "machine": machine_info(),
         "embedder": desc,

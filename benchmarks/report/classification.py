@@ -137,4 +137,4 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
     return "\n".join(parts)
 
 
-__all__ = ["render_classification", "TASK_ORDER"]
+__all__ = ["TASK_ORDER", "render_classification"]

@@ -5,7 +5,8 @@ bm25, hybrid, encoder, and the hybrids of the encoder channel's subsets), all se
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks.datasets import Dataset
 from benchmarks.systems.base import Hits, IndexStats, Settings, System, SystemUnavailable, register, register_each, torch_threads

@@ -32,9 +32,10 @@ import json
 import logging
 import re
 import time
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -126,7 +127,7 @@ def export_info(manifest: Manifest, index_dir: Path, channels: list[str], exact:
         "channels": channels,
         "exact": exact,
         "lexical": manifest.lexical,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

@@ -23,7 +23,14 @@ import torch
 from embedder.encoder import Embedder
 from training.adapter_io import save_adapter
 from training.loop import (
-    LoopStage, TrainingLoop, TrainResult, attach_lora, latest_checkpoint, load_backbone, run_record, seed_everything
+    LoopStage,
+    TrainingLoop,
+    TrainResult,
+    attach_lora,
+    latest_checkpoint,
+    load_backbone,
+    run_record,
+    seed_everything,
 )
 from training.objectives.contrastive import GradCache, Temperature, pair_loss
 from training.objectives.text2token import text2token_loss
