@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import benchmarks
+import benchmarks  # also sets IR_DATASETS_HOME before ir_datasets can be imported
 from indexer.corpus import CorpusError, CorpusSpec, Document, read_queries
 
 log = logging.getLogger(__name__)

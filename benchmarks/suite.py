@@ -17,7 +17,7 @@ import os
 import shlex
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks.datasets import Dataset
@@ -62,7 +62,7 @@ def run_suite(
         "kind": RESULTS_KIND,
         "format_version": RESULTS_FORMAT,
         "command": command or "beir-eval " + shlex.join(sys.argv[1:]),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "machine": machine_info(),
         "load_avg_start": load_avg(),

@@ -9,7 +9,7 @@ or ``{"kind": "per-query-diff", "title": str}``: ``details["per_query_diff"]`` =
 """
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ def write_table(
             raise ValueError(f"plot names unknown columns {missing} (columns: {columns})")
     data = {
         "kind": "table",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "machine": machine_info(),
         "title": title,

@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -437,7 +437,7 @@ def _merge_into(
             "device": embedder.device,
             "torch_threads": torch.get_num_threads(),
         },
-        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         files=record_files(out),
     )
     manifest.write(out)  # written last: a directory without a manifest is not an index

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +140,7 @@ def run(opts: ClsEvalOptions, command: str) -> dict:
         "kind": "cls-eval",
         "label": opts.label or _default_label(opts, desc),
         "command": command,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "machine": machine_info(),
         "embedder": desc,

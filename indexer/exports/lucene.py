@@ -60,7 +60,7 @@ import time
 import unicodedata
 import urllib.parse
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -414,7 +414,7 @@ def export_pyserini(
             if build_lucene
             else None,
             "export_seconds": round(export_seconds, 3),
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         if n_dropped:
             log.warning("%d postings quantise below 1 at scale %g and were dropped", n_dropped, scale)

@@ -33,7 +33,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,7 @@ def export_info(manifest: Manifest, index_dir: Path, channels: list[str], exact:
         "channels": channels,
         "exact": exact,
         "lexical": manifest.lexical,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
 
