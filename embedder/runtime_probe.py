@@ -74,7 +74,7 @@ def run_in_child(target: str, kwargs: dict, timeout: float = DEFAULT_TIMEOUT_S) 
     try:
         done = subprocess.run(
             [sys.executable, "-c", code], input=json.dumps({"target": target, "kwargs": kwargs}),
-            capture_output=True, text=True, timeout=timeout, env=env,
+            capture_output=True, text=True, timeout=timeout, env=env, check=False,
         )
     except subprocess.TimeoutExpired:
         return ProbeVerdict(False, f"no answer after {timeout:.0f} s (taken as a hang)", time.perf_counter() - start)

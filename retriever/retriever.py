@@ -31,7 +31,9 @@ from retriever.fusion import check_fusion, fuse
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, queries_from_states
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are not evaluated at run time (__future__)
+    from typing_extensions import Self
+
     from embedder.query_encoder import DistilledQueryEncoder
 
 MODES = ("sparse", "dense", "dense-ef", "bm25", "encoder", "hybrid")
@@ -272,7 +274,7 @@ class Retriever:
         if self.generation is not None:
             self.generation.close()
 
-    def __enter__(self) -> Retriever:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -57,7 +57,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's packages, not a
 
 def fresh(module: str, *args: str) -> subprocess.CompletedProcess:
     """A command line in a fresh interpreter (``python -m module``)."""
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False)
 
 
 class ForkServer:

@@ -29,12 +29,12 @@ def memory_embedder(make_embedder, attention: str = "causal", seed: int = 0, **k
 
 
 def tiny_recipe(**kw) -> LLM2CompRecipe:
-    base = dict(
-        stages=(LLM2CompStage("ctkd", 4), LLM2CompStage("simcse", 2), LLM2CompStage("spans", 2)),
-        batch_size=4, contrastive_batch_size=6, micro_batch_size=2, max_length=32, continuation_length=8, min_text=4,
-        min_continuation=4, memory_tokens=N_MEM, span_min=4, span_max=8, lr=1e-2, warmup_steps=0, save_every=2,
-        attention="causal", lora_dropout=0.0,
-    )
+    base = {
+        "stages": (LLM2CompStage("ctkd", 4), LLM2CompStage("simcse", 2), LLM2CompStage("spans", 2)),
+        "batch_size": 4, "contrastive_batch_size": 6, "micro_batch_size": 2, "max_length": 32, "continuation_length": 8,
+        "min_text": 4, "min_continuation": 4, "memory_tokens": N_MEM, "span_min": 4, "span_max": 8, "lr": 1e-2,
+        "warmup_steps": 0, "save_every": 2, "attention": "causal", "lora_dropout": 0.0,
+    }
     return LLM2CompRecipe(**(base | kw))
 
 

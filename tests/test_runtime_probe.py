@@ -165,7 +165,7 @@ def test_the_rerun_after_a_dead_worker_resumes_to_the_full_index(tiny_model_dir,
     from indexer.workers import WorkerFailed
 
     embedder = _parent_embedder(tiny_model_dir)
-    common = dict(top_k=8, chunk_size=20, progress=False, workers=2)
+    common = {"top_k": 8, "chunk_size": 20, "progress": False, "workers": 2}
     with pytest.raises(WorkerFailed):
         build_index(worker_corpus, tmp_path / "index", embedder, embedder_spec=DyingSpec(str(tiny_model_dir), die_on=2), **common)
     spec = EmbedderSpec(str(tiny_model_dir), adapter="none", dtype="fp32", runtime="torch")

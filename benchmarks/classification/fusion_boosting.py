@@ -82,7 +82,8 @@ class PrefixBooster:
         self.weights = np.zeros(len(h))
         f = np.tile(self.bias, (n, 1))
         self.losses = [_cross_entropy(f, y)]
-        for self.rounds in range(1, self.max_rounds + 1):
+        for rounds in range(1, self.max_rounds + 1):
+            self.rounds = rounds
             residual = onehot - _softmax(f)  # the negative gradient of the cross-entropy in f
             constant = np.tile(residual.mean(0), (n, 1))  # the least-squares constant fit of the residual
             learners = h + [constant]
