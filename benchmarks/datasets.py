@@ -171,7 +171,7 @@ def load_ir_datasets(dataset_id: str) -> Dataset:
         qrels: dict[str, dict[str, int]] = {}
         for r in ds.qrels_iter():
             qrels.setdefault(str(r.query_id), {})[str(r.doc_id)] = int(r.relevance)
-    except Exception as exc:  # requests/urllib/OSError... all mean "could not get the files"
+    except Exception as exc:  # noqa: BLE001 - ir_datasets downloads through requests/urllib/OSError...: all mean "could not get the files"
         raise DatasetUnavailable(
             f"could not get ir_datasets {dataset_id!r}: {type(exc).__name__}: {_first_line(exc)}. "
             f"Is this machine offline? ir_datasets downloads on first use into IR_DATASETS_HOME={home}; "

@@ -132,7 +132,7 @@ class DistilledQueryEncoder:
             raise ValueError(f"{path}: field 'format': expected {STUDENT_FORMAT}, got {record.get('format') if isinstance(record, dict) else record!r}")
         for key in ("teacher", "encoder", "head"):
             if not isinstance(record.get(key), dict):
-                raise ValueError(f"{path}: field {key!r} missing or not an object")
+                raise ValueError(f"{path}: field {key!r} missing or not an object")  # noqa: TRY004 - a malformed file is bad input: ValueError naming file and field, which the CLIs catch
         shape = record["head"]
         head = make_head(int(shape["in"]), int(shape["out"]), int(shape.get("hidden", 0)))
         head.load_state_dict(load_file(str(directory / HEAD_FILE)))

@@ -61,7 +61,7 @@ def resolve_encoder(name_or_path: str | os.PathLike[str]) -> tuple[str, Path]:
         from huggingface_hub import snapshot_download
 
         return key, Path(snapshot_download(key, local_files_only=True))
-    except Exception as exc:  # not in the local cache
+    except (ImportError, OSError, ValueError) as exc:  # not in the local cache (huggingface_hub: OSError, or ValueError for a bad id)
         raise ModelNotAvailable(
             f"encoder {key!r} is not in the local Hugging Face cache ({type(exc).__name__}); pass a local directory "
             f"or a registered name ({', '.join(ENCODERS)})"
@@ -92,7 +92,7 @@ class SentenceEncoder:
         sha = weights_sha256(directory, recursive=True, missing=ModelNotAvailable)
         try:
             model = SentenceTransformer(str(directory), device=device or "cpu")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad model folder fails inside transformers/torch in many ways; all mean "does not load"
             raise ModelNotAvailable(f"encoder {name!r}: {directory} does not load as a sentence-transformers model ({type(exc).__name__}: {exc})") from None
         return cls(model, {"name": name, "sha256": sha}, batch_size)
 

@@ -114,7 +114,7 @@ class DenseIndex:
             try:
                 # read through the descriptor just checked, not by path again
                 index = faiss.read_index(faiss.PyCallbackIOReader(f.read))
-            except Exception as exc:  # FAISS reports damage as a C++ RuntimeError with a multi-line trace
+            except Exception as exc:  # noqa: BLE001 - a damaged index must end as IndexFormatError; FAISS reports damage as a C++ RuntimeError with a multi-line trace
                 raise IndexFormatError(f"{path}: unreadable FAISS index ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         if row_doc is not None:
             if len(row_doc) and (row_doc.min() < 0 or (n_docs is not None and row_doc.max() >= n_docs)):

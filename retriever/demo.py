@@ -42,7 +42,7 @@ def stdlib_docstrings(limit: int) -> list[dict]:
     for name in STDLIB_MODULES:
         try:
             module = importlib.import_module(name)
-        except Exception:  # a module missing on this platform is simply left out
+        except ImportError:  # a module missing on this platform is simply left out
             continue
         members = [(name, module)] + [
             (f"{name}.{attr}", obj)
