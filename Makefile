@@ -25,8 +25,10 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m retriever.demo $(if $(CORPUS),--corpus $(CORPUS),)
 
-# the layering (setup.cfg [importlinter]) first: seconds, and a broken layer fails fast
+# the lint (ruff, pyproject.toml [tool.ruff]) and the layering (setup.cfg [importlinter]) first:
+# seconds each, and a lint finding or a broken layer fails fast
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests
 

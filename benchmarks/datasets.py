@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import benchmarks  # noqa: F401  (sets IR_DATASETS_HOME before ir_datasets can be imported)
+import benchmarks  # also sets IR_DATASETS_HOME before ir_datasets can be imported
 from indexer.corpus import CorpusError, CorpusSpec, Document, read_queries
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,7 @@ class Dataset:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
-            for d in self.docs:
-                f.write(json.dumps({"_id": d.doc_id, "text": d.text}, ensure_ascii=False) + "\n")
+            f.writelines(json.dumps({"_id": d.doc_id, "text": d.text}, ensure_ascii=False) + "\n" for d in self.docs)
         os.replace(tmp, path)
         return path
 
@@ -172,7 +171,7 @@ def load_ir_datasets(dataset_id: str) -> Dataset:
         qrels: dict[str, dict[str, int]] = {}
         for r in ds.qrels_iter():
             qrels.setdefault(str(r.query_id), {})[str(r.doc_id)] = int(r.relevance)
-    except Exception as exc:  # requests/urllib/OSError... all mean "could not get the files"
+    except Exception as exc:  # noqa: BLE001 - ir_datasets downloads through requests/urllib/OSError...: all mean "could not get the files"
         raise DatasetUnavailable(
             f"could not get ir_datasets {dataset_id!r}: {type(exc).__name__}: {_first_line(exc)}. "
             f"Is this machine offline? ir_datasets downloads on first use into IR_DATASETS_HOME={home}; "

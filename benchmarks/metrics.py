@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Mapping
+from collections.abc import Mapping
 
 import benchmarks  # noqa: F401  (cache locations before ranx / ir_datasets / numba load)
 from benchmarks.runs import Qrels, Run

@@ -46,7 +46,7 @@ def git_commit(root: Path = benchmarks.REPO_ROOT) -> dict:
     """The checkout's commit and whether tracked files differ from it (read-only git calls)."""
     def git(*args: str) -> str | None:
         try:
-            out = subprocess.run(["git", "--no-optional-locks", *args], cwd=root, capture_output=True, text=True, timeout=20)
+            out = subprocess.run(["git", "--no-optional-locks", *args], cwd=root, capture_output=True, text=True, timeout=20, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout.strip() if out.returncode == 0 else None

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 RESULTS_KIND = "beir-eval"
 RESULTS_FORMAT = 1
@@ -51,7 +52,7 @@ def check_table(path: Path, data: dict) -> None:
     """Raise ValueError (file and field named) unless ``data`` is a well-formed table file."""
     for key, typ in (("title", str), ("command", str), ("description", str), ("columns", list), ("rows", list)):
         if not isinstance(data.get(key), typ):
-            raise ValueError(f"{path}: field {key!r}: expected {typ.__name__}")
+            raise ValueError(f"{path}: field {key!r}: expected {typ.__name__}")  # noqa: TRY004 - a malformed file is bad input: ValueError naming file and field, which the CLIs catch
     for i, row in enumerate(data["rows"]):
         if not isinstance(row, list) or len(row) != len(data["columns"]):
             raise ValueError(f"{path}: field 'rows'[{i}]: expected a list of {len(data['columns'])} cells")
@@ -60,7 +61,7 @@ def check_table(path: Path, data: dict) -> None:
 def check_cls_results(path: Path, data: dict) -> None:
     """Raise ValueError unless ``data`` is a cls-eval results file the report can render."""
     if not isinstance(data.get("tasks"), dict) or not isinstance(data.get("label"), str):
-        raise ValueError(f"{path}: a cls-eval results file needs 'label' (string) and 'tasks' (object)")
+        raise ValueError(f"{path}: a cls-eval results file needs 'label' (string) and 'tasks' (object)")  # noqa: TRY004 - a malformed file is bad input: ValueError naming file and field, which the CLIs catch
 
 
 def find_all_results(results_dir: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]], list[tuple[Path, dict]]]:

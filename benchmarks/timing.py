@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are not evaluated at run time (__future__)
+    from typing_extensions import Self
 
 
 def latency_stats(seconds: Sequence[float]) -> dict[str, float | int]:
@@ -28,7 +32,7 @@ def latency_stats(seconds: Sequence[float]) -> dict[str, float | int]:
 class Stopwatch:
     """``with Stopwatch() as sw: ...`` then ``sw.seconds``."""
 
-    def __enter__(self) -> "Stopwatch":
+    def __enter__(self) -> Self:
         self.seconds = 0.0
         self._t0 = time.perf_counter()
         return self

@@ -3,4 +3,4 @@ and, through the model's own LM head, a distribution over "aligned" vocabulary t
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.models import DEFAULT_MODEL, REGISTRY, ModelNotAvailable, resolve_model
 
-__all__ = ["Embedder", "EmbedderConfig", "DEFAULT_MODEL", "REGISTRY", "ModelNotAvailable", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "REGISTRY", "Embedder", "EmbedderConfig", "ModelNotAvailable", "resolve_model"]

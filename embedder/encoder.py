@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -185,7 +185,7 @@ class Embedder:
         dtype: str = "auto",
         runtime: str | None = "auto",
         settings: dict | None = None,
-    ) -> "Embedder":
+    ) -> Embedder:
         """Load a backbone (and optionally a LoRA adapter) by name or path.
 
         Without ``config``, the embedding settings are the ones the adapter was trained with

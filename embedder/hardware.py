@@ -136,4 +136,4 @@ def choose_precision(requested: str, runtime: str, cap: Capability, have_openvin
     return Precision("openvino", "fp32", "no native bf16: fp32, the fastest faithful precision measured there")
 
 
-__all__ = ["Capability", "Precision", "DTYPES", "cpu_capability", "device_capability", "choose_precision", "openvino_available"]
+__all__ = ["DTYPES", "Capability", "Precision", "choose_precision", "cpu_capability", "device_capability", "openvino_available"]

@@ -40,7 +40,7 @@ class MemoryTokens(torch.nn.Module):
         return int(self.vectors.shape[0])
 
     @classmethod
-    def initial(cls, input_embeddings: torch.Tensor, n: int, seed: int) -> "MemoryTokens":
+    def initial(cls, input_embeddings: torch.Tensor, n: int, seed: int) -> MemoryTokens:
         """n vectors drawn around the vocabulary's mean row, with the rows' per-dimension spread.
 
         Distinct vectors (not n copies of one), so that the slots can specialise from step one;
@@ -68,7 +68,7 @@ class MemoryTokens(torch.nn.Module):
         return directory / MEMORY_FILE
 
     @classmethod
-    def load(cls, directory: Path) -> "MemoryTokens | None":
+    def load(cls, directory: Path) -> MemoryTokens | None:
         """The memory vectors saved in an adapter directory, or None when it has none."""
         from safetensors import safe_open
 
@@ -122,4 +122,4 @@ def memory_states(hidden: torch.Tensor, lengths, n: int) -> torch.Tensor:
     return hidden[rows, pos]
 
 
-__all__ = ["MemoryTokens", "MemoryBody", "memory_ids", "pool_memory", "memory_states", "MEMORY_FILE"]
+__all__ = ["MEMORY_FILE", "MemoryBody", "MemoryTokens", "memory_ids", "memory_states", "pool_memory"]

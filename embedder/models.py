@@ -14,9 +14,9 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from embedder.util import file_sha256, weights_sha256
 

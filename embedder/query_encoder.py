@@ -118,7 +118,7 @@ class DistilledQueryEncoder:
         return target
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str]) -> "DistilledQueryEncoder":
+    def load(cls, directory: str | os.PathLike[str]) -> DistilledQueryEncoder:
         """Read a student written by :meth:`save` (``distill-query-encoder``)."""
         from safetensors.torch import load_file
 
@@ -132,7 +132,7 @@ class DistilledQueryEncoder:
             raise ValueError(f"{path}: field 'format': expected {STUDENT_FORMAT}, got {record.get('format') if isinstance(record, dict) else record!r}")
         for key in ("teacher", "encoder", "head"):
             if not isinstance(record.get(key), dict):
-                raise ValueError(f"{path}: field {key!r} missing or not an object")
+                raise ValueError(f"{path}: field {key!r} missing or not an object")  # noqa: TRY004 - a malformed file is bad input: ValueError naming file and field, which the CLIs catch
         shape = record["head"]
         head = make_head(int(shape["in"]), int(shape["out"]), int(shape.get("hidden", 0)))
         head.load_state_dict(load_file(str(directory / HEAD_FILE)))
@@ -150,6 +150,12 @@ def student_beside(adapter: dict | None) -> Path | None:
 
 
 __all__ = [
-    "DistilledQueryEncoder", "QueryEncoderMismatch", "make_head", "teacher_identity", "student_beside",
-    "STUDENT_FILE", "HEAD_FILE", "SHIPPED_SUBDIR",
+    "HEAD_FILE",
+    "SHIPPED_SUBDIR",
+    "STUDENT_FILE",
+    "DistilledQueryEncoder",
+    "QueryEncoderMismatch",
+    "make_head",
+    "student_beside",
+    "teacher_identity",
 ]

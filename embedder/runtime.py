@@ -267,4 +267,4 @@ def make_runtime(
     return runtime
 
 
-__all__ = ["Runtime", "RuntimeUnusable", "TorchRuntime", "OpenVINORuntime", "compile_openvino", "make_runtime", "runtime_key", "graph_directory", "EXPORT_VERSION"]
+__all__ = ["EXPORT_VERSION", "OpenVINORuntime", "Runtime", "RuntimeUnusable", "TorchRuntime", "compile_openvino", "graph_directory", "make_runtime", "runtime_key"]

@@ -74,7 +74,7 @@ def run_in_child(target: str, kwargs: dict, timeout: float = DEFAULT_TIMEOUT_S) 
     try:
         done = subprocess.run(
             [sys.executable, "-c", code], input=json.dumps({"target": target, "kwargs": kwargs}),
-            capture_output=True, text=True, timeout=timeout, env=env,
+            capture_output=True, text=True, timeout=timeout, env=env, check=False,
         )
     except subprocess.TimeoutExpired:
         return ProbeVerdict(False, f"no answer after {timeout:.0f} s (taken as a hang)", time.perf_counter() - start)
@@ -134,4 +134,4 @@ def probe(directory: Path, fields: dict, target: str, kwargs: dict, timeout: flo
     return verdict
 
 
-__all__ = ["ProbeVerdict", "probe", "probe_key", "run_in_child", "VERDICTS_FILE", "DEFAULT_TIMEOUT_S"]
+__all__ = ["DEFAULT_TIMEOUT_S", "VERDICTS_FILE", "ProbeVerdict", "probe", "probe_key", "run_in_child"]

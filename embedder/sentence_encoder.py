@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -61,7 +61,7 @@ def resolve_encoder(name_or_path: str | os.PathLike[str]) -> tuple[str, Path]:
         from huggingface_hub import snapshot_download
 
         return key, Path(snapshot_download(key, local_files_only=True))
-    except Exception as exc:  # not in the local cache
+    except (ImportError, OSError, ValueError) as exc:  # not in the local cache (huggingface_hub: OSError, or ValueError for a bad id)
         raise ModelNotAvailable(
             f"encoder {key!r} is not in the local Hugging Face cache ({type(exc).__name__}); pass a local directory "
             f"or a registered name ({', '.join(ENCODERS)})"
@@ -82,7 +82,7 @@ class SentenceEncoder:
         self.batch_size = batch_size
 
     @classmethod
-    def load(cls, name_or_path: str | os.PathLike[str] = MINILM, device: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> "SentenceEncoder":
+    def load(cls, name_or_path: str | os.PathLike[str] = MINILM, device: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> SentenceEncoder:
         name, directory = resolve_encoder(name_or_path)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: never ask the hub
         try:
@@ -92,7 +92,7 @@ class SentenceEncoder:
         sha = weights_sha256(directory, recursive=True, missing=ModelNotAvailable)
         try:
             model = SentenceTransformer(str(directory), device=device or "cpu")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad model folder fails inside transformers/torch in many ways; all mean "does not load"
             raise ModelNotAvailable(f"encoder {name!r}: {directory} does not load as a sentence-transformers model ({type(exc).__name__}: {exc})") from None
         return cls(model, {"name": name, "sha256": sha}, batch_size)
 
@@ -132,4 +132,4 @@ class SentenceEncoder:
         return np.ascontiguousarray(emb, dtype=np.float32)
 
 
-__all__ = ["SentenceEncoder", "ENCODERS", "MINILM", "MINILM_DIST", "packaged_model_dir", "resolve_encoder"]
+__all__ = ["ENCODERS", "MINILM", "MINILM_DIST", "SentenceEncoder", "packaged_model_dir", "resolve_encoder"]

@@ -18,9 +18,9 @@ Prefix ``i`` of a text is the concatenation of its states ``0..i-1`` (the paper'
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ def btmr_config(adapter_dir: str | Path | None) -> dict | None:
         raise ValueError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from None
     for key in ("bmt_token_id", "group_size", "segment_length"):
         if not isinstance(cfg.get(key), int):
-            raise ValueError(f"{path}: field {key!r}: expected an integer")
+            raise ValueError(f"{path}: field {key!r}: expected an integer")  # noqa: TRY004 - a malformed file is bad input: ValueError naming file and field, which the CLIs catch
     return cfg
 
 
@@ -132,4 +132,4 @@ def prefix_features(states: np.ndarray, i: int) -> np.ndarray:
     return states[:, :i].reshape(len(states), -1)
 
 
-__all__ = ["GroupSpec", "btmr_config", "install_bmt_embedding", "group_states", "prefix_features", "BTMR_CONFIG", "BTMR_TOKEN_FILE"]
+__all__ = ["BTMR_CONFIG", "BTMR_TOKEN_FILE", "GroupSpec", "btmr_config", "group_states", "install_bmt_embedding", "prefix_features"]

@@ -15,27 +15,29 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from embedder.embedfilter import embedfilter_projection
 from embedder.encoder import Embedder
 from indexer.corpus import CorpusSpec, Document
-from embedder.embedfilter import embedfilter_projection
 from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
-from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
+from indexer.diskspace import NoSpaceError, write_bytes
+from indexer.generations import build_lock, publish_staged, rename_exchange, stage
+from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
+from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
 from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
 from indexer.segments import max_over_segments, split_segments
 from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
-from indexer.diskspace import NoSpaceError, write_bytes
-from indexer.generations import build_lock, publish_staged, rename_exchange, stage, sweep as sweep_generations
 from indexer.staging import staging_dir
 from indexer.workers import Reporter, WorkerFailed, run_workers
 
@@ -86,7 +88,7 @@ class EmbedderSpec:
     runtime: str | None = "auto"
     encoder: str | None = None
 
-    def load(self) -> "tuple[Embedder, SentenceEncoder | None]":
+    def load(self) -> tuple[Embedder, SentenceEncoder | None]:
         from embedder.encoder import EmbedderConfig
 
         embedder = Embedder.load(self.model, adapter=self.adapter, config=EmbedderConfig(**self.config), device=self.device, dtype=self.dtype, runtime=self.runtime)
@@ -121,7 +123,7 @@ def build_index(
     progress: bool = True,
     embedfilter_tau: int | None = None,
     lexical: str | None = None,
-    encoder: "SentenceEncoder | None" = None,
+    encoder: SentenceEncoder | None = None,
     workers: int = 1,
     embedder_spec: EmbedderSpec | None = None,
     segments: bool = False,
@@ -348,7 +350,7 @@ def _merge_into(
     dense_kind: str,
     embedfilter_tau: int | None,
     lexical: str | None,
-    encoder: "SentenceEncoder | None",
+    encoder: SentenceEncoder | None,
     progress: bool,
 ) -> Manifest:
     """Write the index from the committed shards, one shard in memory at a time."""
@@ -373,14 +375,14 @@ def _merge_into(
     invert_seconds = time.perf_counter() - t0
     write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
     dense_info = ef_info = lexical_info = encoder_info = segments_info = row_doc = None
-    embeddings = lambda: (e for (e,) in arrays("embeddings")())  # noqa: E731
+    embeddings = lambda: (e for (e,) in arrays("embeddings")())
     if plan.windows is not None:
         # shard-local document numbers of each window, made global
         offsets = np.cumsum([0] + [len(m["ids"]) for m in metas])
         row_doc = np.concatenate([r + offsets[i] for i, (r,) in zip(numbers, arrays("row_docs")())])
         per_doc = np.bincount(row_doc, minlength=len(ids))
         segments_info = {
-            "length": embedder.config.max_length, "max_segments": plan.windows or None, "n_segments": int(len(row_doc)),
+            "length": embedder.config.max_length, "max_segments": plan.windows or None, "n_segments": len(row_doc),
             "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum()),
             "sparse": "max over segments", "dense": "one vector per segment, document = best segment",
         }
@@ -388,7 +390,7 @@ def _merge_into(
         DenseIndex.build_from_chunks(embeddings, dense_kind, row_doc=row_doc).save(out)
         dense_info = {"kind": dense_kind, "dim": embedder.dim, "normalised": True, "metric": "inner_product"}
         if row_doc is not None:
-            dense_info["n_vectors"] = int(len(row_doc))
+            dense_info["n_vectors"] = len(row_doc)
     if embedfilter_tau is not None:
         w_u = embedder.causal_lm.get_output_embeddings().weight.detach().float().cpu().numpy()
         proj, left, right = embedfilter_projection(w_u, embedfilter_tau)
@@ -455,4 +457,4 @@ def index_size_bytes(index_dir: Path) -> int:
     return sum(p.stat().st_size for p in Path(index_dir).iterdir() if p.is_file())
 
 
-__all__ = ["build_index", "EmbedderSpec", "DEFAULT_SHARD_SIZE", "DEFAULT_TOP_K", "DOC_IDS", "MANIFEST", "index_size_bytes"]
+__all__ = ["DEFAULT_SHARD_SIZE", "DEFAULT_TOP_K", "DOC_IDS", "MANIFEST", "EmbedderSpec", "build_index", "index_size_bytes"]

@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(describe(info, args.export_pyserini))
     if args.export_milvus:
-        from indexer.exports.milvus import MilvusExportError, describe as describe_milvus, export_milvus
+        from indexer.exports.milvus import MilvusExportError, export_milvus
+        from indexer.exports.milvus import describe as describe_milvus
 
         try:
             info = export_milvus(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class DenseIndex:
         self.max_rows_per_doc = int(np.bincount(row_doc).max()) if row_doc is not None and len(row_doc) else 1
 
     @classmethod
-    def build(cls, embeddings: np.ndarray, kind: str = "Flat", projection: np.ndarray | None = None, row_doc: np.ndarray | None = None) -> "DenseIndex":
+    def build(cls, embeddings: np.ndarray, kind: str = "Flat", projection: np.ndarray | None = None, row_doc: np.ndarray | None = None) -> DenseIndex:
         import faiss
 
         x = normalise(embeddings @ projection if projection is not None else embeddings)
@@ -56,7 +56,7 @@ class DenseIndex:
     def build_from_chunks(
         cls, chunks: Callable[[], Iterator[np.ndarray]], kind: str = "Flat", projection: np.ndarray | None = None,
         row_doc: np.ndarray | None = None,
-    ) -> "DenseIndex":
+    ) -> DenseIndex:
         """:meth:`build` over embeddings that come in chunks (a build's shards), added chunk by
         chunk so that only one is in memory besides the index itself. A kind that must be
         trained first (IVF, PQ) is trained on all of them, which needs them all at once.
@@ -93,7 +93,7 @@ class DenseIndex:
             save_npy(directory / f"{name}_rows.npy", self.row_doc)
 
     @classmethod
-    def load(cls, directory: Path, name: str = DENSE_NAME, n_docs: int | None = None, dim: int | None = None) -> "DenseIndex":
+    def load(cls, directory: Path, name: str = DENSE_NAME, n_docs: int | None = None, dim: int | None = None) -> DenseIndex:
         """Open a saved index, checked against what the manifest records (``n_docs`` vectors of
         ``dim`` dimensions); a mismatch or damaged file is an IndexFormatError naming it."""
         import faiss
@@ -114,7 +114,7 @@ class DenseIndex:
             try:
                 # read through the descriptor just checked, not by path again
                 index = faiss.read_index(faiss.PyCallbackIOReader(f.read))
-            except Exception as exc:  # FAISS reports damage as a C++ RuntimeError with a multi-line trace
+            except Exception as exc:  # noqa: BLE001 - a damaged index must end as IndexFormatError; FAISS reports damage as a C++ RuntimeError with a multi-line trace
                 raise IndexFormatError(f"{path}: unreadable FAISS index ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         if row_doc is not None:
             if len(row_doc) and (row_doc.min() < 0 or (n_docs is not None and row_doc.max() >= n_docs)):

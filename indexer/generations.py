@@ -32,8 +32,12 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from indexer.shards import BuildInProgress
+
+if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are not evaluated at run time (__future__)
+    from typing_extensions import Self
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +98,7 @@ class Generation:
     def __del__(self) -> None:  # a Retriever dropped without close() still lets its generation go
         self.close()
 
-    def __enter__(self) -> Generation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

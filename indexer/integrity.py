@@ -13,8 +13,9 @@ import json
 import math
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ def load_npy(path: Path, dtype: str, ndim: int, mmap: bool = True, limit: int | 
                 shape, fortran, got = np.lib.format.read_array_header_2_0(f)
             else:
                 raise ValueError(f"format version {version}")
-        except Exception as exc:  # a damaged header can raise nearly anything; none may escape as a traceback
+        except Exception as exc:  # noqa: BLE001 - a damaged header can raise nearly anything; none may escape as a traceback
             raise IndexFormatError(f"{path}: unreadable .npy ({type(exc).__name__}: {exc})") from None
         if got.hasobject:
             raise IndexFormatError(f"{path}: holds Python objects (a pickle), which are never loaded")

@@ -1,9 +1,9 @@
 """The aligned-token inverted index: CSR postings per vocabulary token, memory-mappable."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -32,7 +32,7 @@ class InvertedIndex:
         return int(self.indptr.nbytes + self.docs.nbytes + self.weights.nbytes)
 
     @classmethod
-    def from_forward(cls, token_ids: np.ndarray, weights: np.ndarray, vocab_size: int) -> "InvertedIndex":
+    def from_forward(cls, token_ids: np.ndarray, weights: np.ndarray, vocab_size: int) -> InvertedIndex:
         """Invert per-document top-K vectors (rows = documents in order) into postings.
 
         A stable sort by token keeps the doc numbers ascending inside each posting list,
@@ -100,7 +100,7 @@ class InvertedIndex:
     @classmethod
     def load(
         cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False
-    ) -> "InvertedIndex":
+    ) -> InvertedIndex:
         """Open saved postings, checked (indexer/integrity.py) before any kernel can read them:
         an out-of-range doc number or offset would make the kernels read or write out of bounds.
         ``n_lists``: the number of posting lists expected (vocabulary size); ``positive``:

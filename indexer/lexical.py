@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -28,8 +28,7 @@ from indexer.manifest import IndexFormatError
 
 # org.apache.lucene.analysis.en.EnglishAnalyzer.ENGLISH_STOP_WORDS_SET
 LUCENE_STOPWORDS = frozenset(
-    "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
-    "this to was will with".split()
+    ["a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this", "to", "was", "will", "with"]
 )
 # a word, with an apostrophe inside it kept (don't, cat's), as Lucene's StandardTokenizer does
 _WORD = re.compile(r"\w+(?:'\w+)*", re.UNICODE)
@@ -51,8 +50,7 @@ class WordAnalyzer:
     def __call__(self, text: str) -> list[str]:
         out = []
         for w in _WORD.findall(text.lower()):
-            if w.endswith("'s"):
-                w = w[:-2]
+            w = w.removesuffix("'s")
             if w and w not in LUCENE_STOPWORDS:
                 out.append(self._stem(w) if len(w) > 2 else w)
         return out
@@ -81,7 +79,7 @@ class BM25Index:
     analyzer: str
 
     @classmethod
-    def build(cls, texts: Iterable[str], analyze, k1: float = 0.9, b: float = 0.4) -> "BM25Index":
+    def build(cls, texts: Iterable[str], analyze, k1: float = 0.9, b: float = 0.4) -> BM25Index:
         builder = BM25Builder(analyze, k1, b)
         for text in texts:
             builder.add(text)
@@ -104,7 +102,7 @@ class BM25Index:
         write_bytes(directory / BM25_FILE, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
 
     @classmethod
-    def load(cls, directory: Path, n_docs: int, n_terms: int | None = None, analyzer: str | None = None) -> "BM25Index":
+    def load(cls, directory: Path, n_docs: int, n_terms: int | None = None, analyzer: str | None = None) -> BM25Index:
         """Open a saved BM25 index, checked: parameters in range, term ids exactly 0..n-1 (they
         index the posting lists), postings valid with positive weights. ``n_terms`` and
         ``analyzer``: what the manifest records."""
@@ -150,7 +148,7 @@ class BM25Builder:
 
     def finish(self) -> BM25Index:
         n_docs, n_terms = len(self._lengths), len(self.vocab)
-        cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt)  # noqa: E731
+        cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt)
         doc, term, tf = cat(self._docs, np.int64), cat(self._terms, np.int64), cat(self._tfs, np.float64)
         dl = np.asarray(self._lengths, np.float64)
         df = np.bincount(term, minlength=n_terms).astype(np.float64)

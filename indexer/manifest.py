@@ -59,7 +59,7 @@ class Manifest:
         write_json_atomic(directory / MANIFEST, {**data, "checksum": self.checksum})
 
     @classmethod
-    def read(cls, directory: Path) -> "Manifest":
+    def read(cls, directory: Path) -> Manifest:
         from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
 
         path = Path(directory) / MANIFEST

@@ -17,7 +17,7 @@ The channels combine a document's segments as BTMR combines token groups:
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -100,4 +100,4 @@ def best_per_document(rows: np.ndarray, scores: np.ndarray, row_doc: np.ndarray,
     return docs_out, scores_out
 
 
-__all__ = ["split_segments", "max_over_segments", "best_per_document"]
+__all__ = ["best_per_document", "max_over_segments", "split_segments"]

@@ -19,8 +19,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def _pid_running(pid: int) -> bool:

@@ -13,9 +13,10 @@ The command line is indexer/verify_cli.py (``verify-index``): exit status 0 clea
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.generations import open_generation

@@ -14,8 +14,9 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import Any
 
 # How long stopped workers get to exit after SIGTERM before they are killed.
 _TERMINATE_GRACE_S = 10.0
@@ -165,4 +166,4 @@ def _stop(procs: list) -> None:
             p.join()
 
 
-__all__ = ["run_workers", "Reporter", "WorkerFailed"]
+__all__ = ["Reporter", "WorkerFailed", "run_workers"]

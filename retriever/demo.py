@@ -23,14 +23,7 @@ from pathlib import Path
 
 from indexer.manifest import IndexFormatError
 
-STDLIB_MODULES = (
-    "argparse base64 bisect bz2 calendar collections configparser contextlib copy csv dataclasses datetime decimal "
-    "difflib enum fnmatch fractions functools getpass glob gzip hashlib heapq hmac html html.parser http.client "
-    "inspect io ipaddress itertools json locale logging lzma math mimetypes os os.path pathlib pickle platform pprint "
-    "queue random re sched secrets shutil signal smtplib socket sqlite3 ssl statistics string struct subprocess "
-    "tarfile tempfile textwrap threading time timeit traceback typing unicodedata urllib.parse urllib.request uuid "
-    "warnings weakref xml.etree.ElementTree zipfile zlib"
-).split()
+STDLIB_MODULES = ["argparse", "base64", "bisect", "bz2", "calendar", "collections", "configparser", "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "enum", "fnmatch", "fractions", "functools", "getpass", "glob", "gzip", "hashlib", "heapq", "hmac", "html", "html.parser", "http.client", "inspect", "io", "ipaddress", "itertools", "json", "locale", "logging", "lzma", "math", "mimetypes", "os", "os.path", "pathlib", "pickle", "platform", "pprint", "queue", "random", "re", "sched", "secrets", "shutil", "signal", "smtplib", "socket", "sqlite3", "ssl", "statistics", "string", "struct", "subprocess", "tarfile", "tempfile", "textwrap", "threading", "time", "timeit", "traceback", "typing", "unicodedata", "urllib.parse", "urllib.request", "uuid", "warnings", "weakref", "xml.etree.ElementTree", "zipfile", "zlib"]
 
 QUERIES = (
     "compress a file with gzip",
@@ -49,7 +42,7 @@ def stdlib_docstrings(limit: int) -> list[dict]:
     for name in STDLIB_MODULES:
         try:
             module = importlib.import_module(name)
-        except Exception:  # a module missing on this platform is simply left out
+        except ImportError:  # a module missing on this platform is simply left out
             continue
         members = [(name, module)] + [
             (f"{name}.{attr}", obj)

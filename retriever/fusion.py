@@ -70,7 +70,7 @@ def check_fusion(fusion: object) -> dict:
     ``rrf_k`` a finite number > 0, ``norm_score`` a bool. Checked once, when the Retriever is
     made, rather than failing (or silently ranking by document number) at search time."""
     if not isinstance(fusion, dict):
-        raise ValueError(f"fusion setting: expected a dict with keys {_KEYS}, got {type(fusion).__name__}")
+        raise ValueError(f"fusion setting: expected a dict with keys {_KEYS}, got {type(fusion).__name__}")  # noqa: TRY004 - check_fusion's contract is ValueError for any bad setting (tests/test_odd_inputs.py, the CLIs catch it)
     for key in fusion:
         if key not in _KEYS:
             raise ValueError(f"fusion setting {key!r}: unknown key (known: {', '.join(_KEYS)})")
@@ -79,7 +79,7 @@ def check_fusion(fusion: object) -> dict:
         raise ValueError(f"fusion setting 'method': {method!r} is not one of {METHODS + ENGINE_METHODS}")
     weights = fusion.get("weights")
     if not isinstance(weights, dict):
-        raise ValueError(f"fusion setting 'weights': expected a dict of channel -> weight, got {type(weights).__name__}")
+        raise ValueError(f"fusion setting 'weights': expected a dict of channel -> weight, got {type(weights).__name__}")  # noqa: TRY004 - check_fusion's contract is ValueError for any bad setting (tests/test_odd_inputs.py, the CLIs catch it)
     for name, w in weights.items():
         if name not in CHANNELS:
             raise ValueError(f"fusion setting 'weights.{name}': unknown channel (known: {', '.join(CHANNELS)})")

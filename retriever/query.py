@@ -6,8 +6,8 @@ the matched tokens.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -31,7 +31,7 @@ class EncodedQuery:
     query_encoder: str = ""  # who produced ``embedding``: "llm" or "distilled:NAME" ("" when nothing did)
 
     @classmethod
-    def text_only(cls, text: str) -> "EncodedQuery":
+    def text_only(cls, text: str) -> EncodedQuery:
         """A query for channels that read only its text (BM25): no LLM call."""
         return cls(text, np.zeros(0, np.int64), np.zeros(0, np.float32), 0, np.zeros(0, np.float32))
 

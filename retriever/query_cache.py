@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import replace
-from typing import Hashable
 
 from retriever.query import EncodedQuery
 
@@ -59,4 +59,4 @@ class QueryCache:
             self.hits = self.misses = 0
 
 
-__all__ = ["QueryCache", "DEFAULT_QUERY_CACHE_SIZE"]
+__all__ = ["DEFAULT_QUERY_CACHE_SIZE", "QueryCache"]

@@ -11,9 +11,10 @@ Modes (channels of one index directory):
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,7 +31,9 @@ from retriever.fusion import check_fusion, fuse
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, queries_from_states
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are not evaluated at run time (__future__)
+    from typing_extensions import Self
+
     from embedder.query_encoder import DistilledQueryEncoder
 
 MODES = ("sparse", "dense", "dense-ef", "bm25", "encoder", "hybrid")
@@ -109,7 +112,7 @@ class Retriever:
         doc_ids: list[str] | None = None,
         channels: dict[str, Any] | None = None,
         generation: Generation | None = None,
-        query_encoder: "str | os.PathLike[str] | DistilledQueryEncoder" = "llm",
+        query_encoder: str | os.PathLike[str] | DistilledQueryEncoder = "llm",
         query_cache_size: int = DEFAULT_QUERY_CACHE_SIZE,
     ) -> None:
         """``backend``: who answers the channels (retriever/backends/__init__.py): "numba" (this
@@ -177,7 +180,7 @@ class Retriever:
         """The name of what encodes queries for the LLM channels: "llm" or "distilled:NAME"."""
         return self.student.name if self.student is not None else "llm"
 
-    def _query_encoder(self, choice) -> tuple["DistilledQueryEncoder | None", Any]:
+    def _query_encoder(self, choice) -> tuple[DistilledQueryEncoder | None, Any]:
         """(the student or None, the sentence encoder it reads) for a ``query_encoder`` choice."""
         from embedder.query_encoder import DistilledQueryEncoder, student_beside
 
@@ -217,9 +220,9 @@ class Retriever:
         warm: bool = True,
         dtype: str = "auto",
         runtime: str = "auto",
-        query_encoder: "str | os.PathLike[str] | DistilledQueryEncoder" = "auto",
+        query_encoder: str | os.PathLike[str] | DistilledQueryEncoder = "auto",
         **kwargs,
-    ) -> "Retriever":
+    ) -> Retriever:
         """Open an index and load the embedder its manifest names (or check the given one).
 
         ``model``: when given, must be the model the index was built with (by name or path);
@@ -247,7 +250,7 @@ class Retriever:
             raise
 
     @classmethod
-    def _load_opened(cls, opened: OpenedIndex, index_dir: Path, model, embedder, device, warm, dtype, runtime, kwargs) -> "Retriever":
+    def _load_opened(cls, opened: OpenedIndex, index_dir: Path, model, embedder, device, warm, dtype, runtime, kwargs) -> Retriever:
         manifest = opened.manifest
         kwargs["doc_ids"], kwargs["channels"], kwargs["generation"] = opened.doc_ids, opened.channels, opened.generation
         if embedder is None:
@@ -271,7 +274,7 @@ class Retriever:
         if self.generation is not None:
             self.generation.close()
 
-    def __enter__(self) -> "Retriever":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

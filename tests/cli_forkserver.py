@@ -32,7 +32,7 @@ def _child(module: str, argv: list[str], out_path: str, err_path: str) -> None:
         rc = importlib.import_module(module).main(argv)
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a forked child must reach os._exit whatever happens (the traceback is printed)
         traceback.print_exc()
         rc = 1
     sys.stdout.flush()

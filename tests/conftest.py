@@ -11,8 +11,8 @@ import hashlib
 import json
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # Set before anything imports numba / huggingface_hub: both read these at import time.
 REPO = Path(__file__).resolve().parents[1]
@@ -20,19 +20,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("NUMBA_CACHE_DIR", str(REPO / ".cache" / "numba"))
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 # Words of the toy world: the tokenizer is trained on sentences made of them, and the toy
 # corpora are drawn from them, so most corpus words are whole tokens (like a real vocabulary).
 TOPICS = {
-    "animals": "cat dog parrot bird horse fish mouse lion tiger zebra".split(),
-    "computing": "computer memory data disk network program code server query index".split(),
-    "nature": "river sea mountain forest rain snow tree flower stone lake".split(),
-    "games": "game player console level score controller arcade puzzle team match".split(),
+    "animals": ["cat", "dog", "parrot", "bird", "horse", "fish", "mouse", "lion", "tiger", "zebra"],
+    "computing": ["computer", "memory", "data", "disk", "network", "program", "code", "server", "query", "index"],
+    "nature": ["river", "sea", "mountain", "forest", "rain", "snow", "tree", "flower", "stone", "lake"],
+    "games": ["game", "player", "console", "level", "score", "controller", "arcade", "puzzle", "team", "match"],
 }
-FILLER = "the a of in on and with to from is was were has have near over".split()
-PROMPT_WORDS = 'This sentence : " " means in one word : "'.split()
+FILLER = ["the", "a", "of", "in", "on", "and", "with", "to", "from", "is", "was", "were", "has", "have", "near", "over"]
+PROMPT_WORDS = ['This', 'sentence', ':', '"', '"', 'means', 'in', 'one', 'word', ':', '"']
 
 SPECIAL_TOKENS = ["[UNK]", "[PAD]", "[BOS]", "[EOS]"]
 

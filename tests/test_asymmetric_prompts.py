@@ -170,7 +170,8 @@ def test_llm2comp_recipe_refuses_a_query_template():
 
 
 def test_train_cli_query_prompt_overrides_the_recipe(tmp_path):
-    from training.cli.text2token import parser as train_parser, recipe_from_args
+    from training.cli.text2token import parser as train_parser
+    from training.cli.text2token import recipe_from_args
 
     base = ["--output", str(tmp_path), "--recipe", "contrastive-asym-cpu"]
     assert recipe_from_args(train_parser().parse_args(base)).query_prompt == QUERY_PROMPT

@@ -136,7 +136,7 @@ def _offline_env(tmp_path: Path) -> dict:
 
 def test_ir_datasets_offline_gives_clear_error(tmp_path: Path):
     cmd = [sys.executable, "-m", "benchmarks.cli", "--data", "beir/scifact/test", "--systems", "sparse", "--out", str(tmp_path / "out")]
-    proc = subprocess.run(cmd, cwd=REPO, env=_offline_env(tmp_path), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=REPO, env=_offline_env(tmp_path), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "beir-eval: error: could not get ir_datasets 'beir/scifact/test'" in proc.stderr
@@ -145,7 +145,7 @@ def test_ir_datasets_offline_gives_clear_error(tmp_path: Path):
 
 def test_unknown_ir_datasets_id_gives_clear_error(tmp_path: Path):
     cmd = [sys.executable, "-m", "benchmarks.cli", "--data", "beir/no-such-set/test", "--out", str(tmp_path / "out")]
-    proc = subprocess.run(cmd, cwd=REPO, env=_offline_env(tmp_path), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=REPO, env=_offline_env(tmp_path), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "unknown ir_datasets id 'beir/no-such-set/test'" in proc.stderr
 
@@ -153,7 +153,7 @@ def test_unknown_ir_datasets_id_gives_clear_error(tmp_path: Path):
 def test_unknown_system_is_refused(tmp_path: Path, toy: Path):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.cli", "--data", str(toy), "--systems", "sparse,nope", "--out", str(tmp_path / "o")],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 2 and "unknown system(s) nope" in proc.stderr and "bm25-pyserini" in proc.stderr
 
@@ -298,7 +298,7 @@ def test_quick_suite_with_real_systems(tmp_path: Path):
         pytest.skip(f"real systems unavailable: {missing}")
     out = tmp_path / "results" / "quick"
     cmd = [sys.executable, "-m", "benchmarks.cli", "--quick", "--systems", "bm25-pyserini,minilm,sparse,dense", "--compare", "--no-progress", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert [d["name"] for d in res["datasets"]] == ["cranfield", "npl"]
@@ -327,9 +327,9 @@ def test_quick_suite_with_real_systems(tmp_path: Path):
     md = (out / "report.md").read_text()
     for name in ("bm25-pyserini", "minilm", "sparse", "dense"):
         assert f"| `{name}` | " in md
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.cli", "report", "--results", str(out.parent), "--output", str(tmp_path / "B.md")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cli", "report", "--results", str(out.parent), "--output", str(tmp_path / "B.md")], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.cli", "report", "--results", str(out.parent), "--output", str(tmp_path / "B.md")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cli", "report", "--results", str(out.parent), "--output", str(tmp_path / "B.md")], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert "unchanged; 0 file(s) written" in proc.stdout
 
 

@@ -62,7 +62,7 @@ def test_the_model_honours_the_mask(tiny_embedder):
     torch.testing.assert_close(states[0, 0], ref, rtol=1e-5, atol=1e-5)
     # two units: unit 1's text positions do not depend on unit 0's text except through group 0
     p2 = pack(e._prefix, [ids, ids], e._suffix, cfg)
-    ids_t, mask, _ = batch_inputs([p2], e._pad_id)
+    _, mask, _ = batch_inputs([p2], e._pad_id)
     allowed = mask[0, 0] == 0
     start1 = p2.unit.index(1)
     assert not allowed[start1:, : p2.groups[0][0]].any()

@@ -15,8 +15,8 @@ from conftest import data_dir
 from test_training_loop import data_targets_without_spacy, lora_state, tiny_recipe
 
 from embedder.encoder import EmbedderConfig
-from training.text2token.recipe import Stage
 from training.pairs import PairsFileError, holdout_texts, load_pairs, pair_batches, read_pairs_file
+from training.text2token.recipe import Stage
 from training.text2token.trainer import Text2TokenTrainer
 
 ANIMALS = ["cat", "dog", "horse", "tiger", "whale", "eagle", "snake", "rabbit", "otter", "camel", "goose", "shark"]

@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 
 import pytest
-
 from conftest import listing
+
 from embedder.encoder import Embedder
 from embedder.models import REGISTRY, ModelNotAvailable, ModelSpec, resolve_model
 from indexer.build import build_index

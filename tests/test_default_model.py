@@ -70,7 +70,7 @@ def test_aligned_tokens_of_the_papers_example(smollm):
 
 
 def test_template_never_truncated_with_the_real_tokenizer(smollm):
-    prefix, suffix = PROMPT_EOL.split("[text]")
+    _, suffix = PROMPT_EOL.split("[text]")
     suf = smollm.tokenizer(suffix, add_special_tokens=False)["input_ids"]
     short = smollm.prompt_ids(["a"])[0]
     n_template = len(short) - len(smollm.tokenizer("a", add_special_tokens=False)["input_ids"])

@@ -9,13 +9,14 @@ saved with ``save()``, like the tiny Llama of conftest.py.
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from conftest import save_tiny_sentence_encoder
+
 from indexer.build import build_index
 from indexer.manifest import IndexFormatError, Manifest
 from retriever.retriever import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Retriever
@@ -183,7 +184,7 @@ def test_fusion_over_a_missing_channel_uses_the_channels_there(toy_corpus, tiny_
         hybrid = r.search(query, k=40, mode="hybrid")  # every document: no cut among near-ties
         alone = {h.doc_id: h.score for h in r.search(query, k=40, mode="encoder")}
         assert {h.doc_id for h in hybrid} == set(alone)  # same documents, in the encoder's order (up to ties)
-        assert all(alone[a.doc_id] >= alone[b.doc_id] - 1e-6 for a, b in zip(hybrid, hybrid[1:]))
+        assert all(alone[a.doc_id] >= alone[b.doc_id] - 1e-6 for a, b in pairwise(hybrid))
         assert all(set(h.channels) == {"encoder"} for h in hybrid)
     nothing = Retriever.load(tmp_path / "index", embedder=tiny_embedder, fusion={"method": "minmax", "weights": {"bm25": 1.0, "dense": 1.0}})
     with pytest.raises(ValueError, match="none of the fusion's channels"):
@@ -227,9 +228,9 @@ def test_bm25_minilm_fusion_is_ranx_minmax_wsum():
         bm25[f"q{q}"] = {f"d{d}": float(s) for d, s in zip(rng.choice(60, 20, replace=False), rng.uniform(0, 20, 20))}
         dense[f"q{q}"] = {f"d{d}": float(s) for d, s in zip(rng.choice(60, 20, replace=False), rng.uniform(-1, 1, 20))}
     theirs = fuse([Run(bm25), Run(dense)], norm="min-max", method="wsum", params={"weights": [0.6, 0.4]}).to_dict()
-    for q in bm25:
-        ranked = lambda hits: sorted(hits.items(), key=lambda kv: -kv[1])  # noqa: E731
-        ours = BM25PlusMiniLM.fuse(system, ranked(bm25[q]), ranked(dense[q]), k=100)
+    ranked = lambda hits: sorted(hits.items(), key=lambda kv: -kv[1])
+    for q, hits in bm25.items():
+        ours = BM25PlusMiniLM.fuse(system, ranked(hits), ranked(dense[q]), k=100)
         assert dict(ours) == pytest.approx(theirs[q], abs=1e-9)
 
 

@@ -53,7 +53,7 @@ def test_the_class_offsets_are_refit_so_the_prior_is_not_counted_twice():
     probas = [np.stack([1 - p1, p1], 1)]
     booster = PrefixBooster(max_rounds=500, tol=1e-12).fit(probas, y)
     assert booster.weights[0] == pytest.approx(1.0, abs=0.1)  # a calibrated prefix is kept as it is
-    assert abs((booster.bias[1] - booster.bias[0])) < 0.15  # and no second prior is added
+    assert abs(booster.bias[1] - booster.bias[0]) < 0.15  # and no second prior is added
 
 
 def test_the_noise_prefix_gets_almost_no_weight_and_the_informative_one_is_recalibrated():

@@ -112,8 +112,8 @@ def _synthetic_collection(name, rng, channels, grid, n_queries=12, n_docs=30):
 
 
 def test_subset_study_scores_each_subset_held_out_against_the_reference(tmp_path):
-    from benchmarks.studies.fusion_cv import SUBSET_COLUMNS, subset_study
     from benchmarks.report.tables import plot_table as _plot_table
+    from benchmarks.studies.fusion_cv import SUBSET_COLUMNS, subset_study
     from benchmarks.tables import write_table
 
     rng = np.random.default_rng(0)

@@ -13,14 +13,14 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import faiss
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from indexer import cli as build_cli
 from indexer import verify, verify_cli
 from indexer.checksums import CHECKSUM, file_checksum, json_checksum
@@ -57,7 +57,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's packages, not a
 
 def fresh(module: str, *args: str) -> subprocess.CompletedProcess:
     """A command line in a fresh interpreter (``python -m module``)."""
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False)
 
 
 class ForkServer:

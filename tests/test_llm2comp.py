@@ -13,9 +13,9 @@ from conftest import toy_docs
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.memory import MEMORY_FILE, MemoryTokens, memory_ids
 from training.corpus_pairs import sentence_and_document, split_sentences, two_spans
-from training.objectives.ctkd import ctkd_loss, cut_for_continuation, encode_memory
 from training.llm2comp.recipe import RECIPES, LLM2CompRecipe, LLM2CompStage
 from training.llm2comp.trainer import LLM2CompTrainer
+from training.objectives.ctkd import ctkd_loss, cut_for_continuation, encode_memory
 
 TEXTS = [f"{d['title']} {d['text']}. {d['text']} with {d['title']}." for d in toy_docs(24)]
 N_MEM = 3
@@ -29,12 +29,12 @@ def memory_embedder(make_embedder, attention: str = "causal", seed: int = 0, **k
 
 
 def tiny_recipe(**kw) -> LLM2CompRecipe:
-    base = dict(
-        stages=(LLM2CompStage("ctkd", 4), LLM2CompStage("simcse", 2), LLM2CompStage("spans", 2)),
-        batch_size=4, contrastive_batch_size=6, micro_batch_size=2, max_length=32, continuation_length=8, min_text=4,
-        min_continuation=4, memory_tokens=N_MEM, span_min=4, span_max=8, lr=1e-2, warmup_steps=0, save_every=2,
-        attention="causal", lora_dropout=0.0,
-    )
+    base = {
+        "stages": (LLM2CompStage("ctkd", 4), LLM2CompStage("simcse", 2), LLM2CompStage("spans", 2)),
+        "batch_size": 4, "contrastive_batch_size": 6, "micro_batch_size": 2, "max_length": 32, "continuation_length": 8,
+        "min_text": 4, "min_continuation": 4, "memory_tokens": N_MEM, "span_min": 4, "span_max": 8, "lr": 1e-2,
+        "warmup_steps": 0, "save_every": 2, "attention": "causal", "lora_dropout": 0.0,
+    }
     return LLM2CompRecipe(**(base | kw))
 
 

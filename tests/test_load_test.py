@@ -10,8 +10,8 @@ pytest.importorskip("httpx", reason="httpx is not installed: pip install '.[serv
 
 
 def test_load_test_measures_without_errors_and_writes_a_table(toy_corpus, tiny_model_dir, tmp_path):
-    from benchmarks.studies import load_test
     from benchmarks.report import render_table_section
+    from benchmarks.studies import load_test
     from indexer import cli as build_cli
 
     index = tmp_path / "index"

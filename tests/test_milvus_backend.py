@@ -3,6 +3,7 @@ compare with the Numba/FAISS index (tiny model; the ADI test needs the default m
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -69,7 +70,7 @@ def test_milvus_own_rankers_answer(toy_export, tiny_embedder):
     for method in ("milvus-weighted", "milvus-rrf"):
         r = Retriever.load(index, embedder=tiny_embedder, backend="milvus", milvus_uri=uri, fusion={"method": method, "weights": weights})
         hits = r.search("python programming language", k=5, mode="hybrid")
-        assert len(hits) == 5 and all(a.score >= b.score for a, b in zip(hits, hits[1:]))
+        assert len(hits) == 5 and all(a.score >= b.score for a, b in pairwise(hits))
     numba = Retriever.load(index, embedder=tiny_embedder, fusion={"method": "milvus-rrf", "weights": weights})
     with pytest.raises(ValueError, match="needs backend='milvus'"):
         numba.search("python", mode="hybrid")

@@ -48,11 +48,9 @@ def test_kl_over_top_matches_a_direct_computation():
 def _beir(folder: Path, docs: list[str], queries: list[str]) -> Path:
     folder.mkdir(parents=True)
     with open(folder / "corpus.jsonl", "w") as f:
-        for i, d in enumerate(docs):
-            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": d}) + "\n")
+        f.writelines(json.dumps({"_id": f"d{i}", "title": "", "text": d}) + "\n" for i, d in enumerate(docs))
     with open(folder / "queries.jsonl", "w") as f:
-        for i, q in enumerate(queries):
-            f.write(json.dumps({"_id": f"q{i}", "text": q}) + "\n")
+        f.writelines(json.dumps({"_id": f"q{i}", "text": q}) + "\n" for i, q in enumerate(queries))
     return folder
 
 
@@ -77,6 +75,7 @@ def test_training_texts_never_hold_an_evaluation_query(tmp_path):
 @pytest.fixture
 def tiny_encoder(tmp_path_factory):
     from conftest import save_tiny_sentence_encoder
+
     from embedder.sentence_encoder import SentenceEncoder
 
     return SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path_factory.mktemp("enc")))

@@ -104,6 +104,7 @@ def test_a_damaged_student_record_names_its_file_and_field(tmp_path):
 def encoder_index(tmp_path, tiny_embedder, toy_corpus):
     """A tiny index with sparse, dense, BM25 and a tiny sentence encoder channel."""
     from conftest import save_tiny_sentence_encoder
+
     from embedder.sentence_encoder import SentenceEncoder
     from indexer.build import build_index
 

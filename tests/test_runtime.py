@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from embedder.encoder import Embedder, EmbedderConfig
+from embedder.encoder import EmbedderConfig
 from embedder.hardware import Capability, choose_precision, cpu_capability
 from embedder.prefix_cache import PrefixCachedBody
 from embedder.runtime import OpenVINORuntime, TorchRuntime
@@ -155,7 +155,7 @@ def test_openvino_graphs_are_keyed_by_weights_and_precision(openvino, make_embed
     from embedder.runtime import graph_directory
 
     a, b = make_embedder(seed=0), make_embedder(seed=1)
-    key = lambda e, dtype, prefix: graph_directory(e.causal_lm.base_model, dtype, {"name": "in-memory"}, None, prefix, tmp_path)  # noqa: E731
+    key = lambda e, dtype, prefix: graph_directory(e.causal_lm.base_model, dtype, {"name": "in-memory"}, None, prefix, tmp_path)
     assert key(a, "fp32", a._prefix) != key(b, "fp32", b._prefix)  # other weights
     assert key(a, "fp32", a._prefix) != key(a, "int8", a._prefix)  # other weight precision
     assert key(a, "fp32", a._prefix) != key(a, "fp32", None)  # prefix baked in or not

@@ -128,6 +128,7 @@ def _parent_embedder(model_dir: Path):
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGFPE", "raise"])
 def test_a_worker_that_dies_fails_the_build_at_once_naming_its_shard(tiny_model_dir, worker_corpus, tmp_path, how):
     from _runtime_crashes import DyingSpec
+
     from indexer.build import build_index
     from indexer.workers import WorkerFailed
 
@@ -148,6 +149,7 @@ def test_a_worker_that_dies_fails_the_build_at_once_naming_its_shard(tiny_model_
 
 def test_a_worker_that_dies_while_loading_is_named_so(tiny_model_dir, worker_corpus, tmp_path):
     from _runtime_crashes import DyingSpec
+
     from indexer.build import build_index
     from indexer.workers import WorkerFailed
 
@@ -158,11 +160,12 @@ def test_a_worker_that_dies_while_loading_is_named_so(tiny_model_dir, worker_cor
 
 def test_the_rerun_after_a_dead_worker_resumes_to_the_full_index(tiny_model_dir, worker_corpus, tmp_path):
     from _runtime_crashes import DyingSpec
+
     from indexer.build import EmbedderSpec, build_index
     from indexer.workers import WorkerFailed
 
     embedder = _parent_embedder(tiny_model_dir)
-    common = dict(top_k=8, chunk_size=20, progress=False, workers=2)
+    common = {"top_k": 8, "chunk_size": 20, "progress": False, "workers": 2}
     with pytest.raises(WorkerFailed):
         build_index(worker_corpus, tmp_path / "index", embedder, embedder_spec=DyingSpec(str(tiny_model_dir), die_on=2), **common)
     spec = EmbedderSpec(str(tiny_model_dir), adapter="none", dtype="fp32", runtime="torch")

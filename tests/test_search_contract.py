@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import build_tiny_model, save_tiny_sentence_encoder, tiny_identity, toy_docs, write_corpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import build_tiny_model, save_tiny_sentence_encoder, tiny_identity, toy_docs, write_corpus
 from embedder.encoder import Embedder, EmbedderConfig
 from indexer.build import build_index
 from retriever import cli as search_cli

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from conftest import REPO, toy_docs, write_corpus
+
 from indexer.build import build_index
 from indexer.manifest import Manifest
 from indexer.staging import staging_dir, sweep_stale
@@ -58,7 +59,7 @@ def test_a_live_build_is_never_swept(tmp_path):
 
 def test_sweep_rules(tmp_path):
     target = tmp_path / "index"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     dead_pid = int(dead.stdout)
     (tmp_path / f".index.building-{dead_pid}-abc").mkdir()  # owner gone, lock free: stale
     (tmp_path / ".index.building-oldstyle1").mkdir()  # made before pids were recorded: stale

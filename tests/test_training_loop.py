@@ -12,8 +12,8 @@ import torch
 from conftest import toy_docs
 
 from embedder.encoder import Embedder, EmbedderConfig
-from training.text2token.recipe import ModelTargetConfig, Recipe, Stage
 from training.target_cache import SparseTargets
+from training.text2token.recipe import ModelTargetConfig, Recipe, Stage
 from training.text2token.targets_data import TaggedText, targets_from_tagged
 from training.text2token.targets_model import compute_model_targets
 from training.text2token.trainer import Text2TokenTrainer

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from training.text2token.recipe import DataTargetConfig, ModelTargetConfig
 from training.objectives.text2token import sparse_kl
 from training.target_cache import SparseTargets, cached, from_dense_topn
+from training.text2token.recipe import DataTargetConfig, ModelTargetConfig
 from training.text2token.targets_data import CorpusStats, TaggedText, data_target, targets_from_tagged, tfidf_scores
 from training.text2token.targets_model import common_log_distribution, compute_model_targets, filtered_scores, model_target
 

@@ -49,4 +49,4 @@ def sentence_and_document(text: str, rng: np.random.Generator, min_chars: int = 
     return sents[int(rng.integers(len(sents)))], text
 
 
-__all__ = ["split_sentences", "two_spans", "sentence_and_document"]
+__all__ = ["sentence_and_document", "split_sentences", "two_spans"]

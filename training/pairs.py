@@ -42,7 +42,7 @@ class PairSource:
     negative: np.ndarray
 
     def __len__(self) -> int:
-        return int(len(self.anchor))
+        return len(self.anchor)
 
     @property
     def has_negatives(self) -> bool:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import csv
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -248,4 +248,4 @@ def evaluate_task(task: Task, states: np.ndarray, boost: bool, seed: int = 0, on
     return result
 
 
-__all__ = ["Task", "TaskError", "read_tsv", "load_task", "outer_splits", "fit_logreg", "fusion_boost", "scores", "evaluate_task", "C_GRID"]
+__all__ = ["C_GRID", "Task", "TaskError", "evaluate_task", "fit_logreg", "fusion_boost", "load_task", "outer_splits", "read_tsv", "scores"]

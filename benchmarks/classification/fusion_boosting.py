@@ -69,7 +69,7 @@ class PrefixBooster:
     rounds: int = 0
     losses: list[float] = field(default_factory=list)
 
-    def fit(self, probas: list[np.ndarray], y: np.ndarray) -> "PrefixBooster":
+    def fit(self, probas: list[np.ndarray], y: np.ndarray) -> PrefixBooster:
         n, c = probas[0].shape
         # The weak learners: each prefix's (centred) log-probabilities, and a constant, the column
         # means of the residual. Without the constant, f_0 stays frozen: the prefixes already
@@ -82,7 +82,8 @@ class PrefixBooster:
         self.weights = np.zeros(len(h))
         f = np.tile(self.bias, (n, 1))
         self.losses = [_cross_entropy(f, y)]
-        for self.rounds in range(1, self.max_rounds + 1):
+        for rounds in range(1, self.max_rounds + 1):
+            self.rounds = rounds
             residual = onehot - _softmax(f)  # the negative gradient of the cross-entropy in f
             constant = np.tile(residual.mean(0), (n, 1))  # the least-squares constant fit of the residual
             learners = h + [constant]
@@ -161,4 +162,4 @@ def fuse(oof: list[np.ndarray], y_train: np.ndarray, test: list[np.ndarray], see
     }
 
 
-__all__ = ["PrefixBooster", "make_tree_booster", "fuse", "BOOSTERS", "PREFIX_BOOSTER", "TREE_BOOSTER"]
+__all__ = ["BOOSTERS", "PREFIX_BOOSTER", "TREE_BOOSTER", "PrefixBooster", "fuse", "make_tree_booster"]

@@ -135,7 +135,7 @@ def run(opts: ClsEvalOptions, command: str) -> dict:
     limits = threadpool_limits(opts.threads) if opts.threads else nullcontext()
     with limits:
         results = _classify(tasks, states_all, {t: i for i, t in enumerate(texts)}, opts, k, c_grid)
-    mean = lambda key: float(np.mean([r[key]["accuracy"] if key != "accuracy" else r["accuracy"] for r in results.values()]))  # noqa: E731
+    mean = lambda key: float(np.mean([r[key]["accuracy"] if key != "accuracy" else r["accuracy"] for r in results.values()]))
     out = {
         "kind": "cls-eval",
         "label": opts.label or _default_label(opts, desc),

@@ -98,14 +98,14 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
     caps = sorted(x for x in sampled if x)
     parts = [
         "## Sentence classification (cls-eval)" + (f", sampled ({', '.join(map(str, caps))} texts per split)" if caps else ", full sets") + "\n",
-        "Logistic regression on frozen embeddings (scikit-learn: standardised features, L2; C as each row's results file "
+        ("Logistic regression on frozen embeddings (scikit-learn: standardised features, L2; C as each row's results file "
         "records it: from an inner 3-fold CV on the training rows only, or fixed with `--c`). MR, CR, SUBJ, MPQA: 10-fold stratified cross-validation; TREC, Banking77, Emotion: train/test. "
         "Accuracy in %, predictions of all folds pooled. For this project's embedders, *one token* is the engine's pooled token "
         "(the last prompt position); *Token Fusion Boosting* (BTMR §3.3) fits one classifier per prefix of the k token states "
         "(for an embedder without BTMR groups: the last k prompt positions, last first) and fuses their out-of-fold class "
         "probabilities with gradient boosting (Algorithm 1) whose weak learners are those prefix classifiers "
         "(benchmarks/fusion_boosting.py: a log-linear pool f_0 + sum_j w_j log p_j, the w_j shown per task below); "
-        "*boosted trees* is the same algorithm with regression trees as the weak learners, for comparison.\n",
+        "*boosted trees* is the same algorithm with regression trees as the weak learners, for comparison.\n"),
     ]
     if caps:
         cap = min(caps)
@@ -124,9 +124,9 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
     if detail:
         k = max(len(r) - 7 for r in detail)
         parts += [
-            "Each prefix alone, boosted (and with trees), the booster's weight per prefix (mean over splits), and the gain of "
+            ("Each prefix alone, boosted (and with trees), the booster's weight per prefix (mean over splits), and the gain of "
             "boosting over the best single prefix (measured on the test texts, so an optimistic bar for the prefix) and over "
-            "the one-token row:\n",
+            "the one-token row:\n"),
             md_table(["Embedder", "task"] + [f"prefix {i}" for i in range(1, k + 1)]
                    + ["boosted", "trees", "weights w_1..w_k", "gain vs best prefix", "gain vs one token"],
                    detail, ["l", "l"] + ["r"] * (k + 5)) + "\n",
@@ -137,4 +137,4 @@ def render_classification(files: list[tuple[Path, dict]], base: Path, plot: str 
     return "\n".join(parts)
 
 
-__all__ = ["render_classification", "TASK_ORDER"]
+__all__ = ["TASK_ORDER", "render_classification"]

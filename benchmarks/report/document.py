@@ -61,10 +61,10 @@ def generate(results_dir: Path = RESULTS_DIR, output: Path | None = None) -> tup
     parts = [
         GENERATED_NOTE,
         "# Benchmarks\n",
-        "How good and how fast this engine is, next to what a user would use instead (BM25 with Pyserini/Lucene, "
+        ("How good and how fast this engine is, next to what a user would use instead (BM25 with Pyserini/Lucene, "
         "the small supervised dense model all-MiniLM-L6-v2), measured on the same data in one run. "
         "Every number below comes from a results file under `benchmarks/results/`, produced by the command shown with it; "
-        "quoted published numbers are marked as such. Regenerate this file with `beir-eval report`.\n",
+        "quoted published numbers are marked as such. Regenerate this file with `beir-eval report`.\n"),
     ]
     parts.append(
         "## How to reproduce\n\n"

@@ -32,11 +32,9 @@ def canonical_dataset(name: str) -> str:
     """``beir-scifact-test`` / ``scifact`` -> ``scifact`` (for matching quoted numbers)."""
     n = name.lower()
     for prefix in ("beir-", "beir/"):
-        if n.startswith(prefix):
-            n = n[len(prefix) :]
+        n = n.removeprefix(prefix)
     for suffix in ("-test", "/test", "-dev", "-train"):
-        if n.endswith(suffix):
-            n = n[: -len(suffix)]
+        n = n.removesuffix(suffix)
     return n
 
 

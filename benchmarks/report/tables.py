@@ -9,7 +9,7 @@ from benchmarks.report.markdown import fmt, md_table
 
 def render_table_section(path: Path, data: dict, rel_to: Path, plot: str | None = None) -> str:
     """Markdown for one table results file; ``plot``: path of its PNG, if it has one."""
-    cell = lambda c: fmt(c) if isinstance(c, float) else str(c)  # noqa: E731
+    cell = lambda c: fmt(c) if isinstance(c, float) else str(c)
     parts = [
         f"## {data['title']}\n",
         f"Command: `{data['command']}`  (results file `{os.path.relpath(path, rel_to)}`)\n",

@@ -234,7 +234,7 @@ def subset_study(collections: list[Collection], grid: list[Setting], channels: l
             return {f"{c.name}/{q}": hits for c in collections for q, hits in fused[s, c.name].items()}
 
         p = p_values(pooled_q, pooled(reference), pooled(sub)) if sub != reference else dict.fromkeys(metrics)
-        macro = lambda d, s: np.asarray([d[s, c.name].mean() for c in collections])  # noqa: E731
+        macro = lambda d, s: np.asarray([d[s, c.name].mean() for c in collections])
         rows.append(_subset_row(sub, "mean", sum(len(c.query_ids) for c in collections), macro(ndcg, sub), macro(recall, sub),
                                 macro(ndcg, reference), macro(recall, reference), p, "per collection (LOCO)", sub == reference))
         details["subsets"][sub]["pooled_p_values"] = p

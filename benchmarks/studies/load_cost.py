@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from indexer.dense import check_faiss
 from indexer.integrity import check_csr, check_doc_ids, check_files

@@ -189,7 +189,7 @@ def write_scale_table(result: dict, path: Path) -> Path:
     the raw measurements go along as ``details``."""
     from benchmarks.tables import write_table
 
-    gib = lambda b: round(b / 2**30, 2)  # noqa: E731
+    gib = lambda b: round(b / 2**30, 2)
     n = result["numba"]
     rows = [
         ["Numba inverted index (mmap)", result["docs"], result["postings"], gib(result["index_bytes"]),

@@ -44,7 +44,7 @@ class _QueryCache:
 
         if role != "query":  # the cache holds query-template embeddings only
             return self._e.embed(texts, role=role)
-        encode = lambda part: self._e.embed(part, role="query")  # noqa: E731
+        encode = lambda part: self._e.embed(part, role="query")
         return cached_arrays(self._cache, list(texts), encode, (self._e.dim,), desc="queries", progress=False)
 
 

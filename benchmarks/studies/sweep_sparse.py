@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{folder.name}: encoded {len(texts)} docs + {len(qids)} queries in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         qrels = Qrels(qrels_d)
 
-        def ndcg(results: dict[str, dict[str, float]]) -> float:
+        def ndcg(results: dict[str, dict[str, float]], qrels: Qrels = qrels) -> float:
             return float(evaluate(qrels, Run(results), "ndcg@10"))
 
         sims = normalise(h_q) @ normalise(h_docs).T

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import benchmarks  # noqa: F401  (cache locations before numba loads)
 from benchmarks.datasets import Dataset

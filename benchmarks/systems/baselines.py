@@ -215,8 +215,7 @@ class PyseriniBM25(System):
         folder.mkdir(parents=True, exist_ok=True)
         docs = folder / "pyserini-docs.jsonl"
         with open(docs, "w", encoding="utf-8") as f:
-            for d in ds.docs:
-                f.write(json.dumps({"id": d.doc_id, "contents": d.text}, ensure_ascii=False) + "\n")
+            f.writelines(json.dumps({"id": d.doc_id, "contents": d.text}, ensure_ascii=False) + "\n" for d in ds.docs)
         reply = self._ask({"cmd": "index", "docs": str(docs), "index": str(path), "threads": 1})
         size = dir_bytes(path, lambda p: p.name != "write.lock")
         stats = IndexStats(int(reply["n_docs"]), float(reply["seconds"]), size, {"index_dir": str(path)})

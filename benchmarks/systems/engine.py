@@ -5,7 +5,8 @@ bm25, hybrid, encoder, and the hybrids of the encoder channel's subsets), all se
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from benchmarks.datasets import Dataset
 from benchmarks.systems.base import Hits, IndexStats, Settings, System, SystemUnavailable, register, register_each, torch_threads
@@ -202,7 +203,7 @@ def shared_engine(settings: Settings, shared: dict) -> AlignedTokensEngine:
 # is shared by all channels and counted in each).
 _CHANNEL_FILES: dict[str, Callable[[str], bool]] = {
     "sparse": lambda name: name.startswith("postings_"),
-    "dense": lambda name: name.startswith("dense.") or name.startswith("dense_projection"),
+    "dense": lambda name: name.startswith(("dense.", "dense_projection")),
     "dense-ef": lambda name: name.startswith("dense_ef"),
     "bm25": lambda name: name.startswith("lexical/"),
     "encoder": lambda name: name.startswith("encoder."),
@@ -219,7 +220,7 @@ class AlignedTokensSystem(System):
     """
 
     mode = "sparse"
-    build_options: dict = {}
+    build_options: Mapping[str, Any] = {}  # read-only: index_options copies it per instance
     fusion: dict | None = None  # hybrid: None = the Retriever's default for the index's channels
 
     def __init__(self, settings: Settings, shared: dict) -> None:
@@ -304,7 +305,7 @@ class AlignedTokensSparse(AlignedTokensSystem):
 @register("dense", "this project: the same pooled LLM embedding, exact cosine search (FAISS)")
 class AlignedTokensDense(AlignedTokensSystem):
     mode = "dense"
-    build_options = {"dense": True}
+    build_options: Mapping[str, Any] = {"dense": True}
 
 
 def _embedfilter_tau(settings: Settings) -> int:

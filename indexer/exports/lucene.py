@@ -59,9 +59,9 @@ import tempfile
 import time
 import unicodedata
 import urllib.parse
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm

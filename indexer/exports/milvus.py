@@ -32,9 +32,10 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -193,7 +194,7 @@ def export_milvus(
     try:
         with _quiet_lite_server():
             client.create_collection(staging, schema=schema, index_params=params)
-    except Exception as exc:  # pymilvus raises MilvusException with the server's reason
+    except Exception as exc:  # noqa: BLE001 - pymilvus raises MilvusException with the server's reason, Milvus Lite also gRPC/OS errors
         raise MilvusExportError(f"{uri}: cannot create collection {staging!r}: {exc}") from None
     bar = tqdm(total=manifest.n_docs, unit="doc", desc=f"milvus {name}", disable=not progress)
     postings = 0

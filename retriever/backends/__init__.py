@@ -105,4 +105,4 @@ class Routed:
         return getattr(self.primary, attr)
 
 
-__all__ = ["Backend", "BACKENDS", "DENSE_CHANNELS", "SPARSE_CHANNELS", "open_backend"]
+__all__ = ["BACKENDS", "DENSE_CHANNELS", "SPARSE_CHANNELS", "Backend", "open_backend"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -84,8 +85,8 @@ class BTMRTrainer:
             sa, lm_a = forward_states(lm, self.bmt, anchors, pad, self.cfg)
             sp, lm_p = forward_states(lm, self.bmt, positives, pad, self.cfg)
         sa, sp = sa.float(), sp.float()
-        texts_a = [" ".join(map(str, sum(self.pairs[i][0], []))) for i in idx]  # token ids: same text = same key
-        texts_p = [" ".join(map(str, sum(self.pairs[i][1], []))) for i in idx]
+        texts_a = [" ".join(map(str, chain.from_iterable(self.pairs[i][0]))) for i in idx]  # token ids: same text = same key
+        texts_p = [" ".join(map(str, chain.from_iterable(self.pairs[i][1]))) for i in idx]
         cons = matryoshka_contrastive(sa, sp, self.cfg, texts_a, texts_p)
         lm_loss = 0.5 * (lm_a + lm_p)
         total = self.cfg.lm_weight * lm_loss + cons

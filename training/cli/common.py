@@ -126,9 +126,8 @@ def recipe_with_args(recipe: TrainRecipe, args: argparse.Namespace, skip: tuple[
     given = vars(args)
     names = {f.name for f in fields(recipe)} - set(skip)
     kw = {name: given[name] for name in names if given.get(name) is not None}
-    if "micro_batch_size" in names and "batch_size" in kw and "micro_batch_size" not in kw:
-        if kw["batch_size"] % recipe.micro_batch_size:
-            kw["micro_batch_size"] = kw["batch_size"]
+    if "micro_batch_size" in names and "batch_size" in kw and "micro_batch_size" not in kw and kw["batch_size"] % recipe.micro_batch_size:
+        kw["micro_batch_size"] = kw["batch_size"]
     # "--query-prompt none": no query template (None itself means "not given")
     symmetric = kw.get("query_prompt") == "none"
     if symmetric:

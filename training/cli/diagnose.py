@@ -33,9 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     setup(args.threads, quiet=True)
     from embedder.models import ModelNotAvailable
+    from embedder.util import write_json_atomic
     from indexer.corpus import CorpusError
     from training.diagnostics import compare_embedders
-    from embedder.util import write_json_atomic
     from training.texts import corpus_texts
 
     try:

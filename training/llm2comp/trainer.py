@@ -25,7 +25,14 @@ from training.adapter_io import round_lora_to_bf16, save_adapter
 from training.corpus_pairs import sentence_and_document, two_spans
 from training.llm2comp.recipe import LLM2CompRecipe
 from training.loop import (
-    LoopStage, TrainingLoop, TrainResult, attach_lora, latest_checkpoint, load_backbone, run_record, seed_everything
+    LoopStage,
+    TrainingLoop,
+    TrainResult,
+    attach_lora,
+    latest_checkpoint,
+    load_backbone,
+    run_record,
+    seed_everything,
 )
 from training.objectives.contrastive import GradCache, Temperature, pair_loss
 from training.objectives.ctkd import ctkd_loss, cut_for_continuation

@@ -127,4 +127,4 @@ def ctkd_loss(embedder: Embedder, pairs: Sequence[tuple[Sequence[int], Sequence[
     return (kl * valid).sum(1) / valid.sum(1)
 
 
-__all__ = ["cut_for_continuation", "ctkd_loss", "encode_memory", "frozen_decoder"]
+__all__ = ["ctkd_loss", "cut_for_continuation", "encode_memory", "frozen_decoder"]

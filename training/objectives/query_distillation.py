@@ -44,4 +44,4 @@ def query_distillation_loss(
     return loss
 
 
-__all__ = ["query_distillation_loss", "kl_over_top", "teacher_top_tokens"]
+__all__ = ["kl_over_top", "query_distillation_loss", "teacher_top_tokens"]

@@ -19,8 +19,8 @@ import json
 import logging
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -106,4 +106,4 @@ def student_inputs(encoder, texts: Sequence[str], cache_root: Path, progress: bo
     return cached_arrays(cache, list(texts), lambda part: encoder.encode(list(part)), (encoder.dim,), desc="encoder inputs")
 
 
-__all__ = ["PAIR_FILES", "training_texts", "evaluation_queries", "pair_anchors", "document_sentences", "teacher_states", "student_inputs"]
+__all__ = ["PAIR_FILES", "document_sentences", "evaluation_queries", "pair_anchors", "student_inputs", "teacher_states", "training_texts"]

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -109,4 +109,4 @@ def distill(
     return student
 
 
-__all__ = ["train_head", "faithfulness", "distill"]
+__all__ = ["distill", "faithfulness", "train_head"]

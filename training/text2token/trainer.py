@@ -23,7 +23,14 @@ import torch
 from embedder.encoder import Embedder
 from training.adapter_io import save_adapter
 from training.loop import (
-    LoopStage, TrainingLoop, TrainResult, attach_lora, latest_checkpoint, load_backbone, run_record, seed_everything
+    LoopStage,
+    TrainingLoop,
+    TrainResult,
+    attach_lora,
+    latest_checkpoint,
+    load_backbone,
+    run_record,
+    seed_everything,
 )
 from training.objectives.contrastive import GradCache, Temperature, pair_loss
 from training.objectives.text2token import text2token_loss
@@ -276,8 +283,9 @@ class Text2TokenTrainer:
                     source, rows = plan[local]
                     return self._pairs_step(self.pairs.sources[source], rows, prompt_ids, query_ids, targets.get("data"))
             else:
+                target = targets.get(s.target)
 
-                def step(local: int, order=orders[k], target=targets.get(s.target)) -> tuple[float, int, dict]:
+                def step(local: int, order=orders[k], target=target) -> tuple[float, int, dict]:
                     return self._kl_step(order[local * r.batch_size : (local + 1) * r.batch_size], prompt_ids, target)
 
             title = f"{TARGET_NAMES[s.target]} target"
