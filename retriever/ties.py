@@ -4,6 +4,13 @@ from __future__ import annotations
 import numpy as np
 
 
+def _hits(docs: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A top-k list without its padding (doc -1), scores in float64."""
+    d, sc = np.asarray(docs), np.asarray(scores, np.float64)
+    keep = d >= 0
+    return d[keep], sc[keep]
+
+
 def same_up_to_ties(
     docs_a: np.ndarray, scores_a: np.ndarray, docs_b: np.ndarray, scores_b: np.ndarray, k: int | None = None
 ) -> str | None:
@@ -14,10 +21,7 @@ def same_up_to_ties(
     ``k`` unknown), where a tie may have been cut differently: only the count must match
     there, which equal scores already imply.
     """
-    a_d, b_d = np.asarray(docs_a), np.asarray(docs_b)
-    a_s, b_s = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64)
-    keep_a, keep_b = a_d >= 0, b_d >= 0
-    a_d, a_s, b_d, b_s = a_d[keep_a], a_s[keep_a], b_d[keep_b], b_s[keep_b]
+    (a_d, a_s), (b_d, b_s) = _hits(docs_a, scores_a), _hits(docs_b, scores_b)
     if len(a_d) != len(b_d):
         return f"{len(a_d)} hits vs {len(b_d)}"
     if not np.array_equal(a_s, b_s):
@@ -41,10 +45,7 @@ def same_up_to_near_ties(
     order (or in float64): scores are equal when within ``rtol`` of the larger, and a document
     only one list holds must score within ``rtol`` of the other list's last score (a tie at the
     cut). None when they agree, else what differs."""
-    a_d, b_d = np.asarray(docs_a), np.asarray(docs_b)
-    a_s, b_s = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64)
-    keep_a, keep_b = a_d >= 0, b_d >= 0
-    a_d, a_s, b_d, b_s = a_d[keep_a], a_s[keep_a], b_d[keep_b], b_s[keep_b]
+    (a_d, a_s), (b_d, b_s) = _hits(docs_a, scores_a), _hits(docs_b, scores_b)
     if len(a_d) != len(b_d):
         return f"{len(a_d)} hits vs {len(b_d)}"
 
