@@ -45,23 +45,17 @@ def _run(conn: Connection, target: Callable[[Any, Reporter], Any], job: Any) -> 
     try:
         result = target(job, reporter)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent, then the process ends
+        message = f"{type(exc).__name__}: {exc}"
         try:
-            conn.send(("error", (exc if _picklable(exc) else None, f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+            try:
+                conn.send(("error", (exc, message, traceback.format_exc())))
+            except Exception:  # noqa: BLE001 - an exception that cannot cross the pipe: its message does
+                conn.send(("error", (None, message, traceback.format_exc())))
         finally:
             conn.close()
         raise SystemExit(1) from None
     conn.send(("done", result))
     conn.close()
-
-
-def _picklable(exc: BaseException) -> bool:
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - any pickling failure means "send the message only"
-        return False
-    return True
 
 
 def _describe_exit(code: int | None) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -60,7 +61,9 @@ class MilvusExportError(RuntimeError):
 def default_collection(index_dir: str | Path) -> str:
     """The collection name used when none is given: ``at_`` + the index directory's name,
     with every character Milvus does not allow in a name (letters, digits, _) replaced by _."""
-    return "at_" + re.sub(r"[^A-Za-z0-9_]", "_", Path(index_dir).resolve().name)
+    # the name as given, made absolute but not resolved: an index is a link to its current
+    # generation (.NAME.gen-N, indexer/generations.py), whose name changes with every rebuild
+    return "at_" + re.sub(r"[^A-Za-z0-9_]", "_", Path(os.path.abspath(index_dir)).name)
 
 
 def connect(uri: str):
