@@ -13,6 +13,7 @@ from embedder.runtime import OpenVINORuntime, TorchRuntime
 
 AVX2 = Capability("cpu", "AMD EPYC", ("avx2", "fma"), native_bf16=False)
 AVX512 = Capability("cpu", "Intel Xeon", ("avx2", "fma", "avx512f", "avx512_vnni"), native_bf16=False)
+AVX512_BF16 = Capability("cpu", "AMD EPYC 9R14", ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"), native_bf16=True)
 AMX = Capability("cpu", "Intel Xeon Sapphire Rapids", ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"), native_bf16=True)
 GPU = Capability("cuda", "NVIDIA H100", (), native_bf16=True)
 OLD_GPU = Capability("cuda", "Tesla T4", (), native_bf16=False)
@@ -36,9 +37,10 @@ def test_auto_never_picks_bf16_without_native_bf16(cap, have_openvino, runtime):
     assert p.runtime == ("openvino" if have_openvino and runtime == "auto" else "torch")
 
 
+@pytest.mark.parametrize("cap", [AVX512_BF16, AMX])
 @pytest.mark.parametrize("have_openvino", [True, False])
-def test_auto_picks_bf16_where_native(have_openvino):
-    p = choose_precision("auto", "auto", AMX, have_openvino)
+def test_auto_picks_bf16_where_native(cap, have_openvino):
+    p = choose_precision("auto", "auto", cap, have_openvino)
     assert p.dtype == "bf16" and p.runtime == ("openvino" if have_openvino else "torch")
     assert "native" in p.reason
 
@@ -72,6 +74,9 @@ def test_cpu_capability_reads_the_flags(tmp_path):
     info.write_text("model name\t: Intel Xeon\nflags\t\t: avx2 fma avx512f avx512_bf16 amx_bf16 amx_int8\n")
     cap = cpu_capability(info)
     assert cap.native_bf16 and "amx_bf16" in cap.flags and "native bf16: yes" in cap.describe()
+    info.write_text("model name\t: AMD EPYC 9R14\nflags\t\t: avx2 fma avx512f avx512_vnni avx512_bf16\n")  # AVX512-BF16 without AMX
+    cap = cpu_capability(info)
+    assert cap.native_bf16 and "avx512_bf16" in cap.flags and "amx_bf16" not in cap.flags
 
 
 # ------------------------------------------------------------------ prefix computed once
