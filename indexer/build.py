@@ -15,8 +15,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +26,7 @@ from tqdm.auto import tqdm
 
 from embedder.embedfilter import embedfilter_projection
 from embedder.encoder import Embedder
-from indexer.corpus import CorpusSpec, Document
+from indexer.corpus import CorpusSpec
 from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.diskspace import NoSpaceError, write_bytes
 from indexer.generations import build_lock, publish_staged, rename_exchange, stage
@@ -36,7 +35,8 @@ from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
 from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
-from indexer.segments import max_over_segments, split_segments
+from indexer.ray_workers import RayOptions
+from indexer.shard_encoder import EmbedderSpec, ShardPlan, chunks, encode_shard
 from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
 from indexer.staging import staging_dir
 from indexer.workers import Reporter, WorkerFailed, run_workers
@@ -56,59 +56,12 @@ DEFAULT_TOP_K = 512
 DEFAULT_SHARD_SIZE = 1024
 
 
-def _chunks(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
-    chunk: list[Document] = []
-    for d in docs:
-        chunk.append(d)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _count_lines(path: Path) -> int | None:
     try:
         with open(path, "rb") as f:
             return sum(1 for _ in f)
     except OSError:
         return None
-
-
-@dataclass(frozen=True)
-class EmbedderSpec:
-    """How a worker process loads the build's embedder (and encoder) again: the arguments of
-    ``Embedder.load`` (and ``SentenceEncoder.load``). ``build-index --workers N`` makes one."""
-
-    model: str
-    adapter: str | None = "default"
-    config: dict = field(default_factory=dict)
-    device: str | None = None
-    dtype: str = "auto"
-    runtime: str | None = "auto"
-    encoder: str | None = None
-
-    def load(self) -> tuple[Embedder, SentenceEncoder | None]:
-        from embedder.encoder import EmbedderConfig
-
-        embedder = Embedder.load(self.model, adapter=self.adapter, config=EmbedderConfig(**self.config), device=self.device, dtype=self.dtype, runtime=self.runtime)
-        encoder = None
-        if self.encoder:
-            from embedder.sentence_encoder import SentenceEncoder
-
-            encoder = SentenceEncoder.load(self.encoder, device=self.device)
-        return embedder, encoder
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What each shard holds: K tokens per document, the embeddings or not, documents per
-    shard, and the segment windows (None: one vector per document; 0: every window; n: at most n)."""
-
-    k: int
-    keep_embeddings: bool
-    shard_size: int
-    windows: int | None = None
 
 
 def build_index(
@@ -128,6 +81,7 @@ def build_index(
     embedder_spec: EmbedderSpec | None = None,
     segments: bool = False,
     max_segments: int | None = None,
+    ray: RayOptions | None = None,
 ) -> Manifest:
     """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written.
 
@@ -141,7 +95,9 @@ def build_index(
     atomically (indexer/shards.py): a build killed at any point resumes, when run again with
     the same arguments, from the shards already committed, and ends with the same index.
     ``workers`` > 1 encodes the shards in that many processes, each loading the embedder
-    from ``embedder_spec``; the index is the same as with one. Memory during encoding is
+    from ``embedder_spec``; the index is the same as with one. ``ray`` encodes the shards on
+    Ray actors instead (indexer/ray_workers.py; ``workers`` is then ignored for
+    ``ray.workers``), committed by this process as a local build commits them. Memory during encoding is
     bounded by one shard; the merge writes the postings through memory maps.
 
     ``segments``: multi-vector documents (indexer/segments.py). A document longer than the
@@ -155,15 +111,15 @@ def build_index(
         raise ValueError("top_k must be positive")
     if chunk_size < 1:
         raise ValueError("chunk_size (the shard size) must be positive")
-    if workers < 1 or (workers > 1 and embedder_spec is None):
-        raise ValueError("workers must be >= 1, and workers > 1 needs embedder_spec (how each worker loads the embedder)")
+    if workers < 1 or ((workers > 1 or ray is not None) and embedder_spec is None):
+        raise ValueError("workers must be >= 1, and workers > 1 or ray need embedder_spec (how each worker loads the embedder)")
     k = min(top_k, embedder.vocab_size)
     keep_embeddings = dense or embedfilter_tau is not None
     if max_segments is not None and max_segments < 1:
         raise ValueError(f"max_segments must be positive, not {max_segments}")
     windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
-    plan = _Plan(k, keep_embeddings, chunk_size, windows)
-    if workers == 1 and getattr(embedder, "runtime_name", None):
+    plan = ShardPlan(k, keep_embeddings, chunk_size, windows)
+    if workers == 1 and ray is None and getattr(embedder, "runtime_name", None):
         # resolve (and, the first time on this machine, probe) the runtime now, so that the
         # shards' key and the manifest name the runtime that really encodes
         embedder.runtime()
@@ -175,7 +131,7 @@ def build_index(
         store = ShardStore(target, _shard_params(spec, embedder, encoder, plan))
         done = False
         try:
-            encode = _encode_all(spec, store, embedder, encoder, plan, progress, workers, embedder_spec)
+            encode = _encode_all(spec, store, embedder, encoder, plan, progress, workers, embedder_spec, ray)
             with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
                 manifest = _merge_into(
                     spec, tmp, store, encode, embedder, plan, dense, dense_kind, embedfilter_tau, lexical, encoder, progress
@@ -201,7 +157,7 @@ def build_index(
     return manifest
 
 
-def _shard_params(spec: CorpusSpec, embedder: Embedder, encoder, plan: _Plan) -> dict:
+def _shard_params(spec: CorpusSpec, embedder: Embedder, encoder, plan: ShardPlan) -> dict:
     """Everything that decides the shards' content: the key of a resumable build."""
     return {
         "format_version": FORMAT_VERSION,
@@ -241,47 +197,8 @@ def _swap_into_place(tmp: Path, target: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: _Plan) -> tuple[dict[str, np.ndarray], dict]:
-    """One shard's arrays and JSON (doc ids, tokens, seconds).
-
-    With segments, ``tokens``/``weights`` are already per document (max over its windows),
-    ``embeddings`` has one row per window and ``row_docs`` the shard-local document of each.
-    """
-    texts = [d.text for d in chunk]
-    units, owner = split_segments(embedder, texts, plan.windows or None) if plan.windows is not None else (texts, None)
-    k = plan.k
-    tok = np.zeros((len(units), k), np.int32)
-    wts = np.zeros((len(units), k), np.float32)
-    emb = np.zeros((len(units), embedder.dim), np.float32) if plan.keep_embeddings else None
-    n_tokens = 0
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        # the document template; the manifest records the query template for the Retriever
-        for pos, h, ntok in embedder.iter_batches(units, role="document"):
-            tok[pos], wts[pos] = embedder.top_tokens(h, k)
-            if emb is not None:
-                emb[pos] = h.cpu().numpy()
-            n_tokens += ntok
-    arrays = {"tokens": tok, "weights": wts}
-    if owner is not None:
-        arrays["tokens"], arrays["weights"] = max_over_segments(tok, wts, owner, len(texts), k)
-        arrays["row_docs"] = owner
-    if emb is not None:
-        arrays["embeddings"] = emb
-    info = embedder.runtime_info()
-    meta = {
-        "ids": [d.doc_id for d in chunk], "n_tokens": n_tokens, "encode_seconds": time.perf_counter() - t0,
-        "runtime": f"{info['name']} {info['dtype']}",  # per shard: a worker may have had to fall back
-    }
-    if encoder is not None:
-        t0 = time.perf_counter()
-        arrays["encoder"] = encoder.encode(texts)
-        meta["encoder_seconds"] = time.perf_counter() - t0
-    return arrays, meta
-
-
 def _encode_shards(
-    spec: CorpusSpec, store_path: Path, embedder: Embedder, encoder, plan: _Plan,
+    spec: CorpusSpec, store_path: Path, embedder: Embedder, encoder, plan: ShardPlan,
     mine: Callable[[int], bool], skip: set[int], progress: bool, position: int = 0,
     starting: Callable[[int], None] | None = None,
 ) -> tuple[int, int]:
@@ -290,12 +207,12 @@ def _encode_shards(
     skipped as empty)."""
     bar = tqdm(total=_count_lines(spec.file), unit="doc", desc=f"indexing {spec.path.name}", disable=not progress, position=position)
     n_tokens, seconds, n_shards = 0, 0.0, 0
-    for number, chunk in enumerate(_chunks(spec, plan.shard_size)):
+    for number, chunk in enumerate(chunks(spec, plan.shard_size)):
         n_shards = number + 1
         if mine(number) and number not in skip:
             if starting is not None:
                 starting(number)
-            arrays, meta = _encode_shard(chunk, embedder, encoder, plan)
+            arrays, meta = encode_shard(chunk, embedder, encoder, plan)
             commit_shard(store_path, number, arrays, meta)
             n_tokens += meta["n_tokens"]
             seconds += meta["encode_seconds"]
@@ -315,12 +232,15 @@ def _worker(job: tuple, reporter: Reporter) -> tuple[int, int]:
 
 
 def _encode_all(
-    spec: CorpusSpec, store: ShardStore, embedder: Embedder, encoder, plan: _Plan,
-    progress: bool, workers: int, embedder_spec: EmbedderSpec | None,
+    spec: CorpusSpec, store: ShardStore, embedder: Embedder, encoder, plan: ShardPlan,
+    progress: bool, workers: int, embedder_spec: EmbedderSpec | None, ray: RayOptions | None = None,
 ) -> dict:
-    """Make sure every shard is committed; returns {"n_shards", "n_empty", "resumed"}."""
+    """Make sure every shard is committed; returns {"n_shards", "n_empty", "resumed", "executor"}."""
     skip = store.committed()
-    if workers == 1:
+    executor: dict = {"executor": "local", "workers": workers}
+    if ray is not None:
+        n_shards, n_empty, executor = _encode_on_ray(spec, store, plan, progress, embedder_spec, ray, skip)
+    elif workers == 1:
         n_shards, n_empty = _encode_shards(spec, store.path, embedder, encoder, plan, lambda i: True, skip, progress)
     else:
         from indexer.corpus import CorpusError
@@ -336,7 +256,31 @@ def _encode_all(
     if n_shards == 0:
         raise ValueError(f"{spec.file}: no documents to index")
     spec.n_empty = n_empty
-    return {"n_shards": n_shards, "n_empty": n_empty, "resumed": len(skip & set(range(n_shards)))}
+    return {"n_shards": n_shards, "n_empty": n_empty, "resumed": len(skip & set(range(n_shards))), "executor": executor}
+
+
+def _encode_on_ray(
+    spec: CorpusSpec, store: ShardStore, plan: ShardPlan, progress: bool, embedder_spec: EmbedderSpec, options: RayOptions, skip: set[int],
+) -> tuple[int, int, dict]:
+    """The shards not in ``skip`` encoded by Ray actors and committed here: (shards, empty, executor)."""
+    from indexer.ray_workers import encode_on_ray
+
+    count = {"shards": 0}
+
+    def todo() -> Iterator[tuple[int, list]]:
+        for number, chunk in enumerate(chunks(spec, plan.shard_size)):
+            count["shards"] = number + 1
+            if number not in skip:
+                yield number, chunk
+
+    def commit(number: int, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        commit_shard(store.path, number, arrays, meta)
+
+    total = _count_lines(spec.file)
+    if total is not None:  # the bar counts what is encoded now, not the shards a rerun resumes from
+        total = max(0, total - len(skip) * plan.shard_size)
+    executor = encode_on_ray(todo(), commit, embedder_spec, plan, options, total_docs=total, progress=progress)
+    return count["shards"], spec.n_empty, executor
 
 
 def _merge_into(
@@ -345,7 +289,7 @@ def _merge_into(
     store: ShardStore,
     encode: dict,
     embedder: Embedder,
-    plan: _Plan,
+    plan: ShardPlan,
     dense: bool,
     dense_kind: str,
     embedfilter_tau: int | None,
@@ -432,6 +376,7 @@ def _merge_into(
             "n_tokens": n_tokens,
             "shards": encode["n_shards"],
             "shards_resumed": encode["resumed"],
+            "executor": encode["executor"],
             "encoded_with": _runtimes_of(metas),
             **({"encoder_seconds": round(encoder_seconds, 3)} if encoder is not None else {}),
             "device": embedder.device,

@@ -13,6 +13,7 @@ from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
 from indexer.corpus import CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
+from indexer.ray_workers import RayOptions, RayUnavailable, import_ray
 from indexer.shards import BuildInProgress
 from indexer.workers import WorkerFailed
 
@@ -69,7 +70,18 @@ def parser() -> argparse.ArgumentParser:
         "--shard-size", type=int, default=DEFAULT_SHARD_SIZE,
         help=f"documents per committed shard (default {DEFAULT_SHARD_SIZE}): a killed build rerun with the same command resumes from the last committed shard",
     )
-    p.add_argument("--workers", type=int, default=1, help="processes encoding shards (each loads the model; the cores are split between them)")
+    p.add_argument(
+        "--workers", type=int,
+        help="processes encoding shards, each loading the model (default 1; the cores are split between them). "
+        "With --ray: Ray workers (default: as many as the cluster's CPUs allow)",
+    )
+    p.add_argument(
+        "--ray", metavar="ADDRESS",
+        help="encode the shards on a Ray cluster: 'auto' (the cluster this machine belongs to), HOST:PORT of its head, "
+        "or ray://HOST:10001 (Ray Client). Shards come back to this process and are committed beside --index, as locally. "
+        "Needs the ray extra (pip install -e '.[ray]')",
+    )
+    p.add_argument("--cpus-per-worker", type=int, default=1, help="with --ray: CPUs each Ray worker reserves (and its threads)")
     p.add_argument("--export-pyserini", type=Path, metavar="DIR", help="also export a Pyserini impact index (JsonVectorCollection + Lucene) to DIR")
     p.add_argument("--export-milvus", metavar="URI", help="also export to a Milvus collection: a Milvus Lite file path or a server address (http://host:19530)")
     p.add_argument("--milvus-collection", help="collection name for --export-milvus (default: at_<index directory name>)")
@@ -97,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             settings["query_prompt"] = None if args.query_prompt == "none" else args.query_prompt
         settings |= {"max_length": args.max_length, "batch_size": args.batch_size, "fold_all_caps": not args.keep_case}
         channels, options, default = channel_set.resolve(args.channels, args.dense, args.embedfilter, args.lexical, args.encoder)
+        ray = None
+        if args.ray:
+            import_ray()  # says how to install it before the model loads
+            ray = RayOptions(args.ray, args.workers, args.cpus_per_worker)
         embedder = Embedder.load(args.model, adapter=args.adapter, device=args.device, dtype=args.dtype, runtime=args.runtime, settings=settings)
         # --workers load the same embedder again, with the settings resolved here
         embedder_spec = EmbedderSpec(
@@ -116,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         m = build_index(
             spec, args.index, embedder, args.top_k, options["dense"], args.dense_kind,
             overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=options.get("embedfilter_tau"), lexical=options.get("lexical"),
-            encoder=encoder, chunk_size=args.shard_size, workers=args.workers, embedder_spec=embedder_spec,
-            segments=args.segments, max_segments=args.max_segments,
+            encoder=encoder, chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec,
+            segments=args.segments, max_segments=args.max_segments, ray=ray,
         )
-    except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed) as exc:  # FileExistsError is an OSError
+    except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed, RayUnavailable) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)
         return 2
     size = index_size_bytes(args.index)

@@ -3,46 +3,13 @@ uninterrupted build makes, byte for byte; a multi-worker build equals a single-p
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from _builds import ENV, assert_same_index, build_cmd, committed, run
 from conftest import REPO, listing, toy_docs, write_corpus
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-# fields of the manifest that say when and how fast, not what was built
-TIMING_FIELDS = ("build", "created", "checksum")
-
-
-def build_cmd(corpus: Path, target: Path, model: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "indexer.cli", "--corpus", str(corpus), "--index", str(target), "--model", str(model),
-            "--adapter", "none", "--top-k", "16", "--dense", "--lexical", "words", "--shard-size", "20", "--quiet", *extra]  # fmt: skip
-
-
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return proc
-
-
-def assert_same_index(a: Path, b: Path) -> None:
-    """Every file byte for byte; the manifests equal but for their timing fields."""
-    files_a = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
-    files_b = sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
-    assert files_a == files_b
-    for rel in files_a:
-        if rel != "manifest.json":
-            assert (a / rel).read_bytes() == (b / rel).read_bytes(), f"{rel} differs"
-    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
-    assert {k: v for k, v in ma.items() if k not in TIMING_FIELDS} == {k: v for k, v in mb.items() if k not in TIMING_FIELDS}
-
-
-def committed(target: Path) -> list[Path]:
-    return sorted(target.parent.glob(f".{target.name}.shards-*/shard-*"))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,113 @@
+"""Encoding one shard of a build: the unit every executor runs (this process, ``--workers``
+processes, Ray actors) and the same function in each, so every executor builds the same index.
+
+A shard is ``ShardPlan.shard_size`` consecutive documents of the corpus (``chunks``); encoding
+it gives the arrays and the JSON that indexer/shards.py commits. ``EmbedderSpec`` says how a
+worker that is not this process loads the build's embedder again.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from embedder.encoder import Embedder
+from indexer.corpus import Document
+from indexer.segments import max_over_segments, split_segments
+
+if TYPE_CHECKING:
+    from embedder.sentence_encoder import SentenceEncoder
+
+
+def chunks(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    """Consecutive lists of ``size`` documents (the last one shorter): the shards of a corpus."""
+    chunk: list[Document] = []
+    for d in docs:
+        chunk.append(d)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+@dataclass(frozen=True)
+class EmbedderSpec:
+    """How a worker process loads the build's embedder (and encoder) again: the arguments of
+    ``Embedder.load`` (and ``SentenceEncoder.load``). ``build-index --workers N`` makes one."""
+
+    model: str
+    adapter: str | None = "default"
+    config: dict = field(default_factory=dict)
+    device: str | None = None
+    dtype: str = "auto"
+    runtime: str | None = "auto"
+    encoder: str | None = None
+
+    def load(self) -> tuple[Embedder, SentenceEncoder | None]:
+        from embedder.encoder import EmbedderConfig
+
+        embedder = Embedder.load(self.model, adapter=self.adapter, config=EmbedderConfig(**self.config), device=self.device, dtype=self.dtype, runtime=self.runtime)
+        encoder = None
+        if self.encoder:
+            from embedder.sentence_encoder import SentenceEncoder
+
+            encoder = SentenceEncoder.load(self.encoder, device=self.device)
+        return embedder, encoder
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """What each shard holds: K tokens per document, the embeddings or not, documents per
+    shard, and the segment windows (None: one vector per document; 0: every window; n: at most n)."""
+
+    k: int
+    keep_embeddings: bool
+    shard_size: int
+    windows: int | None = None
+
+
+def encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: ShardPlan) -> tuple[dict[str, np.ndarray], dict]:
+    """One shard's arrays and JSON (doc ids, tokens, seconds).
+
+    With segments, ``tokens``/``weights`` are already per document (max over its windows),
+    ``embeddings`` has one row per window and ``row_docs`` the shard-local document of each.
+    """
+    texts = [d.text for d in chunk]
+    units, owner = split_segments(embedder, texts, plan.windows or None) if plan.windows is not None else (texts, None)
+    k = plan.k
+    tok = np.zeros((len(units), k), np.int32)
+    wts = np.zeros((len(units), k), np.float32)
+    emb = np.zeros((len(units), embedder.dim), np.float32) if plan.keep_embeddings else None
+    n_tokens = 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        # the document template; the manifest records the query template for the Retriever
+        for pos, h, ntok in embedder.iter_batches(units, role="document"):
+            tok[pos], wts[pos] = embedder.top_tokens(h, k)
+            if emb is not None:
+                emb[pos] = h.cpu().numpy()
+            n_tokens += ntok
+    arrays = {"tokens": tok, "weights": wts}
+    if owner is not None:
+        arrays["tokens"], arrays["weights"] = max_over_segments(tok, wts, owner, len(texts), k)
+        arrays["row_docs"] = owner
+    if emb is not None:
+        arrays["embeddings"] = emb
+    info = embedder.runtime_info()
+    meta = {
+        "ids": [d.doc_id for d in chunk], "n_tokens": n_tokens, "encode_seconds": time.perf_counter() - t0,
+        "runtime": f"{info['name']} {info['dtype']}",  # per shard: a worker may have had to fall back
+    }
+    if encoder is not None:
+        t0 = time.perf_counter()
+        arrays["encoder"] = encoder.encode(texts)
+        meta["encoder_seconds"] = time.perf_counter() - t0
+    return arrays, meta
+
+
+__all__ = ["EmbedderSpec", "ShardPlan", "chunks", "encode_shard"]
