@@ -139,6 +139,40 @@ class DistilledQueryEncoder:
         return cls(head.eval(), record, directory)
 
 
+class LMHead:
+    """The LLM's own LM head for distilled queries: top-M aligned tokens of a student's h.
+
+    With no LLM forward left on the query path, the product over the whole vocabulary (49,152 x
+    576 for the default backbone) is the largest cost of a distilled query, and it is bound by
+    reading the weights. So it runs in the precision ``embedder.hardware.lm_head_dtype`` chooses
+    for the CPU: fp16 (half the bytes) where F16C converts in hardware. The LLM's own path keeps
+    fp32 (``Embedder.top_tokens``).
+    """
+
+    def __init__(self, weight: torch.Tensor, dtype: str = "fp32") -> None:
+        if dtype not in ("fp32", "fp16"):
+            raise ValueError(f"LM head dtype must be fp32 or fp16, not {dtype!r}")
+        self.dtype = dtype
+        self._torch_dtype = torch.float16 if dtype == "fp16" else torch.float32
+        self.weight = weight.detach().to(self._torch_dtype).contiguous()
+
+    @classmethod
+    def of(cls, embedder: Any, dtype: str | None = None) -> LMHead:
+        """``embedder``'s LM head, in ``dtype`` (None: the one its device's capability calls for)."""
+        from embedder.hardware import device_capability, lm_head_dtype
+
+        if dtype is None:
+            dtype = lm_head_dtype(device_capability(str(getattr(embedder, "device", "cpu"))))
+        return cls(embedder.causal_lm.get_output_embeddings().weight, dtype)
+
+    @torch.inference_mode()
+    def top_tokens(self, h: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k token ids (n, k) int32 and their logits (n, k) float32, best first."""
+        x = torch.as_tensor(np.ascontiguousarray(h, dtype=np.float32), device=self.weight.device).to(self._torch_dtype)
+        vals, ids = torch.topk(x @ self.weight.T, min(k, self.weight.shape[0]), dim=-1)
+        return ids.cpu().numpy().astype(np.int32), vals.float().cpu().numpy()
+
+
 def student_beside(adapter: dict | None) -> Path | None:
     """The student kept in an adapter's folder (``ADAPTER/query-encoder/``, where the package ships
     one for a shipped adapter and ``distill-query-encoder --beside-adapter`` writes one); None where there is none."""
@@ -154,6 +188,7 @@ __all__ = [
     "SHIPPED_SUBDIR",
     "STUDENT_FILE",
     "DistilledQueryEncoder",
+    "LMHead",
     "QueryEncoderMismatch",
     "make_head",
     "student_beside",

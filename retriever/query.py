@@ -6,7 +6,7 @@ the matched tokens.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,11 +66,12 @@ def encode_queries(
 
 def queries_from_states(
     embedder: Embedder, queries: Sequence[str], h: np.ndarray, m: int = DEFAULT_EXPANSION_M, literal: str = "both",
-    query_encoder: str = "llm",
+    query_encoder: str = "llm", top_tokens: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> list[EncodedQuery]:
     """Queries from their pooled states ``h`` (n, d), whoever computed them (the LLM or a
-    distilled student, embedder/query_encoder.py): literal tokens plus the top-M of W_lm h."""
-    top_ids, _ = embedder.top_tokens(h, m) if m > 0 else (np.zeros((len(queries), 0), np.int32), None)
+    distilled student, embedder/query_encoder.py): literal tokens plus the top-M of W_lm h
+    (``top_tokens``: how W_lm h's top tokens are taken; default ``embedder.top_tokens``, fp32)."""
+    top_ids, _ = (top_tokens or embedder.top_tokens)(h, m) if m > 0 else (np.zeros((len(queries), 0), np.int32), None)
     out = []
     for i, q in enumerate(queries):
         lit = literal_ids(embedder, q, literal)

@@ -173,6 +173,7 @@ class Retriever:
         self.encoder = encoder
         self._explainer: TokenExplainer | None = None
         self.student, self._student_encoder = self._query_encoder(query_encoder)
+        self._student_head = None  # the LM head of distilled queries (embedder.query_encoder.LMHead), made on first use
         self.query_cache = QueryCache(query_cache_size)
 
     @property
@@ -362,7 +363,12 @@ class Retriever:
         if llm:
             if self.student is not None:
                 h = self.student.states(sentence)
-                encoded = queries_from_states(self.embedder, queries, h, self.expansion_m, self.literal, self.student.name)
+                if self._student_head is None:
+                    from embedder.query_encoder import LMHead
+
+                    self._student_head = LMHead.of(self.embedder)
+                encoded = queries_from_states(self.embedder, queries, h, self.expansion_m, self.literal, self.student.name,
+                                              top_tokens=self._student_head.top_tokens)  # fmt: skip
             else:
                 encoded = encode_queries(self.embedder, queries, self.expansion_m, self.literal)
             if self.query_weighting == "idf":

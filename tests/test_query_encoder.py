@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from embedder.query_encoder import DistilledQueryEncoder, QueryEncoderMismatch, make_head, teacher_identity
+from embedder.query_encoder import DistilledQueryEncoder, LMHead, QueryEncoderMismatch, make_head, teacher_identity
 from retriever.query import EncodedQuery, encode_queries
 from retriever.query_cache import QueryCache
 
@@ -163,6 +163,34 @@ def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embe
     np.testing.assert_allclose(np.stack([q.embedding for q in got]), student.states(x), rtol=0, atol=1e-6)
     hits = r.search(QUERIES[1], k=3, mode="hybrid")
     assert hits and all(h.query_encoder == "distilled:beside" for h in hits)
+    # the expansion: the literal tokens, then W_lm h's top tokens through the student's LM head
+    head = LMHead.of(tiny_embedder)
+    top, _ = head.top_tokens(student.states(x), r.expansion_m)
+    for q, ids in zip(got, top):
+        assert q.tokens[q.n_literal:].tolist() == [t for t in ids.tolist() if t not in q.tokens[: q.n_literal].tolist()]
+
+
+def test_the_lm_head_precision_follows_the_cpu():
+    from embedder.hardware import Capability, lm_head_dtype
+
+    assert lm_head_dtype(Capability("cpu", "AMD EPYC", ("avx2", "fma", "f16c"))) == "fp16"
+    assert lm_head_dtype(Capability("cpu", "old x86", ("avx",))) == "fp32"  # no hardware half-float conversion
+    assert lm_head_dtype(Capability("cuda", "H100", (), native_bf16=True)) == "fp32"
+
+
+def test_the_half_precision_lm_head_keeps_the_top_tokens(tiny_embedder):
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((32, tiny_embedder.dim)).astype(np.float32)
+    want_ids, want_vals = tiny_embedder.top_tokens(h, 16)
+    ids32, vals32 = LMHead.of(tiny_embedder, "fp32").top_tokens(h, 16)
+    assert (ids32 == want_ids).all()
+    np.testing.assert_allclose(vals32, want_vals, rtol=1e-6, atol=1e-6)
+    ids16, vals16 = LMHead.of(tiny_embedder, "fp16").top_tokens(h, 16)
+    overlap = [len(set(a) & set(b)) / 16 for a, b in zip(ids16.tolist(), want_ids.tolist())]
+    assert min(overlap) >= 14 / 16 and np.mean(overlap) >= 0.97  # only near-ties at the cut may swap
+    np.testing.assert_allclose(np.sort(vals16, axis=1), np.sort(want_vals, axis=1), atol=0.05 * np.abs(want_vals).max())
+    with pytest.raises(ValueError, match="fp32 or fp16"):
+        LMHead(torch.zeros(4, 2), "int8")
 
 
 def test_a_student_of_another_adapter_is_refused_at_load(encoder_index, tiny_embedder, make_embedder, tmp_path):
