@@ -71,9 +71,9 @@ def cpu_capability(cpuinfo: Path = Path("/proc/cpuinfo")) -> Capability:
 def lm_head_dtype(cap: Capability) -> str:
     """The precision of the LM-head product for distilled queries (embedder/query_encoder.py):
     "fp16" where the CPU converts half floats in hardware (F16C, on every x86 CPU with AVX2), so
-    that one query's product over the whole vocabulary reads half the bytes (measured 2x faster
-    than fp32 on 2 AVX2 cores; top-64 tokens 99.9% the same on average, at worst 63 of 64, see
-    speed-and-precision.md); else "fp32". A GPU keeps fp32: there the product is not the cost."""
+    that one query's product over the whole vocabulary, bound by reading the weights, reads half
+    the bytes (docs/speed-and-precision.md); else "fp32". A GPU keeps fp32: there the product is
+    not the cost."""
     return "fp16" if cap.device == "cpu" and "f16c" in cap.flags else "fp32"
 
 
