@@ -301,3 +301,24 @@ def test_cli_trains_an_epoch_in_chunks_and_resumes_an_interrupted_one(tiny_model
     capsys.readouterr()
     assert train_main(args) == 2
     assert "is complete" in capsys.readouterr().err
+
+
+def test_a_chunks_lr_decays_with_the_epoch_after_its_own_warm_up():
+    from training.loop import make_scheduler
+
+    def lrs(recipe, total, offset, steps):
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=recipe.lr)
+        sched = make_scheduler(opt, recipe, total, offset)
+        out = []
+        for _ in range(steps):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out
+
+    recipe = pair_recipe(schedule="linear", warmup_steps=2, lr=1.0)
+    whole = lrs(recipe, 10, 0, 10)
+    chunk = lrs(recipe, 10, 6, 4)  # steps 6..9 of the same epoch
+    assert chunk[0] == pytest.approx(0.5) and chunk[1] == pytest.approx(whole[7])  # ramp, capped by the decay
+    assert chunk[2:] == pytest.approx(whole[8:])
+    assert lrs(recipe, 10, 0, 10) == whole == pytest.approx([0.5, 1.0] + [(10 - s) / 8 for s in range(2, 10)])

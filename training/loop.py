@@ -165,10 +165,10 @@ def make_scheduler(
 
     def factor(step: int) -> float:
         ramp = (step + 1) / warm if warm and step < warm else 1.0
-        if recipe.schedule == "linear":
-            decay = max(0.0, (total - step - offset) / max(total - warm, 1))
-            return min(ramp, decay) if offset else (ramp if ramp < 1.0 else decay)
-        return ramp
+        if recipe.schedule != "linear" or (warm and step < warm and not offset):
+            return ramp
+        decay = max(0.0, (total - step - offset) / max(total - warm, 1))
+        return min(ramp, decay, 1.0) if offset else decay
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
