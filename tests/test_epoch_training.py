@@ -286,6 +286,7 @@ def test_cli_trains_an_epoch_in_chunks_and_resumes_an_interrupted_one(tiny_model
     assert train_main([*args[:-1], "5"]) == 0  # resumes chunk 1 as planned (2 batches), from its checkpoint
     state = EpochState.load(run / "epoch.json")
     assert (state.position, state.pending, len(state.chunks)) == (2, None, 1)
+    assert not (run / "chunk-0001" / "checkpoints").exists()  # committed: the adapter is what the next chunk reads
     assert train_main(args) == 0  # chunk 2: the last batch, from chunk 1's adapter
     state = EpochState.load(run / "epoch.json")
     assert state.done and [c["end"] for c in state.chunks] == [2, 3]

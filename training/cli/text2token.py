@@ -6,6 +6,7 @@ The trainer is training/text2token/trainer.py; the recipes are training/text2tok
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -254,6 +255,7 @@ def _run_chunk(trainer, epoch: _EpochChunk, resume: bool) -> int:
     """Train the pending chunk (resuming its checkpoints) and, once its adapter is written, commit the position."""
     from embedder.hardware import device_capability
     from training.epoch import commit_chunk
+    from training.loop import CHECKPOINTS
 
     result = trainer.train(resume=resume)
     if not result.completed:
@@ -268,6 +270,9 @@ def _run_chunk(trainer, epoch: _EpochChunk, resume: bool) -> int:
         "device": device_capability(device).describe(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
+    # The next chunk starts from the adapter: the committed chunk's checkpoints (~20 MB each) are
+    # dead weight, and a run folder carried between sessions stays small without them.
+    shutil.rmtree(epoch.chunk_dir / CHECKPOINTS, ignore_errors=True)
     s = epoch.state
     seen = sum(c["pairs"] for c in s.chunks)
     print(f"train-text2token: chunk {s.chunks[-1]['chunk']} committed: position {s.position} of {s.batches} batches, "
