@@ -20,7 +20,7 @@ from test_contrastive_training import make_pair_trainer, pair_recipe, write_pair
 from training.epoch import EpochState, EpochStateError, begin_chunk, commit_chunk, epoch_plan, open_epoch
 from training.hard_negatives import attach_bm25_negatives, mine_bm25, source_negatives
 from training.objectives.contrastive import candidate_mask, listwise_kl, text_key
-from training.pairs import load_pairs
+from training.pairs import load_pairs, pair_batches
 from training.teacher import TeacherEmbeddings
 from training.text2token.recipe import Stage
 
@@ -243,7 +243,7 @@ def fake_teacher(texts, calls):
         v = np.asarray(vecs, np.float32)
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
-    return TeacherEmbeddings(encode, "fake-teacher", texts, None, progress=False)
+    return TeacherEmbeddings(encode, "fake-teacher", texts, None, progress=False, dim=12)
 
 
 def test_teacher_term_is_added_with_its_weight_and_each_text_is_encoded_once(make_embedder, tmp_path):
@@ -260,7 +260,10 @@ def test_teacher_term_is_added_with_its_weight_and_each_text_is_encoded_once(mak
     for h in res.history:
         assert h["teacher_kl"] > 0
         assert h["loss"] == pytest.approx(h["contrastive"] + 0.5 * h["teacher_kl"], rel=1e-5)
-    assert len(calls) - 1 == len(set(calls[1:]))  # one probe for the width, then every text once
+    assert sorted(calls) == sorted(set(calls))  # every text once
+    plan = pair_batches(pairs.sources, 3, 8, recipe.seed, 0)  # the stage's batches: their texts, no other
+    src = pairs.sources[0]
+    assert set(calls) == {pairs.texts[r] for _, rows in plan for r in np.concatenate([src.anchor[rows], src.positive[rows]])}
     record = json.loads((res.adapter_dir / "text2token.json").read_text())
     assert record["teacher"] == "fake-teacher" and record["recipe"]["teacher_kl_weight"] == 0.5
     with pytest.raises(ValueError, match="needs a teacher"):

@@ -24,17 +24,21 @@ class TeacherEmbeddings:
     """Teacher embeddings of rows of ``texts``: :meth:`prepare` them, then read them as a tensor.
 
     encode: the teacher (e.g. ``SentenceEncoder.encode``). identity: what decides its output
-    (weights hash), which names the cache folder. cache_dir: None = in memory only.
+    (weights hash), which names the cache folder. cache_dir: None = in memory only. dim: the
+    embedding width (None: found by encoding one text).
     """
 
-    def __init__(self, encode: Encode, identity: str, texts: Sequence[str], cache_dir: Path | None = None, progress: bool = True) -> None:
+    def __init__(
+        self, encode: Encode, identity: str, texts: Sequence[str], cache_dir: Path | None = None, progress: bool = True,
+        dim: int | None = None,
+    ) -> None:
         self.encode = encode
         self.identity = identity
         self.texts = texts
         self.cache_dir = Path(cache_dir) / identity if cache_dir is not None else None
         self.progress = progress
         self._rows: dict[int, np.ndarray] = {}
-        self._shape: tuple[int, ...] | None = None
+        self._shape: tuple[int, ...] | None = (dim,) if dim is not None else None
 
     @classmethod
     def minilm(cls, texts: Sequence[str], cache_dir: Path | None = None, name: str = "minilm", progress: bool = True) -> TeacherEmbeddings:
@@ -43,7 +47,7 @@ class TeacherEmbeddings:
 
         device = "cuda" if torch.cuda.is_available() else None
         enc = SentenceEncoder.load(name, device=device)
-        return cls(lambda part: enc.encode(list(part)), f"{enc.name}-{enc.identity['sha256'][:20]}", texts, cache_dir, progress)
+        return cls(lambda part: enc.encode(list(part)), f"{enc.name}-{enc.identity['sha256'][:20]}", texts, cache_dir, progress, enc.dim)
 
     def prepare(self, rows: Iterable[int]) -> int:
         """Compute (or read from the cache) the embeddings of ``rows`` not yet held; returns how many were new here."""
