@@ -152,16 +152,23 @@ def _load_adapter_weights(peft_model, name: str, backbone: str, recipe: TrainRec
     return str(path)
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, recipe: TrainRecipe, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over ``warmup_steps``, then constant or a linear decay to 0 at ``total_steps``."""
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, recipe: TrainRecipe, total_steps: int, offset: int = 0
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over ``warmup_steps``, then constant or a linear decay to 0 at ``total_steps``.
+
+    offset: this run is a chunk of a longer one (training/epoch.py) that starts at step ``offset``
+    of ``total_steps``: the decay follows the long run's step, and the warm-up is the chunk's own
+    (each chunk starts a fresh optimizer, whose moments must build up again).
+    """
     total, warm = max(total_steps, 1), recipe.warmup_steps
 
     def factor(step: int) -> float:
-        if warm and step < warm:
-            return (step + 1) / warm
-        if recipe.schedule == "linear":
-            return max(0.0, (total - step) / max(total - warm, 1))
-        return 1.0
+        ramp = (step + 1) / warm if warm and step < warm else 1.0
+        if recipe.schedule != "linear" or (warm and step < warm and not offset):
+            return ramp
+        decay = max(0.0, (total - step - offset) / max(total - warm, 1))
+        return min(ramp, decay, 1.0) if offset else decay
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
@@ -231,13 +238,20 @@ class TrainingLoop:
     write_adapter: AdapterWriter
     name: str
     progress: bool = True
+    # A chunk of a longer run (training/epoch.py): its first step is step schedule_offset of
+    # schedule_total, for the LR decay (None: this run is the whole schedule).
+    schedule_offset: int = 0
+    schedule_total: int | None = None
+    # One JSON line per optimizer step (the history row), appended and flushed as the step ends,
+    # so that a killed run's per-step losses and seconds survive (None: none written).
+    step_log: Path | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
         self.total_steps = sum(s.steps for s in self.stages)
         self.params = [p for p in self.trainable.values() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=self.recipe.lr, weight_decay=self.recipe.weight_decay)
-        self.scheduler = make_scheduler(self.optimizer, self.recipe, self.total_steps)
+        self.scheduler = make_scheduler(self.optimizer, self.recipe, self.schedule_total or self.total_steps, self.schedule_offset)
 
     # ------------------------------------------------------- checkpoints
     def save_checkpoint(self, step: int, history: list[dict]) -> None:
@@ -337,6 +351,9 @@ class TrainingLoop:
                  "seconds": round(now - t_step, 3), "tokens_per_s": round(tokens_run / elapsed, 1), **readings}
             )
             t_step = now
+            if self.step_log is not None:
+                with open(self.step_log, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(history[-1], sort_keys=True) + "\n")
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {step + 1} (stage {k + 1}: {stage.name})")
             bar.update(1)

@@ -40,6 +40,8 @@ class PairSource:
     anchor: np.ndarray
     positive: np.ndarray
     negative: np.ndarray
+    # rows of mined hard negatives (training/hard_negatives.py), -1 = none; None = not mined
+    mined: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.anchor)

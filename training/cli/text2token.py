@@ -6,13 +6,18 @@ The trainer is training/text2token/trainer.py; the recipes are training/text2tok
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from training.cli.common import add_prompt_arguments, fail, recipe_with_args, report_adapter, set_threads, setup, staged_parser
-from training.text2token.recipe import RECIPES, Stage
+from training.text2token.recipe import RECIPES, Recipe, Stage
+
+if TYPE_CHECKING:  # the CLI imports torch only once it runs
+    from training.epoch import EpochState, Plan
 
 
 def parser() -> argparse.ArgumentParser:
@@ -74,6 +79,20 @@ def parser() -> argparse.ArgumentParser:
         help="folder caching targets per corpus/model/config, or 'none' (default: the model cache)",
     )
     p.add_argument("--targets-only", action="store_true", help="compute and cache the targets, then stop")
+    g = p.add_argument_group("issue 30: one epoch in chunks, hard negatives, a teacher")
+    g.add_argument(
+        "--epoch-chunk", type=int, metavar="STEPS",
+        help="train the next STEPS batches of one epoch over --pairs (every pair once, one source per batch, batch >= 32), "
+        "from the adapter the last chunk committed; each chunk is a run in OUTPUT/chunk-NNNN, the position is in --epoch-state",
+    )
+    g.add_argument("--epoch-state", type=Path, help="the epoch's position file (default: OUTPUT/epoch.json)")
+    g.add_argument("--hard-negatives", choices=["none", "bm25"], help="extra negatives: each anchor's best BM25 hit among "
+                   "its source's other positives (mined once per file and cached)")
+    g.add_argument("--negatives-cache", help="folder caching mined negatives, or 'none' (default: the model cache)")
+    g.add_argument("--teacher-kl-weight", type=float, help="weight of the listwise KL to MiniLM's in-batch similarity "
+                   "distribution, beside InfoNCE (0 = off)")
+    g.add_argument("--teacher-temperature", type=float, help="temperature of the teacher's softmax (default 0.05)")
+    g.add_argument("--teacher-cache", help="folder caching teacher embeddings per text, or 'none' (default: the model cache)")
     return p
 
 
@@ -113,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail(prog, exc)
     from training.pairs import PairsFileError, holdout_texts, load_pairs
 
+    if args.teacher_kl_weight and not args.pairs:
+        return fail(prog, "--teacher-kl-weight needs --pairs (it distils the pairs stage's similarities)")
+    if args.epoch_chunk is not None and (args.corpus or [s.target for s in recipe.stages if s.steps] != ["pairs"]):
+        return fail(prog, "--epoch-chunk trains one pairs stage: a contrastive recipe (e.g. --recipe contrastive), no --corpus")
     has_pairs_stage = any(s.target == "pairs" and s.steps for s in recipe.stages)
     if has_pairs_stage != bool(args.pairs):
         return fail(
@@ -139,11 +162,28 @@ def main(argv: list[str] | None = None) -> int:
         return fail(prog, "the corpus holds no documents")
     cache = None if args.targets_cache == "none" else Path(args.targets_cache or cache_dir() / "text2token-targets")
     t0 = time.perf_counter()
+    run_dir, extra, epoch = args.output, {}, None
     try:
+        if args.epoch_chunk is not None:
+            epoch = _begin_epoch_chunk(args, recipe, pairs)
+            recipe, run_dir = epoch.recipe, epoch.chunk_dir
+            extra = {"pair_plan": epoch.plan[epoch.start : epoch.end], "schedule": (epoch.start, len(epoch.plan)),
+                     "step_log": args.output / "steps.jsonl"}
+            info["epoch"] = {"state": str(epoch.state_path), "batches": [epoch.start, epoch.end], "of": len(epoch.plan)}
+        if pairs is not None and recipe.hard_negatives == "bm25":
+            from training.hard_negatives import attach_bm25_negatives
+
+            neg_cache = None if args.negatives_cache == "none" else Path(args.negatives_cache or cache_dir() / "bm25-negatives")
+            attach_bm25_negatives(pairs, neg_cache)
+        if recipe.teacher_kl_weight > 0:
+            from training.teacher import TeacherEmbeddings
+
+            t_cache = None if args.teacher_cache == "none" else Path(args.teacher_cache or cache_dir() / "teacher-embeddings")
+            extra["teacher"] = TeacherEmbeddings.minilm(pairs.texts, t_cache, progress=not args.quiet)
         trainer = Text2TokenTrainer(
-            recipe, texts, args.output, cache_dir=cache, progress=not args.quiet, corpus_info=info, pairs=pairs
+            recipe, texts, run_dir, cache_dir=cache, progress=not args.quiet, corpus_info=info, pairs=pairs, **extra
         )
-    except ModelNotAvailable as exc:
+    except (ModelNotAvailable, ValueError) as exc:
         return fail(prog, exc)
     set_threads(args.threads)
     print(
@@ -164,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.targets_only:
         return 0
+    if epoch is not None:
+        return _run_chunk(trainer, epoch, resume=not args.no_resume)
     result = trainer.train(resume=not args.no_resume)
     first = result.history[0]["loss"] if result.history else float("nan")
     last = result.history[-1]["loss"] if result.history else float("nan")
@@ -172,6 +214,69 @@ def main(argv: list[str] | None = None) -> int:
         f"train-text2token: done in {time.perf_counter() - t0:.0f} s ({rate:.0f} training tokens/s), loss {first:.4f} -> {last:.4f}"
     )
     report_adapter(result, recipe.model)
+    return 0
+
+
+@dataclass
+class _EpochChunk:
+    """The chunk of the epoch this call trains (training/epoch.py)."""
+
+    state: EpochState
+    state_path: Path
+    plan: Plan
+    start: int
+    end: int
+    chunk_dir: Path
+    recipe: Recipe
+
+
+def _begin_epoch_chunk(args: argparse.Namespace, recipe: Recipe, pairs) -> _EpochChunk:
+    """Plan the epoch, read its position, and record the chunk to train as pending (ValueError if none is left)."""
+    from training.epoch import begin_chunk, epoch_plan, open_epoch
+
+    plan = epoch_plan(pairs.sources, recipe.batch_size, recipe.seed)
+    state_path = args.epoch_state or args.output / "epoch.json"
+    state = open_epoch(state_path, pairs, plan, recipe.batch_size, recipe.seed)
+    if state.done:
+        raise ValueError(f"the epoch in {state_path} is complete ({state.batches} batches, {state.pairs} pairs)")
+    args.output.mkdir(parents=True, exist_ok=True)
+    start, end, chunk_dir = begin_chunk(state, state_path, args.epoch_chunk, args.output)
+    init = state.adapter_path(state_path) or recipe.init_adapter
+    chunk_recipe = replace(recipe, stages=(Stage("pairs", end - start),), init_adapter=init)
+    print(
+        f"train-text2token: epoch {state_path}: batches {start}..{end} of {len(plan)} "
+        f"({state.pairs} pairs in all), from {init or 'a fresh LoRA'}, into {chunk_dir}",
+        file=sys.stderr,
+    )
+    return _EpochChunk(state, Path(state_path), plan, start, end, chunk_dir, chunk_recipe)
+
+
+def _run_chunk(trainer, epoch: _EpochChunk, resume: bool) -> int:
+    """Train the pending chunk (resuming its checkpoints) and, once its adapter is written, commit the position."""
+    from embedder.hardware import device_capability
+    from training.epoch import commit_chunk
+    from training.loop import CHECKPOINTS
+
+    result = trainer.train(resume=resume)
+    if not result.completed:
+        return 1
+    hist = result.history
+    device = "cuda" if str(trainer.embedder.device).startswith("cuda") else "cpu"
+    commit_chunk(epoch.state, epoch.state_path, result.adapter_dir, epoch.plan, {
+        "steps": len(hist),
+        "training_seconds": round(sum(h["seconds"] for h in hist), 1),
+        "loss_first": hist[0]["loss"] if hist else None,
+        "loss_last": hist[-1]["loss"] if hist else None,
+        "device": device_capability(device).describe(),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    })
+    # The next chunk starts from the adapter: the committed chunk's checkpoints (~20 MB each) are
+    # dead weight, and a run folder carried between sessions stays small without them.
+    shutil.rmtree(epoch.chunk_dir / CHECKPOINTS, ignore_errors=True)
+    s = epoch.state
+    seen = sum(c["pairs"] for c in s.chunks)
+    print(f"train-text2token: chunk {s.chunks[-1]['chunk']} committed: position {s.position} of {s.batches} batches, "
+          f"{seen} of {s.pairs} pairs seen; adapter {result.adapter_dir}")
     return 0
 
 

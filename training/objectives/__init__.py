@@ -4,7 +4,9 @@
   (Text2Token Eq. 11): :func:`~training.objectives.text2token.text2token_loss`.
 - ``contrastive``: InfoNCE with in-batch and hard negatives and same-text masking, the one
   contrastive loss of every pairs stage (supervised pairs, spans, SimCSE views, BTMR groups):
-  :func:`~training.objectives.contrastive.pair_loss`, with :class:`GradCache` and :class:`Temperature`.
+  :func:`~training.objectives.contrastive.pair_loss`, with :class:`GradCache` and :class:`Temperature`;
+  beside it, :func:`~training.objectives.contrastive.listwise_kl`, the KL of the anchor -> candidates
+  softmax to a teacher's (issue 30).
 - ``ctkd``: LLM2Comp's continuation task with knowledge distillation (memory states as a soft
   prefix of the frozen decoder): :func:`~training.objectives.ctkd.ctkd_loss`.
 - ``matryoshka``: BTMR's InfoNCE over <BMT> group prefixes:

@@ -119,18 +119,57 @@ def pair_loss(
     target = torch.arange(b)
     mask = None
     if anchor_texts is not None and positive_texts is not None:
-        a_keys = [text_key(t) for t in anchor_texts]
-        c_keys = [text_key(t) for t in positive_texts] + [text_key(t) for t in (negative_texts or [])]
-        if len(c_keys) != candidates.shape[0]:
+        mask = candidate_mask(anchor_texts, positive_texts, negative_texts)
+        if mask.shape[1] != candidates.shape[0]:
             raise ValueError("texts and embeddings disagree in number")
-        mask = same_text_mask(a_keys, c_keys, target.tolist())
     loss = info_nce(anchors, candidates, target, temperature, mask)
     if symmetric:
         back_mask = None
         if mask is not None:
-            back_mask = same_text_mask(c_keys[:b], a_keys, target.tolist())
+            back_mask = same_text_mask([text_key(t) for t in positive_texts], [text_key(t) for t in anchor_texts], target.tolist())
         loss = 0.5 * (loss + info_nce(positives, anchors, target, temperature, back_mask))
     return loss
+
+
+def candidate_mask(
+    anchor_texts: Sequence[str], positive_texts: Sequence[str], negative_texts: Sequence[str] | None = None
+) -> torch.Tensor:
+    """(B, C) :func:`same_text_mask` of a pairs batch: candidates are the positives, then the negatives."""
+    a_keys = [text_key(t) for t in anchor_texts]
+    c_keys = [text_key(t) for t in positive_texts] + [text_key(t) for t in (negative_texts or [])]
+    return same_text_mask(a_keys, c_keys, list(range(len(a_keys))))
+
+
+def listwise_kl(
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    teacher_anchors: torch.Tensor,
+    teacher_candidates: torch.Tensor,
+    temperature: torch.Tensor | float,
+    teacher_temperature: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-anchor KL(teacher || student) (B,) of the anchor -> candidates softmax (listwise distillation).
+
+    Both distributions are softmaxes of cosine similarities over the same candidates (the
+    batch's positives and negatives), each at its own temperature; ``mask`` (B, C) True removes a
+    candidate from both (the same-text candidates InfoNCE ignores). The teacher side carries no
+    gradient. Zero exactly when the student's distribution equals the teacher's.
+    """
+    def logits(a: torch.Tensor, c: torch.Tensor, t) -> torch.Tensor:
+        s = F.normalize(a.float(), dim=-1) @ F.normalize(c.float(), dim=-1).T / t
+        return s if mask is None else s.masked_fill(mask.to(s.device), float("-inf"))
+
+    if anchors.shape[0] != teacher_anchors.shape[0] or candidates.shape[0] != teacher_candidates.shape[0]:
+        raise ValueError("student and teacher embed different numbers of texts")
+    log_p = F.log_softmax(logits(anchors, candidates, temperature), dim=-1)
+    with torch.no_grad():
+        log_q = F.log_softmax(logits(teacher_anchors.to(anchors.device), teacher_candidates.to(anchors.device), teacher_temperature), dim=-1)
+    q = log_q.exp()
+    keep = torch.isfinite(log_q)  # masked candidates: 0 * (-inf - -inf) would be nan, in the backward too
+    zero = torch.zeros_like(log_p)
+    terms = q * (torch.where(keep, log_q, zero) - torch.where(keep, log_p, zero))
+    return terms.sum(dim=-1)
 
 
 class GradCache:

@@ -75,6 +75,7 @@ class ModelTargetConfig:
 
 
 STAGE_TARGETS = ("data", "model", "pairs")
+HARD_NEGATIVES = ("none", "bm25")
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,14 @@ class Recipe(EmbedderRecipe):
     symmetric: bool = False  # add the positive -> anchor direction
     kl_weight: float = 0.0  # joint Text2Token KL (data-driven target) on the same texts; 0 = contrastive only
     max_pairs_per_source: int | None = None  # seeded sample of each pairs file
+    # --- issue 30. Extra negatives: "bm25" = each anchor's best BM25 hit among its source's other
+    # positives (training/hard_negatives.py). The teacher term: teacher_kl_weight x KL(MiniLM's
+    # in-batch similarity distribution || the student's), MiniLM's read at teacher_temperature.
+    hard_negatives: str = "none"
+    teacher_kl_weight: float = 0.0
+    teacher_temperature: float = 0.05
+    # Dropped from to_dict while at these values: older recipes keep their records and fingerprints.
+    ISSUE30_DEFAULTS: ClassVar[dict[str, Any]] = {"hard_negatives": "none", "teacher_kl_weight": 0.0, "teacher_temperature": 0.05}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -119,6 +128,17 @@ class Recipe(EmbedderRecipe):
             raise ValueError("top_n must be positive")
         if not 0 < self.temperature <= 1 or self.kl_weight < 0:
             raise ValueError("temperature must be in (0, 1] and kl_weight >= 0")
+        if self.hard_negatives not in HARD_NEGATIVES:
+            raise ValueError(f"hard_negatives must be one of {', '.join(HARD_NEGATIVES)}, not {self.hard_negatives!r}")
+        if self.teacher_kl_weight < 0 or not 0 < self.teacher_temperature <= 1:
+            raise ValueError("teacher_kl_weight must be >= 0 and teacher_temperature in (0, 1]")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        for k, v in self.ISSUE30_DEFAULTS.items():
+            if d.get(k) == v:
+                del d[k]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Recipe:

@@ -22,6 +22,7 @@ import torch
 
 from embedder.encoder import Embedder
 from training.adapter_io import save_adapter
+from training.epoch import Plan, plan_slice_hash
 from training.loop import (
     LoopStage,
     TrainingLoop,
@@ -32,10 +33,11 @@ from training.loop import (
     run_record,
     seed_everything,
 )
-from training.objectives.contrastive import GradCache, Temperature, pair_loss
+from training.objectives.contrastive import GradCache, Temperature, candidate_mask, listwise_kl, pair_loss
 from training.objectives.text2token import text2token_loss
 from training.pairs import PairSet, pair_batches
 from training.target_cache import SparseTargets, cache_key, cached, texts_fingerprint
+from training.teacher import TeacherEmbeddings
 from training.text2token.recipe import Recipe
 from training.text2token.targets_data import compute_data_targets
 from training.text2token.targets_model import compute_model_targets
@@ -89,6 +91,12 @@ class Text2TokenTrainer:
     (tests); by default ``recipe.model`` is loaded with no adapter. cache_dir: where targets
     are cached (None = no cache). pairs: the supervised pairs of "pairs" stages; their texts
     must be ``texts`` (rows of a :class:`~training.pairs.PairSet` index into it).
+
+    Issue 30: pair_plan: the pairs stage's batches, given (a chunk of an epoch, training/epoch.py)
+    instead of drawn by ``pair_batches``; schedule: (first step, total steps) of the longer run
+    this one is a chunk of, for the LR decay; teacher: the embeddings of the listwise KL term
+    (needed when ``recipe.teacher_kl_weight`` > 0); step_log: a JSON line per step.
+    With ``recipe.hard_negatives == "bm25"`` every pairs source must hold its ``mined`` rows.
     """
 
     def __init__(
@@ -101,6 +109,10 @@ class Text2TokenTrainer:
         progress: bool = True,
         corpus_info: dict | None = None,
         pairs: PairSet | None = None,
+        pair_plan: Plan | None = None,
+        schedule: tuple[int, int] | None = None,
+        teacher: TeacherEmbeddings | None = None,
+        step_log: Path | None = None,
     ) -> None:
         if not texts:
             raise ValueError("no training texts")
@@ -116,6 +128,20 @@ class Text2TokenTrainer:
         self.progress = progress
         self.corpus_info = corpus_info or {}
         self.texts_hash = texts_fingerprint(self.texts) + (f"+pairs:{pairs.fingerprint()}" if pairs is not None else "")
+        if pair_plan is not None:
+            if pairs is None or [s.target for s in recipe.stages if s.steps] != ["pairs"]:
+                raise ValueError("a pair plan needs pairs and a recipe whose one stage is a pairs stage")
+            if len(pair_plan) != recipe.total_steps:
+                raise ValueError(f"the pair plan has {len(pair_plan)} batches for {recipe.total_steps} steps")
+            self.texts_hash += f"+plan:{plan_slice_hash(pair_plan)}"  # a chunk's checkpoints belong to its stretch of the epoch
+        if recipe.hard_negatives == "bm25" and pairs is not None and any(src.mined is None for src in pairs.sources):
+            raise ValueError("hard_negatives 'bm25': mine the sources first (training.hard_negatives.attach_bm25_negatives)")
+        if recipe.teacher_kl_weight > 0 and teacher is None:
+            raise ValueError("teacher_kl_weight > 0 needs a teacher (training.teacher.TeacherEmbeddings)")
+        self.pair_plan = pair_plan
+        self.schedule = schedule
+        self.teacher = teacher
+        self.step_log = step_log
         self.temperature = Temperature(recipe.temperature, learn=recipe.learn_temperature)
         self.embedder = embedder if embedder is not None else load_backbone(recipe.model, recipe.embedder_config(), recipe.bf16)
         if self.embedder.config.query_prompt != recipe.query_prompt:
@@ -223,8 +249,7 @@ class Text2TokenTrainer:
         """
         r = self.recipe
         a_rows, p_rows = source.anchor[picked], source.positive[picked]
-        n_rows = source.negative[picked]
-        n_rows = n_rows[n_rows >= 0]
+        n_rows = self._negative_rows(source, picked)
         groups_rows = [a_rows, p_rows] + ([n_rows] if len(n_rows) else [])
         groups = [[query_ids[i] for i in a_rows]] + [[prompt_ids[i] for i in g] for g in groups_rows[1:]]
         # The KL targets are documents' key tokens, learnt through the document template (what
@@ -238,6 +263,13 @@ class Text2TokenTrainer:
             con = pair_loss(a, p, tau, n, texts[0], texts[1], texts[2] if n is not None else None, symmetric=r.symmetric)
             loss = con.mean()
             readings["contrastive"] = float(loss.detach())
+            if r.teacher_kl_weight > 0:
+                cand = p if n is None else torch.cat([p, n])
+                mask = candidate_mask(texts[0], texts[1], texts[2] if n is not None else None)
+                t_cand = self.teacher(np.concatenate(groups_rows[1:]))
+                tkl = listwise_kl(a, cand, self.teacher(a_rows), t_cand, tau, r.teacher_temperature, mask).mean()
+                readings["teacher_kl"] = float(tkl.detach())
+                loss = loss + r.teacher_kl_weight * tkl
             if r.kl_weight > 0 and data_targets is not None:
                 embedded = [a, p] + ([n] if n is not None else [])
                 h = torch.cat(embedded[kl_from:])
@@ -261,6 +293,23 @@ class Text2TokenTrainer:
         n_tok = sum(len(x) for g in groups for x in g)
         return float(loss), n_tok, readings
 
+    def _negative_rows(self, source, picked: np.ndarray) -> np.ndarray:
+        """The batch's negatives: the file's own, then (hard_negatives "bm25") the mined ones."""
+        parts = [source.negative[picked]]
+        if self.recipe.hard_negatives == "bm25":
+            parts.append(source.mined[picked])
+        rows = np.concatenate(parts)
+        return rows[rows >= 0]
+
+    def _prepare_teacher(self, plan) -> None:
+        """Teacher embeddings of every text the plan's batches hold, computed (or read) once, up front."""
+        rows = []
+        for s, picked in plan:
+            src = self.pairs.sources[s]
+            rows += [src.anchor[picked], src.positive[picked], self._negative_rows(src, picked)]
+        if rows:
+            self.teacher.prepare(np.concatenate(rows))
+
     def stages(self, targets: dict[str, SparseTargets]) -> list[LoopStage]:
         """The recipe's stages as the loop runs them, each with its data order fixed by the seed."""
         r = self.recipe
@@ -277,11 +326,19 @@ class Text2TokenTrainer:
         for k, s in enumerate(r.stages):
             # each step function binds its stage's data through default arguments
             if s.target == "pairs":
-                plan = pair_batches(self.pairs.sources, s.steps, r.batch_size, r.seed, k) if s.steps else []
+                if self.pair_plan is not None:
+                    plan = self.pair_plan
+                else:
+                    plan = pair_batches(self.pairs.sources, s.steps, r.batch_size, r.seed, k) if s.steps else []
+                if r.teacher_kl_weight > 0:
+                    self._prepare_teacher(plan)
 
                 def step(local: int, plan=plan) -> tuple[float, int, dict]:
                     source, rows = plan[local]
-                    return self._pairs_step(self.pairs.sources[source], rows, prompt_ids, query_ids, targets.get("data"))
+                    loss, n_tok, readings = self._pairs_step(self.pairs.sources[source], rows, prompt_ids, query_ids, targets.get("data"))
+                    if self.pair_plan is not None:  # where in the epoch this step was, and how many pairs it took
+                        readings |= {"epoch_batch": (self.schedule[0] if self.schedule else 0) + local, "pairs": len(rows)}
+                    return loss, n_tok, readings
             else:
                 target = targets.get(s.target)
 
@@ -306,6 +363,8 @@ class Text2TokenTrainer:
         loop = TrainingLoop(
             self.recipe, self.stages(targets), self.run_dir, self.texts_hash, self.peft_model, self.trainable(),
             self._write_adapter, "text2token", self.progress,
+            schedule_offset=self.schedule[0] if self.schedule else 0, schedule_total=self.schedule[1] if self.schedule else None,
+            step_log=self.step_log,
         )
         return loop.run(resume, stop_after)
 
@@ -320,6 +379,7 @@ class Text2TokenTrainer:
             "method": "Text2Token (arXiv 2510.10224 / ../shared/papers/text2token.txt)"
             + (" + supervised contrastive (InfoNCE, training/objectives/contrastive.py)" if self.pairs is not None else ""),
             "init_adapter": self.init_adapter_path,
+            **({"teacher": self.teacher.identity} if self.teacher is not None else {}),
             "pairs": self.pairs.describe() if self.pairs is not None else None,
             "autocast_bf16": bool(self.embedder.bf16),
             "backbone": self.embedder.identity,
