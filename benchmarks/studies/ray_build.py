@@ -59,7 +59,8 @@ def build(corpus: Path, index: Path, shard_size: int, extra: list[str], env: dic
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     manifest = json.loads((index / "manifest.json").read_text())
-    return {"wall_s": wall, "build": manifest["build"], "n_docs": manifest["n_docs"], "runtime": manifest["runtime"]}
+    return {"wall_s": wall, "build": manifest["build"], "n_docs": manifest["n_docs"], "runtime": manifest["runtime"], "model": manifest["model"],
+            "adapter": manifest.get("adapter")}
 
 
 def run(corpus: Path, n_docs: int, shard_size: int, workers: list[int], work: Path, model_args: list[str]) -> list[dict]:
@@ -87,17 +88,19 @@ def table(results: list[dict], command: str, corpus: Path, shard_size: int) -> d
         overhead = (r["wall_s"] - local[r["workers"]]) / b["shards"] * 1000 if r["executor"] == "ray" else None
         rows.append([
             r["executor"] if r["executor"] == "local" else "ray (local head)", r["workers"], r["n_docs"], b["shards"],
-            round(r["wall_s"], 1), round(r["n_docs"] / r["wall_s"], 2), round(b["encode_seconds"], 1),
-            ", ".join(f"{s:.1f}" for s in loads) if loads else "–", round(overhead) if overhead is not None else "–",
+            f"{r['wall_s']:.1f}", f"{r['n_docs'] / r['wall_s']:.2f}", f"{b['encode_seconds']:.1f}",
+            ", ".join(f"{s:.1f}" for s in loads) if loads else "–", f"{overhead:.0f}" if overhead is not None else "–",
         ])
     m = machine_info()
-    runtime = results[0]["runtime"]
+    runtime, model, adapter = results[0]["runtime"], results[0]["model"], results[0].get("adapter") or {}
+    model_name = model.get("name", "?") if isinstance(model, dict) else str(model)
+    adapter_name = Path(adapter.get("path", "none")).name if isinstance(adapter, dict) else str(adapter)
     return {
         "title": "Build on a local Ray cluster against local --workers",
         "command": command,
         "description": (
             f"The first {results[0]['n_docs']} documents of `{corpus}`, aligned tokens only (`--channels sparse`), "
-            f"{shard_size} documents per shard; model {runtime.get('model', '')} "
+            f"{shard_size} documents per shard; model {model_name}, adapter {adapter_name} "
             f"({runtime.get('name')} {runtime.get('dtype')}). Each row is one `build-index` run, alone, one after the "
             "other; *wall* is the whole command (the driver's model load, encoding, merge), so docs/s (wall) includes fixed "
             "costs that a longer build amortises. Ray rows: a head this study started on 127.0.0.1 with the machine's "
