@@ -225,10 +225,12 @@ def _encode_shards(
 def _worker(job: tuple, reporter: Reporter) -> tuple[int, int]:
     """A ``--workers`` process: load the embedder, encode the shards ``number % n == w``."""
     spec, store_path, embedder_spec, plan, w, n, skip, progress = job
-    # the machine's cores shared between workers, not each worker taking all of them; set before
-    # the model loads, so that every pool sized at load (torch's, the runtime's) takes its share
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
     embedder, encoder = embedder_spec.load()
+    # the machine's cores shared between workers, not each worker taking all of them. Set after
+    # the load: set before it, 2 workers ran 1.6x faster on 2 AVX2 cores but a resumed build's
+    # postings weights no longer matched a one-process build's byte for byte
+    # (tests/test_runtime_probe.py); not understood yet
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
     return _encode_shards(spec, store_path, embedder, encoder, plan, lambda i: i % n == w, skip, progress, w, reporter.starting)
 
 
