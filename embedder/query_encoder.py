@@ -4,10 +4,14 @@ The Retriever asks for "the query's state" and never knows which encoder answere
 
 - the LLM itself (:class:`Embedder` with its query template): the reference, ~40-70 ms a query
   on a CPU for the 135M backbone;
-- a :class:`DistilledQueryEncoder`: a small head over a frozen sentence encoder's embedding
-  (all-MiniLM-L6-v2), trained to reproduce h (training/query_distillation.py). The index's
-  encoder channel computes that embedding for every hybrid query anyway, so the head costs
-  one small matrix product: the LLM leaves the query path.
+- a :class:`DistilledQueryEncoder`: a small student trained to reproduce h
+  (training/query_encoder/). Two kinds of student:
+  ``pooled``, a head over a frozen sentence encoder's embedding (all-MiniLM-L6-v2), which the
+  index's encoder channel computes for every hybrid query anyway; and ``token-bag``
+  (:class:`TokenBagHead`), which adds the query's own LLM tokens: each token's input embedding
+  (a row of the LLM's table, looked up, no forward) gets a learned correction and a learned
+  weight, and their weighted sum joins the pooled head's output. The LLM leaves the query path
+  either way; the bag is the more faithful (training/README.md, "Query-encoder distillation").
 
 h then gives both LLM channels' query: the dense vector, and through the LLM's own LM head the
 aligned-token logits the expansion is taken from. A student records the model and adapter it was
@@ -28,7 +32,8 @@ import torch
 
 STUDENT_FILE = "query_encoder.json"
 HEAD_FILE = "head.safetensors"
-STUDENT_FORMAT = 1
+STUDENT_FORMAT = 1  # the record's layout; the student's kind is record["head"]["kind"] ("pooled" where absent)
+STUDENT_KINDS = ("pooled", "token-bag")
 # A student kept beside its adapter lives in the adapter's folder (embedder/adapters/NAME/ for a shipped one).
 SHIPPED_SUBDIR = "query-encoder"
 
@@ -42,6 +47,48 @@ def make_head(d_in: int, d_out: int, hidden: int = 1024) -> torch.nn.Module:
     if hidden <= 0:
         return torch.nn.Linear(d_in, d_out)
     return torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, d_out))
+
+
+class TokenBagHead(torch.nn.Module):
+    """h of a query from its own LLM tokens and its sentence-encoder embedding.
+
+    Each token's input embedding e (the LLM's own row, so W_lm h can give the token back) is
+    corrected by a residual MLP and weighted by a softmax over the query's tokens of a learned
+    score of e (the teacher weighs content words over function words); the pooled sentence
+    embedding adds the context the bag lacks through its own MLP. A few matrix products of the
+    query's dozen tokens: no transformer runs for it.
+    """
+
+    def __init__(self, d_llm: int, d_enc: int, hidden: int = 1024, gate_hidden: int = 64) -> None:
+        super().__init__()
+        self.gate = torch.nn.Sequential(torch.nn.Linear(d_llm, gate_hidden), torch.nn.GELU(), torch.nn.Linear(gate_hidden, 1))
+        self.token = torch.nn.Sequential(torch.nn.Linear(d_llm, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, d_llm))
+        self.pooled = make_head(d_enc, d_llm, hidden)
+
+    def forward(self, sentence: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``sentence`` (B, d_enc), ``tokens`` (B, L, d_llm) input embeddings, ``mask`` (B, L) 1 for real tokens -> h (B, d_llm)."""
+        weights = self.gate(tokens).squeeze(-1).masked_fill(mask == 0, -1e4).softmax(-1)
+        return (weights.unsqueeze(-1) * (tokens + self.token(tokens))).sum(1) + self.pooled(sentence)
+
+
+def make_student_head(kind: str, d_enc: int, d_llm: int, hidden: int = 1024, gate_hidden: int = 64) -> torch.nn.Module:
+    """A student's trainable part: ``pooled`` (:func:`make_head`) or ``token-bag`` (:class:`TokenBagHead`)."""
+    if kind == "pooled":
+        return make_head(d_enc, d_llm, hidden)
+    if kind == "token-bag":
+        return TokenBagHead(d_llm, d_enc, hidden, gate_hidden)
+    raise ValueError(f"unknown student kind {kind!r}: expected one of {', '.join(STUDENT_KINDS)}")
+
+
+def llm_token_ids(tokenizer: Any, texts: list[str], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The texts' own LLM tokens, no template and no special tokens: ids (n, L) int64 (0 where
+    padded) and mask (n, L) float32, L the longest (at most ``max_tokens``; at least 1)."""
+    rows = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_tokens)["input_ids"]
+    width = max([1, *(len(r) for r in rows)])
+    ids, mask = np.zeros((len(rows), width), np.int64), np.zeros((len(rows), width), np.float32)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = r, 1.0
+    return ids, mask
 
 
 def teacher_identity(embedder: Any) -> dict:
@@ -60,6 +107,28 @@ class DistilledQueryEncoder:
     head: torch.nn.Module
     record: dict  # query_encoder.json: teacher, encoder, head shape, training, faithfulness
     directory: Path | None = None
+    # a token-bag student's view of its teacher (attach): the tokenizer and the input-embedding table
+    tokenizer: Any = None
+    table: torch.Tensor | None = None
+
+    @property
+    def kind(self) -> str:
+        """``pooled`` (reads the sentence embedding) or ``token-bag`` (also the query's LLM tokens)."""
+        return str(self.record.get("head", {}).get("kind", "pooled"))
+
+    @property
+    def max_tokens(self) -> int:
+        """The LLM tokens a token-bag student reads of a query (longer queries are cut)."""
+        return int(self.record.get("head", {}).get("max_tokens", 96))
+
+    def attach(self, embedder: Any) -> DistilledQueryEncoder:
+        """Check ``embedder`` is the teacher (:meth:`check_teacher`) and, for a token-bag student,
+        take its tokenizer and input-embedding table (shared, not copied: not part of the student's files)."""
+        self.check_teacher(embedder)
+        if self.kind == "token-bag":
+            self.tokenizer = embedder.tokenizer
+            self.table = embedder.causal_lm.get_input_embeddings().weight.detach()
+        return self
 
     @property
     def name(self) -> str:
@@ -91,10 +160,19 @@ class DistilledQueryEncoder:
             )
 
     @torch.inference_mode()
-    def states(self, encoder_embeddings: np.ndarray) -> np.ndarray:
-        """The students' h (n, d) float32 of the sentence encoder's embeddings (n, d_enc)."""
+    def states(self, encoder_embeddings: np.ndarray, texts: list[str] | None = None) -> np.ndarray:
+        """The student's h (n, d) float32 of the sentence encoder's embeddings (n, d_enc) of
+        ``texts`` (which a token-bag student also reads, through :meth:`attach`'s tokenizer)."""
         x = torch.from_numpy(np.ascontiguousarray(encoder_embeddings, dtype=np.float32))
-        return self.head(x).numpy()
+        if self.kind == "pooled":
+            return self.head(x).numpy()
+        if texts is None or len(texts) != len(x):
+            raise ValueError(f"a token-bag student reads the query texts: give the {len(x)} texts the embeddings are of")
+        if self.table is None:
+            raise RuntimeError("a token-bag student needs its teacher's tokenizer and table: call attach(embedder) first")
+        ids, mask = llm_token_ids(self.tokenizer, list(texts), self.max_tokens)
+        tokens = self.table[torch.from_numpy(ids)].float()
+        return self.head(x, tokens, torch.from_numpy(mask)).numpy()
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write the head and its record into ``directory`` (a temporary folder, then renamed)."""
@@ -134,8 +212,11 @@ class DistilledQueryEncoder:
             if not isinstance(record.get(key), dict):
                 raise ValueError(f"{path}: field {key!r} missing or not an object")  # noqa: TRY004 - a malformed file is bad input: ValueError naming file and field, which the CLIs catch
         shape = record["head"]
-        head = make_head(int(shape["in"]), int(shape["out"]), int(shape.get("hidden", 0)))
-        head.load_state_dict(load_file(str(directory / HEAD_FILE)))
+        kind = shape.get("kind", "pooled")
+        if kind not in STUDENT_KINDS:
+            raise ValueError(f"{path}: field 'head.kind': expected one of {', '.join(STUDENT_KINDS)}, got {kind!r}")
+        head = make_student_head(kind, int(shape["in"]), int(shape["out"]), int(shape.get("hidden", 0)), int(shape.get("gate_hidden", 64)))
+        head.load_state_dict({k: v.float() for k, v in load_file(str(directory / HEAD_FILE)).items()})
         return cls(head.eval(), record, directory)
 
 
@@ -187,10 +268,14 @@ __all__ = [
     "HEAD_FILE",
     "SHIPPED_SUBDIR",
     "STUDENT_FILE",
+    "STUDENT_KINDS",
     "DistilledQueryEncoder",
     "LMHead",
     "QueryEncoderMismatch",
+    "TokenBagHead",
+    "llm_token_ids",
     "make_head",
+    "make_student_head",
     "student_beside",
     "teacher_identity",
 ]

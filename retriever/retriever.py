@@ -201,7 +201,7 @@ class Retriever:
             student = DistilledQueryEncoder.load(path)
         else:
             student = DistilledQueryEncoder.load(choice)
-        student.check_teacher(self.embedder)
+        student.attach(self.embedder)  # refuses another teacher; a token-bag student takes its tokenizer and table
         encoder = self.encoder
         if encoder is None or encoder.identity.get("sha256") != student.encoder_identity.get("sha256"):
             from embedder.sentence_encoder import SentenceEncoder
@@ -362,7 +362,7 @@ class Retriever:
             sentence = self._student_encoder.encode(list(queries))
         if llm:
             if self.student is not None:
-                h = self.student.states(sentence)
+                h = self.student.states(sentence, queries)
                 if self._student_head is None:
                     from embedder.query_encoder import LMHead
 

@@ -87,27 +87,30 @@ def _toy_texts(n: int) -> list[str]:
     return [d["text"] for d in toy_docs(n, seed=3)]
 
 
-def test_distillation_learns_and_reports_held_out_faithfulness(tiny_embedder, tiny_encoder, tmp_path):
+@pytest.mark.parametrize("kind", ["pooled", "token-bag"])
+def test_distillation_learns_and_reports_held_out_faithfulness(tiny_embedder, tiny_encoder, tmp_path, kind):
     from embedder.query_encoder import DistilledQueryEncoder
     from training.query_encoder.trainer import distill
 
-    recipe = DistillRecipe(hidden=32, epochs=40, batch_size=32, lr=5e-3, kl_top=16, holdout=0.2)
+    recipe = DistillRecipe(kind=kind, hidden=32, gate_hidden=8, epochs=40, batch_size=32, lr=5e-3, kl_top=16, holdout=0.2)
     student = distill(tiny_embedder, tiny_encoder, _toy_texts(200), tmp_path / "cache", recipe, "toy", m=8, progress=False)
     curve = student.record["training"]["curve"]
     assert curve[-1]["loss"] < curve[0]["loss"] and curve[-1]["holdout_cosine"] > curve[0]["holdout_cosine"]
     faith = student.record["faithfulness"]
     assert faith["n"] == 40 and faith["m"] == 8
     assert faith["cosine"]["q00"] <= faith["cosine"]["q50"] <= faith["cosine"]["q100"] <= 1.0 + 1e-6
+    assert student.record["head"]["kind"] == kind
     student.save(tmp_path / "student")
-    loaded = DistilledQueryEncoder.load(tmp_path / "student")
-    loaded.check_teacher(tiny_embedder)
-    x = tiny_encoder.encode(_toy_texts(5))
-    np.testing.assert_array_equal(loaded.states(x), student.states(x))
+    loaded = DistilledQueryEncoder.load(tmp_path / "student").attach(tiny_embedder)
+    assert loaded.kind == kind
+    texts = _toy_texts(5)
+    x = tiny_encoder.encode(texts)
+    np.testing.assert_array_equal(loaded.states(x, texts), student.states(x, texts))
     # the caches were filled: a second distillation encodes nothing again
     calls = {"n": 0}
     real = tiny_embedder.embed
     tiny_embedder.embed = lambda texts, role="document": (calls.__setitem__("n", calls["n"] + len(texts)), real(texts, role))[1]
-    distill(tiny_embedder, tiny_encoder, _toy_texts(200), tmp_path / "cache", DistillRecipe(epochs=1, hidden=0), "again", m=8, progress=False)
+    distill(tiny_embedder, tiny_encoder, _toy_texts(200), tmp_path / "cache", DistillRecipe(kind=kind, epochs=1, hidden=16), "again", m=8, progress=False)
     assert calls["n"] == 0
 
 
@@ -127,6 +130,7 @@ def test_distill_query_encoder_command_writes_a_student_the_retriever_takes(tiny
     assert report["student"] == str(tmp_path / "student") and report["faithfulness"]["m"] == 8
     record = DistilledQueryEncoder.load(tmp_path / "student").record
     assert record["name"] == "raw" and record["recipe"]["epochs"] == 3 and record["encoder"]["dim"] == tiny_encoder.dim
+    assert record["head"]["kind"] == "token-bag"  # the default student
 
 
 def test_distill_query_encoder_beside_adapter_needs_an_adapter(tiny_model_dir, tiny_encoder, tmp_path, capsys):

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from embedder.query_encoder import DistilledQueryEncoder, LMHead, QueryEncoderMismatch, make_head, teacher_identity
+from embedder.query_encoder import (
+    DistilledQueryEncoder,
+    LMHead,
+    QueryEncoderMismatch,
+    llm_token_ids,
+    make_head,
+    make_student_head,
+    teacher_identity,
+)
 from retriever.query import EncodedQuery, encode_queries
 from retriever.query_cache import QueryCache
 
@@ -92,10 +100,52 @@ def test_a_student_round_trips_and_refuses_another_teacher(make_embedder, tmp_pa
         loaded.check_encoder({"name": "other", "sha256": "def"})
 
 
+def _bag_student(embedder, encoder_identity: dict, hidden: int = 8, seed: int = 0) -> DistilledQueryEncoder:
+    torch.manual_seed(seed)
+    d_enc = int(encoder_identity["dim"])
+    head = make_student_head("token-bag", d_enc, embedder.dim, hidden, gate_hidden=4)
+    record = {"name": "bag", "teacher": teacher_identity(embedder), "encoder": encoder_identity,
+              "head": {"kind": "token-bag", "in": d_enc, "out": embedder.dim, "hidden": hidden, "gate_hidden": 4, "max_tokens": 16}}
+    return DistilledQueryEncoder(head.eval(), record)
+
+
+def test_a_token_bag_student_is_the_weighted_sum_of_the_querys_own_llm_tokens(make_embedder, tmp_path):
+    embedder = make_embedder()
+    student = _bag_student(embedder, {"name": "enc", "sha256": "abc", "dim": 8})
+    texts, x = ["cat and dog", "a river"], np.zeros((2, 8), np.float32)
+    with pytest.raises(RuntimeError, match="attach"):
+        student.states(x, texts)
+    student.attach(embedder)
+    with pytest.raises(ValueError, match="reads the query texts"):
+        student.states(x)
+    # with the corrections and the pooled head at zero and equal token scores, h is the mean of
+    # the query's own input embeddings: the lookup uses the teacher's tokenizer and table
+    with torch.no_grad():
+        for p in (*student.head.token[-1].parameters(), *student.head.gate[-1].parameters(), *student.head.pooled.parameters()):
+            p.zero_()
+    table = embedder.causal_lm.get_input_embeddings().weight.detach().numpy()
+    want = [table[embedder.tokenizer(t, add_special_tokens=False)["input_ids"]].mean(0) for t in texts]
+    np.testing.assert_allclose(student.states(x, texts), np.stack(want), rtol=1e-5, atol=1e-6)
+    ids, mask = llm_token_ids(embedder.tokenizer, texts, max_tokens=2)  # cut to max_tokens, padded to the longest
+    assert ids.shape == mask.shape == (2, 2) and mask.sum() == 4
+    # saved and loaded: the same states once attached; the table is not in the student's files
+    student.save(tmp_path / "bag")
+    loaded = DistilledQueryEncoder.load(tmp_path / "bag").attach(embedder)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.states(x, texts), student.states(x, texts))
+    assert (tmp_path / "bag" / "head.safetensors").stat().st_size < table.nbytes
+
+
 def test_a_damaged_student_record_names_its_file_and_field(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "query_encoder.json").write_text('{"format": 7}')
     with pytest.raises(ValueError, match=r"query_encoder.json: field 'format'"):
+        DistilledQueryEncoder.load(tmp_path / "s")
+    (tmp_path / "s" / "query_encoder.json").write_text(
+        '{"format": 1, "teacher": {}, "encoder": {}, "head": {"kind": "lstm", "in": 4, "out": 4}}'
+    )
+    with pytest.raises(ValueError, match=r"query_encoder.json: field 'head.kind'"):
         DistilledQueryEncoder.load(tmp_path / "s")
 
 
@@ -144,11 +194,13 @@ def test_auto_without_a_student_is_the_llm_and_distilled_says_why_not(encoder_in
         _retriever(path, tiny_embedder, encoder, query_encoder="distilled")
 
 
-def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embedder, tmp_path):
+@pytest.mark.parametrize("kind", ["pooled", "token-bag"])
+def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embedder, tmp_path, kind):
     path, encoder = encoder_index
     adapter_dir = tmp_path / "adapter"
     tiny_embedder.adapter = {"path": str(adapter_dir), "sha256": "a" * 64}
-    student = _student(tiny_embedder, {**encoder.identity, "dim": encoder.dim}, hidden=8)
+    make = _student if kind == "pooled" else _bag_student
+    student = make(tiny_embedder, {**encoder.identity, "dim": encoder.dim}, hidden=8).attach(tiny_embedder)
     student.record["name"] = "beside"
     student.save(adapter_dir / "query-encoder")
     from indexer.manifest import Manifest
@@ -160,12 +212,12 @@ def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embe
     assert r.query_encoder == "distilled:beside"
     got = r.encode(QUERIES, "sparse")
     x = encoder.encode(QUERIES)
-    np.testing.assert_allclose(np.stack([q.embedding for q in got]), student.states(x), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.stack([q.embedding for q in got]), student.states(x, QUERIES), rtol=0, atol=1e-6)
     hits = r.search(QUERIES[1], k=3, mode="hybrid")
     assert hits and all(h.query_encoder == "distilled:beside" for h in hits)
     # the expansion: the literal tokens, then W_lm h's top tokens through the student's LM head
     head = LMHead.of(tiny_embedder)
-    top, _ = head.top_tokens(student.states(x), r.expansion_m)
+    top, _ = head.top_tokens(student.states(x, QUERIES), r.expansion_m)
     for q, ids in zip(got, top):
         assert q.tokens[q.n_literal:].tolist() == [t for t in ids.tolist() if t not in q.tokens[: q.n_literal].tolist()]
 

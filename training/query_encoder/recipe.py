@@ -8,10 +8,13 @@ from dataclasses import asdict, dataclass
 class DistillRecipe:
     """The head, the optimisation and the loss of a distillation (training/objectives/query_distillation.py)."""
 
-    hidden: int = 1024  # the head's hidden width; 0: a linear map
-    epochs: int = 30
-    batch_size: int = 256
-    lr: float = 2e-3
+    kind: str = "token-bag"  # "pooled": a head over the sentence embedding; "token-bag": also the text's LLM tokens
+    hidden: int = 1024  # the head's hidden width; 0: a linear map (pooled only)
+    gate_hidden: int = 64  # token-bag: width of the MLP scoring each token's weight
+    max_tokens: int = 96  # token-bag: the LLM tokens read of a text
+    epochs: int = 20
+    batch_size: int = 128
+    lr: float = 1e-3
     weight_decay: float = 1e-4
     kl_weight: float = 1.0
     kl_top: int = 256  # the teacher's top tokens the KL is taken over

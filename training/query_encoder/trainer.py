@@ -3,21 +3,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from embedder.query_encoder import DistilledQueryEncoder, make_head, teacher_identity
+from embedder.query_encoder import DistilledQueryEncoder, llm_token_ids, make_student_head, teacher_identity
 from training.objectives.query_distillation import query_distillation_loss, teacher_top_tokens
 from training.query_encoder.data import student_inputs, teacher_states
 from training.query_encoder.recipe import DistillRecipe
 
 
+@dataclass
+class TokenInputs:
+    """What a token-bag student reads besides the sentence embedding: each text's LLM token ids
+    and mask (:func:`embedder.query_encoder.llm_token_ids`) and the teacher's input-embedding table."""
+
+    ids: np.ndarray  # (n, L) int64
+    mask: np.ndarray  # (n, L) float32
+    table: torch.Tensor  # (V, d) frozen
+
+
 def train_head(
-    x: np.ndarray, h: np.ndarray, lm_head: torch.Tensor, recipe: DistillRecipe, progress: bool = True
+    x: np.ndarray, h: np.ndarray, lm_head: torch.Tensor, recipe: DistillRecipe, progress: bool = True, tokens: TokenInputs | None = None
 ) -> tuple[torch.nn.Module, dict]:
-    """Fit the head ``x -> h`` (x: the frozen encoder's embeddings, h: the teacher's states).
+    """Fit the student ``x (, tokens) -> h`` (x: the frozen encoder's embeddings, h: the teacher's
+    states; ``tokens``: the texts' LLM tokens, for ``recipe.kind`` "token-bag").
 
     Returns the head and its training record: per-epoch loss and held-out cosine, seconds, and
     the held-out positions (never trained on), for :func:`faithfulness`.
@@ -31,7 +43,18 @@ def train_head(
     hold, train = order[:n_hold], order[n_hold:]
     xt, ht = torch.from_numpy(np.ascontiguousarray(x)).float(), torch.from_numpy(np.ascontiguousarray(h)).float()
     torch.manual_seed(recipe.seed)
-    head = make_head(x.shape[1], h.shape[1], recipe.hidden)
+    head = make_student_head(recipe.kind, x.shape[1], h.shape[1], recipe.hidden, recipe.gate_hidden)
+    if recipe.kind == "token-bag" and tokens is None:
+        raise ValueError("a token-bag student is trained on the texts' LLM tokens: pass tokens")
+    ids = torch.from_numpy(tokens.ids) if tokens is not None else None
+    mask = torch.from_numpy(tokens.mask) if tokens is not None else None
+
+    def forward(rows: torch.Tensor) -> torch.Tensor:
+        if recipe.kind == "pooled":
+            return head(xt[rows])
+        width = max(1, int(mask[rows].sum(1).max()))  # a batch pads to its own longest text, not the corpus's
+        return head(xt[rows], tokens.table[ids[rows, :width]].float(), mask[rows, :width])
+
     opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps = recipe.epochs * ((len(train) + recipe.batch_size - 1) // recipe.batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=max(steps, 1), pct_start=0.1)
@@ -46,7 +69,7 @@ def train_head(
         for i in range(0, len(perm), recipe.batch_size):
             b = perm[i : i + recipe.batch_size]
             loss = query_distillation_loss(
-                head(xt[b]), ht[b], w, kl_weight=recipe.kl_weight, kl_top=recipe.kl_top, temperature=recipe.temperature,
+                forward(b), ht[b], w, kl_weight=recipe.kl_weight, kl_top=recipe.kl_top, temperature=recipe.temperature,
                 teacher_top=top[b] if top is not None else None,
             ).mean()
             opt.zero_grad()
@@ -56,7 +79,7 @@ def train_head(
             total += float(loss.detach()) * len(b)
         head.eval()
         with torch.no_grad():
-            cos = torch.nn.functional.cosine_similarity(head(xt[hold]), ht[hold], dim=-1).mean().item()
+            cos = torch.cat([torch.nn.functional.cosine_similarity(forward(hold[i : i + 512]), ht[hold[i : i + 512]], dim=-1) for i in range(0, len(hold), 512)]).mean().item()
         curve.append({"epoch": epoch + 1, "loss": round(total / len(train), 6), "holdout_cosine": round(cos, 6)})
         bar.set_postfix(loss=f"{total / len(train):.4f}", cos=f"{cos:.4f}")
     record = {"n_texts": n, "n_train": len(train), "n_holdout": n_hold, "curve": curve, "seconds": round(time.perf_counter() - start, 1)}
@@ -92,16 +115,23 @@ def distill(
     h = teacher_states(embedder, texts, cache_root, progress)
     encode_seconds = time.perf_counter() - t0
     lm_head = embedder.causal_lm.get_output_embeddings().weight
-    head, record = train_head(x, h, lm_head, recipe, progress)
+    tokens = None
+    if recipe.kind == "token-bag":
+        ids, mask = llm_token_ids(embedder.tokenizer, list(texts), recipe.max_tokens)
+        tokens = TokenInputs(ids, mask, embedder.causal_lm.get_input_embeddings().weight.detach())
+    head, record = train_head(x, h, lm_head, recipe, progress, tokens)
     held = record.pop("holdout_positions")
-    student = DistilledQueryEncoder(head, {})
-    faith = faithfulness(student.states(x[held]), h[held], lm_head, m)
+    shape = {"kind": recipe.kind, "in": int(x.shape[1]), "out": int(h.shape[1]), "hidden": recipe.hidden}
+    if recipe.kind == "token-bag":
+        shape.update(gate_hidden=recipe.gate_hidden, max_tokens=recipe.max_tokens)
+    student = DistilledQueryEncoder(head, {"head": shape, "teacher": teacher_identity(embedder)}).attach(embedder)
+    faith = faithfulness(student.states(x[held], [texts[i] for i in held]), h[held], lm_head, m)
     student.record = {
         "name": name,
         "teacher": teacher_identity(embedder),
         "teacher_names": {"model": (embedder.identity or {}).get("name"), "adapter": (embedder.adapter or {}).get("path")},
         "encoder": {**encoder.identity, "dim": int(encoder.dim)},
-        "head": {"in": int(x.shape[1]), "out": int(h.shape[1]), "hidden": recipe.hidden},
+        "head": shape,
         "recipe": recipe.to_dict(),
         "training": {**record, "encode_seconds": round(encode_seconds, 1), "runtime": embedder.runtime_info()},
         "faithfulness": faith,
@@ -109,4 +139,4 @@ def distill(
     return student
 
 
-__all__ = ["distill", "faithfulness", "train_head"]
+__all__ = ["TokenInputs", "distill", "faithfulness", "train_head"]
