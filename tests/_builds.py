@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import REPO
@@ -39,3 +41,15 @@ def assert_same_index(a: Path, b: Path) -> None:
 
 def committed(target: Path) -> list[Path]:
     return sorted(target.parent.glob(f".{target.name}.shards-*/shard-*"))
+
+
+def kill_after_commits(cmd: list[str], target: Path, env: dict, shards: int = 3) -> int:
+    """Start ``cmd`` (a build into ``target``), SIGKILL it once ``shards`` shards are committed,
+    and return how many were: the state a crash leaves for the rerun to resume from."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while len(committed(target)) < shards and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the build ended before it could be killed mid-way"
+    return len(committed(target))

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _builds import ENV, assert_same_index, build_cmd, committed, run
+from _builds import ENV, assert_same_index, build_cmd, committed, kill_after_commits, run
 from conftest import REPO, toy_docs, write_corpus
 
 from indexer.ray_workers import LOOPBACK_ENV, local_head
@@ -92,13 +92,7 @@ def test_a_killed_driver_resumes_on_ray(ray_head, corpus_and_reference, tiny_mod
     corpus, reference = corpus_and_reference
     target = tmp_path / "index"
     cmd = ray_cmd(corpus, target, tiny_model_dir, ray_head)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=RAY_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while len(committed(target)) < 3 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the build ended before it could be killed mid-way"
-    done_before = len(committed(target))
+    done_before = kill_after_commits(cmd, target, RAY_ENV)
     proc = subprocess.run(cmd, cwd=REPO, env=RAY_ENV, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     manifest = json.loads((target / "manifest.json").read_text())

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from _builds import ENV, assert_same_index, build_cmd, committed, run
+from _builds import ENV, assert_same_index, build_cmd, committed, kill_after_commits, run
 from conftest import REPO, listing, toy_docs, write_corpus
 
 
@@ -26,13 +26,7 @@ def test_sigkilled_build_resumes_to_the_same_index(corpus_and_reference, tiny_mo
     corpus, reference = corpus_and_reference
     target = tmp_path / "index"
     cmd = build_cmd(corpus, target, tiny_model_dir)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while len(committed(target)) < 3 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the build ended before it could be killed mid-way"
-    done_before = len(committed(target))
+    done_before = kill_after_commits(cmd, target, ENV)
     assert 3 <= done_before < 30 and not target.exists()
 
     out = run(cmd).stdout
