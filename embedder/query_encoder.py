@@ -81,7 +81,8 @@ def make_student_head(kind: str, d_enc: int, d_llm: int, hidden: int = 1024, gat
 
 
 def llm_token_ids(tokenizer: Any, texts: list[str], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """The texts' own LLM tokens, no template and no special tokens: ids (n, L) int64 (0 where
+    """The texts' own LLM tokens (give them normalised as the teacher reads them: ``Embedder.normalise``),
+    no template and no special tokens: ids (n, L) int64 (0 where
     padded) and mask (n, L) float32, L the longest (at most ``max_tokens``; at least 1)."""
     rows = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_tokens)["input_ids"]
     width = max([1, *(len(r) for r in rows)])
@@ -110,6 +111,7 @@ class DistilledQueryEncoder:
     # a token-bag student's view of its teacher (attach): the tokenizer and the input-embedding table
     tokenizer: Any = None
     table: torch.Tensor | None = None
+    normalise: Any = None  # the teacher's text normalisation (all-caps folded): the bag must read the tokens the teacher reads
 
     @property
     def kind(self) -> str:
@@ -126,7 +128,7 @@ class DistilledQueryEncoder:
         take its tokenizer and input-embedding table (shared, not copied: not part of the student's files)."""
         self.check_teacher(embedder)
         if self.kind == "token-bag":
-            self.tokenizer = embedder.tokenizer
+            self.tokenizer, self.normalise = embedder.tokenizer, embedder.normalise
             self.table = embedder.causal_lm.get_input_embeddings().weight.detach()
         return self
 
@@ -170,7 +172,7 @@ class DistilledQueryEncoder:
             raise ValueError(f"a token-bag student reads the query texts: give the {len(x)} texts the embeddings are of")
         if self.table is None:
             raise RuntimeError("a token-bag student needs its teacher's tokenizer and table: call attach(embedder) first")
-        ids, mask = llm_token_ids(self.tokenizer, list(texts), self.max_tokens)
+        ids, mask = llm_token_ids(self.tokenizer, [self.normalise(t) for t in texts], self.max_tokens)
         tokens = self.table[torch.from_numpy(ids)].float()
         return self.head(x, tokens, torch.from_numpy(mask)).numpy()
 
