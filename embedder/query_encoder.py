@@ -80,11 +80,12 @@ def make_student_head(kind: str, d_enc: int, d_llm: int, hidden: int = 1024, gat
     raise ValueError(f"unknown student kind {kind!r}: expected one of {', '.join(STUDENT_KINDS)}")
 
 
-def llm_token_ids(tokenizer: Any, texts: list[str], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """The texts' own LLM tokens (give them normalised as the teacher reads them: ``Embedder.normalise``),
-    no template and no special tokens: ids (n, L) int64 (0 where
-    padded) and mask (n, L) float32, L the longest (at most ``max_tokens``; at least 1)."""
-    rows = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_tokens)["input_ids"]
+def llm_token_ids(embedder: Any, texts: list[str], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The texts' own LLM tokens as ``embedder`` (the teacher) reads them (``Embedder.normalise``:
+    all-caps folded), no template and no special tokens: ids (n, L) int64 (0 where padded) and
+    mask (n, L) float32, L the longest (at most ``max_tokens``; at least 1)."""
+    normalised = [embedder.normalise(t) for t in texts]
+    rows = embedder.tokenizer(normalised, add_special_tokens=False, truncation=True, max_length=max_tokens)["input_ids"]
     width = max([1, *(len(r) for r in rows)])
     ids, mask = np.zeros((len(rows), width), np.int64), np.zeros((len(rows), width), np.float32)
     for i, r in enumerate(rows):
@@ -108,10 +109,9 @@ class DistilledQueryEncoder:
     head: torch.nn.Module
     record: dict  # query_encoder.json: teacher, encoder, head shape, training, faithfulness
     directory: Path | None = None
-    # a token-bag student's view of its teacher (attach): the tokenizer and the input-embedding table
-    tokenizer: Any = None
+    # a token-bag student's teacher (attach): whose tokenizer reads the query and whose input-embedding table it looks up
+    teacher: Any = None
     table: torch.Tensor | None = None
-    normalise: Any = None  # the teacher's text normalisation (all-caps folded): the bag must read the tokens the teacher reads
 
     @property
     def kind(self) -> str:
@@ -125,10 +125,10 @@ class DistilledQueryEncoder:
 
     def attach(self, embedder: Any) -> DistilledQueryEncoder:
         """Check ``embedder`` is the teacher (:meth:`check_teacher`) and, for a token-bag student,
-        take its tokenizer and input-embedding table (shared, not copied: not part of the student's files)."""
+        keep it for its tokenizer and input-embedding table (shared, not copied: not part of the student's files)."""
         self.check_teacher(embedder)
         if self.kind == "token-bag":
-            self.tokenizer, self.normalise = embedder.tokenizer, embedder.normalise
+            self.teacher = embedder
             self.table = embedder.causal_lm.get_input_embeddings().weight.detach()
         return self
 
@@ -164,7 +164,7 @@ class DistilledQueryEncoder:
     @torch.inference_mode()
     def states(self, encoder_embeddings: np.ndarray, texts: list[str] | None = None) -> np.ndarray:
         """The student's h (n, d) float32 of the sentence encoder's embeddings (n, d_enc) of
-        ``texts`` (which a token-bag student also reads, through :meth:`attach`'s tokenizer)."""
+        ``texts`` (which a token-bag student also reads, with its teacher's tokenizer: :meth:`attach`)."""
         x = torch.from_numpy(np.ascontiguousarray(encoder_embeddings, dtype=np.float32))
         if self.kind == "pooled":
             return self.head(x).numpy()
@@ -172,7 +172,7 @@ class DistilledQueryEncoder:
             raise ValueError(f"a token-bag student reads the query texts: give the {len(x)} texts the embeddings are of")
         if self.table is None:
             raise RuntimeError("a token-bag student needs its teacher's tokenizer and table: call attach(embedder) first")
-        ids, mask = llm_token_ids(self.tokenizer, [self.normalise(t) for t in texts], self.max_tokens)
+        ids, mask = llm_token_ids(self.teacher, list(texts), self.max_tokens)
         tokens = self.table[torch.from_numpy(ids)].float()
         return self.head(x, tokens, torch.from_numpy(mask)).numpy()
 

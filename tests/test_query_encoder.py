@@ -128,7 +128,7 @@ def test_a_token_bag_student_is_the_weighted_sum_of_the_querys_own_llm_tokens(ma
     np.testing.assert_allclose(student.states(x, texts), np.stack(want), rtol=1e-5, atol=1e-6)
     # the bag reads the text as the teacher does: an all-caps query folded (Embedder.normalise)
     np.testing.assert_array_equal(student.states(x, [t.upper() for t in texts]), student.states(x, texts))
-    ids, mask = llm_token_ids(embedder.tokenizer, texts, max_tokens=2)  # cut to max_tokens, padded to the longest
+    ids, mask = llm_token_ids(embedder, texts, max_tokens=2)  # cut to max_tokens, padded to the longest
     assert ids.shape == mask.shape == (2, 2) and mask.sum() == 4
     # saved and loaded: the same states once attached; the table is not in the student's files
     student.save(tmp_path / "bag")

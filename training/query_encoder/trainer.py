@@ -117,7 +117,7 @@ def distill(
     lm_head = embedder.causal_lm.get_output_embeddings().weight
     tokens = None
     if recipe.kind == "token-bag":
-        ids, mask = llm_token_ids(embedder.tokenizer, [embedder.normalise(t) for t in texts], recipe.max_tokens)
+        ids, mask = llm_token_ids(embedder, list(texts), recipe.max_tokens)
         tokens = TokenInputs(ids, mask, embedder.causal_lm.get_input_embeddings().weight.detach())
     head, record = train_head(x, h, lm_head, recipe, progress, tokens)
     held = record.pop("holdout_positions")
