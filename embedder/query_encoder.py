@@ -56,27 +56,46 @@ class TokenBagHead(torch.nn.Module):
     corrected by a residual MLP and weighted by a softmax over the query's tokens of a learned
     score of e (the teacher weighs content words over function words); the pooled sentence
     embedding adds the context the bag lacks through its own MLP. A few matrix products of the
-    query's dozen tokens: no transformer runs for it.
+    query's dozen tokens: no LLM runs for it. ``context_layers`` > 0 first lets the tokens read
+    each other through that many small self-attention blocks (the bag alone cannot tell "bank"
+    of a river from a bank that lends); each block starts as the identity (its output
+    projections are zero), so training begins from the plain bag.
     """
 
-    def __init__(self, d_llm: int, d_enc: int, hidden: int = 1024, gate_hidden: int = 64) -> None:
+    def __init__(self, d_llm: int, d_enc: int, hidden: int = 1024, gate_hidden: int = 64, context_layers: int = 0) -> None:
         super().__init__()
+        self.context = torch.nn.ModuleList(_identity_block(d_llm, hidden) for _ in range(context_layers))
         self.gate = torch.nn.Sequential(torch.nn.Linear(d_llm, gate_hidden), torch.nn.GELU(), torch.nn.Linear(gate_hidden, 1))
         self.token = torch.nn.Sequential(torch.nn.Linear(d_llm, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, d_llm))
         self.pooled = make_head(d_enc, d_llm, hidden)
 
     def forward(self, sentence: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``sentence`` (B, d_enc), ``tokens`` (B, L, d_llm) input embeddings, ``mask`` (B, L) 1 for real tokens -> h (B, d_llm)."""
+        for block in self.context:
+            tokens = block(tokens, src_key_padding_mask=mask == 0)
         weights = self.gate(tokens).squeeze(-1).masked_fill(mask == 0, -1e4).softmax(-1)
         return (weights.unsqueeze(-1) * (tokens + self.token(tokens))).sum(1) + self.pooled(sentence)
 
 
-def make_student_head(kind: str, d_enc: int, d_llm: int, hidden: int = 1024, gate_hidden: int = 64) -> torch.nn.Module:
+def _identity_block(d: int, hidden: int) -> torch.nn.Module:
+    """A pre-norm self-attention block whose residual branches output zero until trained."""
+    block = torch.nn.TransformerEncoderLayer(
+        d, nhead=8 if d % 8 == 0 else 1, dim_feedforward=hidden, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+    )
+    for layer in (block.self_attn.out_proj, block.linear2):
+        torch.nn.init.zeros_(layer.weight)
+        torch.nn.init.zeros_(layer.bias)
+    return block
+
+
+def make_student_head(
+    kind: str, d_enc: int, d_llm: int, hidden: int = 1024, gate_hidden: int = 64, context_layers: int = 0
+) -> torch.nn.Module:
     """A student's trainable part: ``pooled`` (:func:`make_head`) or ``token-bag`` (:class:`TokenBagHead`)."""
     if kind == "pooled":
         return make_head(d_enc, d_llm, hidden)
     if kind == "token-bag":
-        return TokenBagHead(d_llm, d_enc, hidden, gate_hidden)
+        return TokenBagHead(d_llm, d_enc, hidden, gate_hidden, context_layers)
     raise ValueError(f"unknown student kind {kind!r}: expected one of {', '.join(STUDENT_KINDS)}")
 
 
@@ -217,7 +236,10 @@ class DistilledQueryEncoder:
         kind = shape.get("kind", "pooled")
         if kind not in STUDENT_KINDS:
             raise ValueError(f"{path}: field 'head.kind': expected one of {', '.join(STUDENT_KINDS)}, got {kind!r}")
-        head = make_student_head(kind, int(shape["in"]), int(shape["out"]), int(shape.get("hidden", 0)), int(shape.get("gate_hidden", 64)))
+        head = make_student_head(
+            kind, int(shape["in"]), int(shape["out"]), int(shape.get("hidden", 0)), int(shape.get("gate_hidden", 64)),
+            int(shape.get("context_layers", 0)),
+        )
         head.load_state_dict({k: v.float() for k, v in load_file(str(directory / HEAD_FILE)).items()})
         return cls(head.eval(), record, directory)
 

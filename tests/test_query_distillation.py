@@ -60,6 +60,21 @@ def _pairs(folder: Path, anchors: list[str]) -> Path:
     return folder
 
 
+def test_length_batches_cover_every_text_once_in_batches_of_similar_length():
+    from training.query_encoder.trainer import length_batches
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([1, 50] * 200, dtype=torch.float32)  # short queries and long sentences, interleaved
+    order = torch.randperm(400, generator=g)
+    batches = length_batches(order, lengths, 10, g, pool=20)
+    assert sorted(torch.cat(batches).tolist()) == list(range(400))
+    assert all(len(b) == 10 for b in batches)
+    # sorted within their pool, all but the batch that straddles the two lengths hold one length
+    assert sum(len(set(lengths[b].tolist())) > 1 for b in batches) <= 1
+    # without lengths (a pooled student), plain consecutive batches of the given order
+    assert [b.tolist() for b in length_batches(order, None, 150, g)] == [order[i : i + 150].tolist() for i in (0, 150, 300)]
+
+
 def test_training_texts_never_hold_an_evaluation_query(tmp_path):
     query = "The parrot sat on the river stone."
     docs = [f"{query} Then the dog ran to the sea near the mountain.", "A game of chess with the team was played at night."]

@@ -139,6 +139,32 @@ def test_a_token_bag_student_is_the_weighted_sum_of_the_querys_own_llm_tokens(ma
     assert (tmp_path / "bag" / "head.safetensors").stat().st_size < table.nbytes
 
 
+def test_context_blocks_start_as_the_plain_bag_and_let_tokens_read_each_other(make_embedder, tmp_path):
+    embedder = make_embedder()
+    identity = {"name": "enc", "sha256": "abc", "dim": 8}
+    plain = _bag_student(embedder, identity).attach(embedder)
+    torch.manual_seed(0)
+    head = make_student_head("token-bag", 8, embedder.dim, 8, gate_hidden=4, context_layers=1)
+    head.load_state_dict(plain.head.state_dict(), strict=False)  # the same gate, corrections and pooled head
+    record = {**plain.record, "head": {**plain.record["head"], "context_layers": 1}}
+    student = DistilledQueryEncoder(head.eval(), record).attach(embedder)
+    texts, x = ["cat and dog", "a river bank", "dog"], np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    # untrained, a block's residual branches output zero: the student is the plain bag
+    np.testing.assert_allclose(student.states(x, texts), plain.states(x, texts), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        for p in head.context.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    # trained, the blocks mix each token with its neighbours: the states move off the plain bag
+    changed = student.states(x, texts)
+    assert not np.allclose(changed, plain.states(x, texts), atol=1e-4)
+    # padding does not leak: a query's state is the same alone and in a batch with longer ones
+    np.testing.assert_allclose(student.states(x[2:], texts[2:]), changed[2:], rtol=1e-4, atol=1e-5)
+    student.save(tmp_path / "ctx")
+    loaded = DistilledQueryEncoder.load(tmp_path / "ctx").attach(embedder)
+    assert len(loaded.head.context) == 1
+    np.testing.assert_array_equal(loaded.states(x, texts), changed)
+
+
 def test_a_damaged_student_record_names_its_file_and_field(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "query_encoder.json").write_text('{"format": 7}')

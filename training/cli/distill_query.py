@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path(".cache/distill"), help="per-text cache of teacher states and encoder inputs")
     p.add_argument("--kind", choices=["token-bag", "pooled"], default=defaults.kind,
                    help="the student: token-bag (the text's LLM tokens and the sentence embedding; default) or pooled (the sentence embedding only)")
-    for field in ("hidden", "gate_hidden", "max_tokens", "epochs", "batch_size", "kl_top", "seed"):
+    for field in ("hidden", "gate_hidden", "context_layers", "max_tokens", "epochs", "batch_size", "kl_top", "seed"):
         p.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
     for field in ("lr", "weight_decay", "kl_weight", "temperature", "holdout"):
         p.add_argument(f"--{field.replace('_', '-')}", type=float, default=getattr(defaults, field))

@@ -11,6 +11,7 @@ class DistillRecipe:
     kind: str = "token-bag"  # "pooled": a head over the sentence embedding; "token-bag": also the text's LLM tokens
     hidden: int = 1024  # the head's hidden width; 0: a linear map (pooled only)
     gate_hidden: int = 64  # token-bag: width of the MLP scoring each token's weight
+    context_layers: int = 0  # token-bag: self-attention blocks over the query's tokens before the bag (0: none)
     max_tokens: int = 96  # token-bag: the LLM tokens read of a text
     epochs: int = 20
     batch_size: int = 128

@@ -25,6 +25,20 @@ class TokenInputs:
     table: torch.Tensor  # (V, d) frozen
 
 
+def length_batches(order: torch.Tensor, lengths: torch.Tensor | None, batch_size: int, g: torch.Generator, pool: int = 50) -> list[torch.Tensor]:
+    """``order`` cut into batches; with ``lengths``, batches of texts of similar length (sorted
+    within pools of ``pool`` batches, then the batches shuffled): a batch pads to its longest
+    text, so random batches of short queries and long sentences would mostly compute padding."""
+    if lengths is None:
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[torch.Tensor] = []
+    for i in range(0, len(order), batch_size * pool):
+        chunk = order[i : i + batch_size * pool]
+        chunk = chunk[torch.argsort(lengths[chunk], stable=True)]
+        batches += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
+    return [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
+
+
 def train_head(
     x: np.ndarray, h: np.ndarray, lm_head: torch.Tensor, recipe: DistillRecipe, progress: bool = True, tokens: TokenInputs | None = None
 ) -> tuple[torch.nn.Module, dict]:
@@ -43,11 +57,12 @@ def train_head(
     hold, train = order[:n_hold], order[n_hold:]
     xt, ht = torch.from_numpy(np.ascontiguousarray(x)).float(), torch.from_numpy(np.ascontiguousarray(h)).float()
     torch.manual_seed(recipe.seed)
-    head = make_student_head(recipe.kind, x.shape[1], h.shape[1], recipe.hidden, recipe.gate_hidden)
+    head = make_student_head(recipe.kind, x.shape[1], h.shape[1], recipe.hidden, recipe.gate_hidden, recipe.context_layers)
     if recipe.kind == "token-bag" and tokens is None:
         raise ValueError("a token-bag student is trained on the texts' LLM tokens: pass tokens")
     ids = torch.from_numpy(tokens.ids) if tokens is not None else None
     mask = torch.from_numpy(tokens.mask) if tokens is not None else None
+    lengths = mask.sum(1) if mask is not None else None
 
     def forward(rows: torch.Tensor) -> torch.Tensor:
         if recipe.kind == "pooled":
@@ -66,8 +81,7 @@ def train_head(
         perm = train[torch.randperm(len(train), generator=g)]
         total = 0.0
         head.train()
-        for i in range(0, len(perm), recipe.batch_size):
-            b = perm[i : i + recipe.batch_size]
+        for b in length_batches(perm, lengths, recipe.batch_size, g):
             loss = query_distillation_loss(
                 forward(b), ht[b], w, kl_weight=recipe.kl_weight, kl_top=recipe.kl_top, temperature=recipe.temperature,
                 teacher_top=top[b] if top is not None else None,
@@ -123,7 +137,7 @@ def distill(
     held = record.pop("holdout_positions")
     shape = {"kind": recipe.kind, "in": int(x.shape[1]), "out": int(h.shape[1]), "hidden": recipe.hidden}
     if recipe.kind == "token-bag":
-        shape.update(gate_hidden=recipe.gate_hidden, max_tokens=recipe.max_tokens)
+        shape.update(gate_hidden=recipe.gate_hidden, max_tokens=recipe.max_tokens, context_layers=recipe.context_layers)
     student = DistilledQueryEncoder(head, {"head": shape, "teacher": teacher_identity(embedder)}).attach(embedder)
     faith = faithfulness(student.states(x[held], [texts[i] for i in held]), h[held], lm_head, m)
     student.record = {
@@ -139,4 +153,4 @@ def distill(
     return student
 
 
-__all__ = ["TokenInputs", "distill", "faithfulness", "train_head"]
+__all__ = ["TokenInputs", "distill", "faithfulness", "length_batches", "train_head"]
