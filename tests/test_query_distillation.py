@@ -139,6 +139,7 @@ def test_distill_query_encoder_command_writes_a_student_the_retriever_takes(tiny
         "--model", str(tiny_model_dir), "--adapter", "none", "--encoder", str(tiny_encoder.identity["name"]),
         "--pairs", str(pairs), "--collections", str(collection), "--cache", str(tmp_path / "cache"),
         "--epochs", "3", "--hidden", "16", "--kl-top", "16", "--expansion-m", "8", "--dtype", "fp32", "--out", str(tmp_path / "student"), "--quiet",
+        "--context-layers", "1",
     ])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
@@ -146,6 +147,11 @@ def test_distill_query_encoder_command_writes_a_student_the_retriever_takes(tiny
     record = DistilledQueryEncoder.load(tmp_path / "student").record
     assert record["name"] == "raw" and record["recipe"]["epochs"] == 3 and record["encoder"]["dim"] == tiny_encoder.dim
     assert record["head"]["kind"] == "token-bag"  # the default student
+    assert record["head"]["context_layers"] == 1 and len(DistilledQueryEncoder.load(tmp_path / "student").head.context) == 1
+    # a pooled student reads no tokens: a context block for it is refused before anything loads
+    with pytest.raises(SystemExit) as exc:
+        main(["--kind", "pooled", "--context-layers", "1", "--out", str(tmp_path / "p")])
+    assert exc.value.code == 2 and "only a token-bag student" in capsys.readouterr().err
 
 
 def test_distill_query_encoder_beside_adapter_needs_an_adapter(tiny_model_dir, tiny_encoder, tmp_path, capsys):

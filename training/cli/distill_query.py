@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expansion-m", type=int, default=EXPANSION_M, help=f"M of the top-M overlap reported (default {EXPANSION_M})")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    if args.context_layers and args.kind != "token-bag":
+        p.error("--context-layers: only a token-bag student reads the query's tokens (--kind token-bag)")
     setup(args.threads, quiet=args.quiet)
 
     from embedder.encoder import Embedder
