@@ -71,9 +71,13 @@ class TokenBagHead(torch.nn.Module):
 
     def forward(self, sentence: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``sentence`` (B, d_enc), ``tokens`` (B, L, d_llm) input embeddings, ``mask`` (B, L) 1 for real tokens -> h (B, d_llm)."""
+        pad = mask == 0
+        # a text with no tokens (an empty query) attends over its padding rather than over nothing
+        # (a NaN), and the mask below then gives it no bag: h is its pooled head's alone
+        keys = pad & ~pad.all(1, keepdim=True)
         for block in self.context:
-            tokens = block(tokens, src_key_padding_mask=mask == 0)
-        weights = self.gate(tokens).squeeze(-1).masked_fill(mask == 0, -1e4).softmax(-1)
+            tokens = block(tokens, src_key_padding_mask=keys)
+        weights = self.gate(tokens).squeeze(-1).masked_fill(pad, -1e4).softmax(-1) * mask
         return (weights.unsqueeze(-1) * (tokens + self.token(tokens))).sum(1) + self.pooled(sentence)
 
 

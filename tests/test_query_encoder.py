@@ -159,6 +159,11 @@ def test_context_blocks_start_as_the_plain_bag_and_let_tokens_read_each_other(ma
     assert not np.allclose(changed, plain.states(x, texts), atol=1e-4)
     # padding does not leak: a query's state is the same alone and in a batch with longer ones
     np.testing.assert_allclose(student.states(x[2:], texts[2:]), changed[2:], rtol=1e-4, atol=1e-5)
+    # an empty query has no tokens: no NaN from attending over nothing, only the pooled head's h
+    with torch.no_grad():
+        pooled = head.pooled(torch.from_numpy(x[:1])).numpy()
+    np.testing.assert_allclose(student.states(x[:1], [""]), pooled, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(student.states(x[:2], ["", texts[1]])[1], changed[1], rtol=1e-4, atol=1e-5)
     student.save(tmp_path / "ctx")
     loaded = DistilledQueryEncoder.load(tmp_path / "ctx").attach(embedder)
     assert len(loaded.head.context) == 1

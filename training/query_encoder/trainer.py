@@ -67,7 +67,7 @@ def train_head(
     def forward(rows: torch.Tensor) -> torch.Tensor:
         if recipe.kind == "pooled":
             return head(xt[rows])
-        width = max(1, int(mask[rows].sum(1).max()))  # a batch pads to its own longest text, not the corpus's
+        width = max(1, int(lengths[rows].max()))  # a batch pads to its own longest text, not the corpus's
         return head(xt[rows], tokens.table[ids[rows, :width]].float(), mask[rows, :width])
 
     opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
