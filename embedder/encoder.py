@@ -172,6 +172,7 @@ class Embedder:
         self._prefix, self._suffix = self._template_ids(self.config.template("document"))
         self._query_prefix, self._query_suffix = self._template_ids(self.config.template("query"))
         self._vocab_tokens: list[str] | None = None
+        self._special_ids: frozenset[int] | None = None
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -288,14 +289,34 @@ class Embedder:
         tail = memory_ids(self.causal_lm.get_input_embeddings().weight.shape[0], self.memory.n) if self.memory is not None else []
         return [prefix + list(ids) + suffix + tail for ids in text_ids]
 
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's token ids as the tokenizer gives them, no special tokens added, no truncation.
+
+        On the query path, for a query's few words: a fast tokenizer's own (Rust) batch encoder
+        is called directly, as its Python wrapper costs more than the tokenising (0.32 against
+        0.12 ms for a query's words, one at a time; the same ids)."""
+        if not texts:
+            return []
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
+        return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The tokenizer's special token ids (never a text's own token)."""
+        if self._special_ids is None:
+            self._special_ids = frozenset(self.tokenizer.all_special_ids)
+        return self._special_ids
+
     def literal_token_ids(self, text: str) -> list[int]:
         """The text's own tokens (T_s in the paper), deduplicated, special tokens dropped.
 
         Tokenised with a leading space so that the first word gets the same word-initial
         form (e.g. ``Ġgame``) as it would inside a sentence.
         """
-        ids = self.tokenizer(" " + self.normalise(text).strip(), add_special_tokens=False)["input_ids"]
-        special = set(self.tokenizer.all_special_ids)
+        ids = self.token_ids([" " + self.normalise(text).strip()])[0]
+        special = self.special_ids
         return list(dict.fromkeys(i for i in ids if i not in special))
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:

@@ -69,12 +69,12 @@ def cpu_capability(cpuinfo: Path = Path("/proc/cpuinfo")) -> Capability:
 
 
 def lm_head_dtype(cap: Capability) -> str:
-    """The precision of the LM-head product for distilled queries (embedder/query_encoder.py):
-    "fp16" where the CPU converts half floats in hardware (F16C, on every x86 CPU with AVX2), so
-    that one query's product over the whole vocabulary, bound by reading the weights, reads half
-    the bytes (docs/speed-and-precision.md); else "fp32". A GPU keeps fp32: there the product is
-    not the cost."""
-    return "fp16" if cap.device == "cpu" and "f16c" in cap.flags else "fp32"
+    """The precision of the LM-head product for distilled queries (embedder/lm_head.py): "int8"
+    on a CPU, where the product over the whole vocabulary is bound by reading the weights: an int8
+    first pass reads a quarter of fp32's bytes and an fp32 rescoring of the survivors keeps fp32's
+    top tokens, on any CPU Numba compiles for (no instruction set is assumed). A GPU keeps fp32:
+    there the product is not the cost."""
+    return "int8" if cap.device == "cpu" else "fp32"
 
 
 def device_capability(device: str) -> Capability:

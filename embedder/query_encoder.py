@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from embedder.lm_head import LMHead
+
 STUDENT_FILE = "query_encoder.json"
 HEAD_FILE = "head.safetensors"
 STUDENT_FORMAT = 1  # the record's layout; the student's kind is record["head"]["kind"] ("pooled" where absent)
@@ -107,8 +109,7 @@ def llm_token_ids(embedder: Any, texts: list[str], max_tokens: int) -> tuple[np.
     """The texts' own LLM tokens as ``embedder`` (the teacher) reads them (``Embedder.normalise``:
     all-caps folded), no template and no special tokens: ids (n, L) int64 (0 where padded) and
     mask (n, L) float32, L the longest (at most ``max_tokens``; at least 1)."""
-    normalised = [embedder.normalise(t) for t in texts]
-    rows = embedder.tokenizer(normalised, add_special_tokens=False, truncation=True, max_length=max_tokens)["input_ids"]
+    rows = [r[:max_tokens] for r in embedder.token_ids([embedder.normalise(t) for t in texts])]
     width = max([1, *(len(r) for r in rows)])
     ids, mask = np.zeros((len(rows), width), np.int64), np.zeros((len(rows), width), np.float32)
     for i, r in enumerate(rows):
@@ -246,40 +247,6 @@ class DistilledQueryEncoder:
         )
         head.load_state_dict({k: v.float() for k, v in load_file(str(directory / HEAD_FILE)).items()})
         return cls(head.eval(), record, directory)
-
-
-class LMHead:
-    """The LLM's own LM head for distilled queries: top-M aligned tokens of a student's h.
-
-    With no LLM forward left on the query path, the product over the whole vocabulary (49,152 x
-    576 for the default backbone) is the largest cost of a distilled query, and it is bound by
-    reading the weights. So it runs in the precision ``embedder.hardware.lm_head_dtype`` chooses
-    for the CPU: fp16 (half the bytes) where F16C converts in hardware. The LLM's own path keeps
-    fp32 (``Embedder.top_tokens``).
-    """
-
-    def __init__(self, weight: torch.Tensor, dtype: str = "fp32") -> None:
-        if dtype not in ("fp32", "fp16"):
-            raise ValueError(f"LM head dtype must be fp32 or fp16, not {dtype!r}")
-        self.dtype = dtype
-        self._torch_dtype = torch.float16 if dtype == "fp16" else torch.float32
-        self.weight = weight.detach().to(self._torch_dtype).contiguous()
-
-    @classmethod
-    def of(cls, embedder: Any, dtype: str | None = None) -> LMHead:
-        """``embedder``'s LM head, in ``dtype`` (None: the one its device's capability calls for)."""
-        from embedder.hardware import device_capability, lm_head_dtype
-
-        if dtype is None:
-            dtype = lm_head_dtype(device_capability(str(getattr(embedder, "device", "cpu"))))
-        return cls(embedder.causal_lm.get_output_embeddings().weight, dtype)
-
-    @torch.inference_mode()
-    def top_tokens(self, h: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k token ids (n, k) int32 and their logits (n, k) float32, best first."""
-        x = torch.as_tensor(np.ascontiguousarray(h, dtype=np.float32), device=self.weight.device).to(self._torch_dtype)
-        vals, ids = torch.topk(x @ self.weight.T, min(k, self.weight.shape[0]), dim=-1)
-        return ids.cpu().numpy().astype(np.int32), vals.float().cpu().numpy()
 
 
 def student_beside(adapter: dict | None) -> Path | None:

@@ -45,11 +45,9 @@ def literal_ids(embedder: Embedder, text: str, forms: str) -> list[int]:
     if forms in ("space", "both"):
         ids += embedder.literal_token_ids(text)
     if forms in ("bare", "both"):
-        special = set(embedder.tokenizer.all_special_ids)
-        words = embedder.normalise(text).split()
-        if words:
-            for row in embedder.tokenizer(words, add_special_tokens=False)["input_ids"]:
-                ids += [i for i in row if i not in special]
+        special = embedder.special_ids
+        for row in embedder.token_ids(embedder.normalise(text).split()):
+            ids += [i for i in row if i not in special]
     return list(dict.fromkeys(ids))
 
 

@@ -255,11 +255,12 @@ def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embe
         assert q.tokens[q.n_literal:].tolist() == [t for t in ids.tolist() if t not in q.tokens[: q.n_literal].tolist()]
 
 
-def test_the_lm_head_precision_follows_the_cpu():
+def test_the_lm_head_precision_follows_the_device():
     from embedder.hardware import Capability, lm_head_dtype
 
-    assert lm_head_dtype(Capability("cpu", "AMD EPYC", ("avx2", "fma", "f16c"))) == "fp16"
-    assert lm_head_dtype(Capability("cpu", "old x86", ("avx",))) == "fp32"  # no hardware half-float conversion
+    assert lm_head_dtype(Capability("cpu", "AMD EPYC", ("avx2", "fma", "f16c"))) == "int8"
+    assert lm_head_dtype(Capability("cpu", "old x86", ("avx",))) == "int8"  # Numba's kernel assumes no instruction set
+    assert lm_head_dtype(Capability("cpu", "Xeon", ("avx512f", "amx_int8"), native_bf16=True)) == "int8"
     assert lm_head_dtype(Capability("cuda", "H100", (), native_bf16=True)) == "fp32"
 
 
@@ -274,8 +275,38 @@ def test_the_half_precision_lm_head_keeps_the_top_tokens(tiny_embedder):
     overlap = [len(set(a) & set(b)) / 16 for a, b in zip(ids16.tolist(), want_ids.tolist())]
     assert min(overlap) >= 14 / 16 and np.mean(overlap) >= 0.97  # only near-ties at the cut may swap
     np.testing.assert_allclose(np.sort(vals16, axis=1), np.sort(want_vals, axis=1), atol=0.05 * np.abs(want_vals).max())
-    with pytest.raises(ValueError, match="fp32 or fp16"):
-        LMHead(torch.zeros(4, 2), "int8")
+    with pytest.raises(ValueError, match="fp32, fp16, int8"):
+        LMHead(torch.zeros(4, 2), "int4")
+
+
+@pytest.mark.parametrize("k", [1, 16, 200])
+def test_the_int8_lm_head_gives_fp32s_top_tokens(k):
+    """The int8 first pass only bounds the logits; the answer is fp32's, ties aside. A head whose
+    rows differ by less than int8 can resolve (near-duplicates, a tiny row) checks the bound."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((3000, 64)).astype(np.float32)
+    w[1000:1100] = w[0] + 1e-3 * rng.standard_normal((100, 64)).astype(np.float32)  # below one int8 step apart
+    w[1100] *= 1e-6
+    weight = torch.from_numpy(w)
+    h = rng.standard_normal((24, 64)).astype(np.float32)
+    h[:4] = w[0] * 3  # queries aimed at the near-duplicate rows, whose order int8 alone cannot see
+    ref_ids, ref_vals = LMHead(weight, "fp32").top_tokens(h, k)
+    ids, vals = LMHead(weight, "int8").top_tokens(h, k)
+    assert ids.shape == (24, k) and ids.dtype == np.int32 and vals.dtype == np.float32
+    # the same logits, best first; a token may differ from fp32's only where two fp32 logits tie at the cut
+    np.testing.assert_allclose(vals, ref_vals, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(vals, np.take_along_axis(h @ w.T, ids.astype(np.int64), 1), rtol=1e-5, atol=1e-4)
+    logits = h.astype(np.float64) @ w.T.astype(np.float64)
+    for i, (a, b) in enumerate(zip(ids, ref_ids)):
+        swapped = sorted(set(a.tolist()) ^ set(b.tolist()))
+        np.testing.assert_allclose(logits[i, swapped], ref_vals[i, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_int8_lm_head_falls_back_to_fp32_on_a_non_finite_state():
+    w = torch.randn(50, 8)
+    h = np.full((1, 8), np.nan, np.float32)
+    ids, _ = LMHead(w, "int8").top_tokens(h, 5)
+    assert ids.shape == (1, 5)  # no bound holds for NaN: the fp32 product answers, as on the LLM's own path
 
 
 def test_a_student_of_another_adapter_is_refused_at_load(encoder_index, tiny_embedder, make_embedder, tmp_path):
