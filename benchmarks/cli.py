@@ -70,6 +70,12 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick-docs", type=int, default=300, help="documents per dataset with --quick (default 300)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed for --quick")
     p.add_argument("--resume", action="store_true", help="keep the datasets --out's results.json already holds for these systems; run the rest")
+    p.add_argument(
+        "--interleaved-latency",
+        action="store_true",
+        help="after the timed runs, every system answers each query once more, back to back on the same query (order rotating): "
+        "latency ratios taken over the same minutes (reported beside the sequential ones)",
+    )
     p.add_argument("--compare", action="store_true", help="add paired significance tests between systems (ranx.compare)")
     p.add_argument("--runs-gzip", action="store_true", help="write the TREC runs gzip-compressed (.trec.gz)")
     p.add_argument("--index-dir", type=Path, default=None, help="build (and keep) indexes here (default: a temporary folder, removed)")
@@ -178,7 +184,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
     if args.fusion_from:
         extra["fusion_from"] = str(args.fusion_from)
     try:
-        results = run_suite(loaded, names, settings, args.out, depth=args.depth, compare=args.compare, runs_gzip=args.runs_gzip, command=command, extra_settings=extra, resume=args.resume)
+        results = run_suite(loaded, names, settings, args.out, depth=args.depth, compare=args.compare, runs_gzip=args.runs_gzip, command=command, extra_settings=extra, resume=args.resume,
+                            interleaved=args.interleaved_latency)
     except (sysreg.SystemUnavailable, ModelNotAvailable, CorpusError) as exc:
         print(f"beir-eval: error: {exc}", file=sys.stderr)
         return 2

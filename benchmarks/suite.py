@@ -8,7 +8,11 @@ Timing protocol (single process, this machine):
   untimed (a warm pass: Lucene's JIT needs many calls to settle), then searched again one
   at a time, timed: *search* latency is that search of the pre-encoded query, *end to
   end* is encoding + search of that query;
-* ranx's own compilation is paid by a warm-up on a toy example, also timed apart.
+* ranx's own compilation is paid by a warm-up on a toy example, also timed apart;
+* with ``interleaved``, every system then answers each query once more, the systems one after
+  another on the same query, their order rotating from query to query: a ratio of two systems'
+  latencies is then taken over the same minutes of the machine's life, not over two stretches
+  minutes apart (on a shared 2-core VM the same encoder measured 20% apart that way).
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ def run_suite(
     command: str | None = None,
     extra_settings: dict | None = None,
     resume: bool = False,
+    interleaved: bool = False,
 ) -> dict:
     """Run every system on every dataset; write runs, results JSON and a markdown report.
 
@@ -66,7 +71,7 @@ def run_suite(
         "commit": git_commit(),
         "machine": machine_info(),
         "load_avg_start": load_avg(),
-        "settings": {"depth": depth, "metrics": metrics, "compare": compare, "warmup_queries": WARMUP_QUERIES, **(extra_settings or {})},
+        "settings": {"depth": depth, "metrics": metrics, "compare": compare, "warmup_queries": WARMUP_QUERIES, "interleaved_latency": interleaved, **(extra_settings or {})},
         "warmup": {},
         "systems": {},
         "datasets": [],
@@ -96,7 +101,7 @@ def run_suite(
     results["datasets"].extend(done.values())
     try:
         for ds in datasets:
-            results["datasets"].append(_run_dataset(ds, systems, out_dir, depth, metrics, compare, runs_gzip))
+            results["datasets"].append(_run_dataset(ds, systems, out_dir, depth, metrics, compare, runs_gzip, interleaved))
             for s in systems:  # some parameters are only known once an index exists
                 results["systems"][s.name]["params"] = s.params()
             _write(results, out_dir, start)  # partial results survive a later failure
@@ -132,7 +137,8 @@ def _write(results: dict, out_dir: Path, start: float) -> dict:
 
 
 def _run_dataset(
-    ds: Dataset, systems: list[System], out_dir: Path, depth: int, metrics: list[str], compare: bool, runs_gzip: bool
+    ds: Dataset, systems: list[System], out_dir: Path, depth: int, metrics: list[str], compare: bool, runs_gzip: bool,
+    interleaved: bool = False,
 ) -> dict:
     qids = list(ds.queries)
     texts = [ds.queries[q] for q in qids]
@@ -176,6 +182,25 @@ def _run_dataset(
             file=sys.stderr,
             flush=True,
         )
+    if interleaved and len(systems) > 1:
+        for name, stats in interleaved_latency(systems, texts, depth).items():
+            entry["results"][name]["latency"]["interleaved_end_to_end"] = stats
+        print("   interleaved e2e p50: " + ", ".join(f"{n} {entry['results'][n]['latency']['interleaved_end_to_end']['p50_ms']:.2f} ms" for n in runs),
+              file=sys.stderr, flush=True)  # fmt: skip
     if compare and len(runs) > 1:
         entry["comparison"] = compare_runs(ds.qrels, runs, metrics)
     return entry
+
+
+def interleaved_latency(systems: list[System], texts: list[str], depth: int) -> dict[str, dict]:
+    """End-to-end latency (encode + search) of every system on each query, the systems back to
+    back on the same query and their order rotating from one query to the next, so that no
+    system always runs first, or always after the same other one (whose work may warm or evict caches)."""
+    seconds: dict[str, list[float]] = {s.name: [] for s in systems}
+    for i, text in enumerate(texts):
+        shift = i % len(systems)
+        for s in systems[shift:] + systems[:shift]:
+            encoded, enc_secs = s.encode([text])
+            _, search_secs = s.search_all(encoded, depth)
+            seconds[s.name].append(enc_secs[0] + search_secs[0])
+    return {name: latency_stats(v) for name, v in seconds.items()}

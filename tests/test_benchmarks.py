@@ -210,6 +210,33 @@ def test_harness_metrics_runs_and_report(harness_results: Path):
     assert "Command: `beir-eval --data toy (test)`" in md
 
 
+def test_interleaved_latency_runs_the_systems_back_to_back_in_rotating_order(tmp_path: Path, toy: Path, monkeypatch):
+    from benchmarks.suite import interleaved_latency
+
+    calls: list[tuple[str, str]] = []
+
+    class Logged(Nothing):
+        def encode(self, queries):
+            calls.append((self.name, queries[0]))
+            return super().encode(queries)
+
+    monkeypatch.setitem(systems.REGISTRY, "a", (Logged, "test stand-in"))
+    monkeypatch.setitem(systems.REGISTRY, "b", (Logged, "test stand-in"))
+    settings = systems.Settings(work_dir=tmp_path / "work", progress=False)
+    pair = [systems.make("a", settings, {}), systems.make("b", settings, {})]
+    stats = interleaved_latency(pair, ["q1", "q2", "q3"], 10)
+    assert calls == [("a", "q1"), ("b", "q1"), ("b", "q2"), ("a", "q2"), ("a", "q3"), ("b", "q3")]
+    assert stats["a"]["n"] == stats["b"]["n"] == 3
+    # through the suite: beside the sequential latency, in results.json and the report
+    monkeypatch.setitem(systems.REGISTRY, "oracle", (Oracle, "test stand-in: the qrels"))
+    out = tmp_path / "inter"
+    run_suite([dsets.load_beir_folder(toy)], ["oracle", "a"], settings, out, depth=10, interleaved=True)
+    res = json.loads((out / "results.json").read_text())
+    assert res["settings"]["interleaved_latency"] is True
+    assert res["datasets"][0]["results"]["oracle"]["latency"]["interleaved_end_to_end"]["n"] == 2
+    assert "E2E p50 ms, interleaved" in (out / "report.md").read_text()
+
+
 def test_resume_keeps_finished_datasets_and_runs_the_rest(harness_results: Path, toy: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setitem(systems.REGISTRY, "oracle", (Oracle, "test stand-in: the qrels"))
     monkeypatch.setitem(systems.REGISTRY, "nothing", (Nothing, "test stand-in: no hits"))

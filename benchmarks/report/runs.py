@@ -146,21 +146,33 @@ def render_run(res: dict, heading_level: int = 2, plots: list[tuple[str, str]] |
     return "\n".join(out)
 
 
+def _interleaved(r: dict) -> float | None:
+    """A result's interleaved end-to-end p50 (beir-eval --interleaved-latency), None where not measured."""
+    stats = r["latency"].get("interleaved_end_to_end")
+    return stats["p50_ms"] if stats else None
+
+
 def _mean_table(res: dict, metrics: list[str]) -> str:
     rows = []
+    any_interleaved = any(_interleaved(r) is not None for ds in res["datasets"] for r in ds["results"].values())
     for name in res["systems"]:
         vals = {m: [] for m in metrics}
-        e2e = []
+        e2e, inter = [], []
         for ds in res["datasets"]:
             r = ds["results"].get(name)
             if r:
                 for m in metrics:
                     vals[m].append(r["metrics"][m])
                 e2e.append(r["latency"]["end_to_end"]["p50_ms"])
+                inter.append(_interleaved(r))
         if not e2e:
             continue
-        rows.append([f"`{name}`"] + [fmt(sum(v) / len(v)) for v in vals.values()] + [fmt_ms(sum(e2e) / len(e2e))])
-    return md_table(["System"] + [metric_label(m) for m in metrics] + ["e2e p50 ms (mean)"], rows)
+        row = [f"`{name}`"] + [fmt(sum(v) / len(v)) for v in vals.values()] + [fmt_ms(sum(e2e) / len(e2e))]
+        if any_interleaved:
+            row.append(fmt_ms(sum(inter) / len(inter)) if None not in inter else "–")
+        rows.append(row)
+    head = ["System"] + [metric_label(m) for m in metrics] + ["e2e p50 ms (mean)"] + (["interleaved e2e p50 ms (mean)"] if any_interleaved else [])
+    return md_table(head, rows)
 
 
 def _render_dataset(ds: dict, metrics: list[str], h: str) -> str:
@@ -177,6 +189,7 @@ def _render_dataset(ds: dict, metrics: list[str], h: str) -> str:
         rows.append([f"`{name}`"] + [fmt(r["metrics"][m]) for m in metrics] + [fmt_ms(r["latency"]["end_to_end"]["p50_ms"])])
     out.append(md_table(["System"] + [metric_label(m) for m in metrics] + ["Latency e2e p50 ms"], rows) + "\n")
     rows = []
+    any_interleaved = any(_interleaved(r) is not None for r in ds["results"].values())
     for name, r in ds["results"].items():
         lat, ix = r["latency"], r["index"]
         cached = bool(ix.get("embeddings_cached"))  # build from cached embeddings: no encoding measured
@@ -194,10 +207,12 @@ def _render_dataset(ds: dict, metrics: list[str], h: str) -> str:
                 fmt(lat["end_to_end"]["qps"], 1),
                 fmt(r.get("warmup_seconds"), 2),
             ]
+            + ([fmt_ms(_interleaved(r)) if _interleaved(r) is not None else "–"] if any_interleaved else [])
         )
     out.append(
         md_table(
-            ["System", "Index docs/s", "Encode tokens/s", "Index bytes/doc", "Search p50 ms", "Search p95 ms", "Search QPS", "E2E p50 ms", "E2E p95 ms", "E2E QPS", "Warm-up s"],
+            ["System", "Index docs/s", "Encode tokens/s", "Index bytes/doc", "Search p50 ms", "Search p95 ms", "Search QPS", "E2E p50 ms", "E2E p95 ms", "E2E QPS", "Warm-up s"]
+            + (["E2E p50 ms, interleaved"] if any_interleaved else []),
             rows,
         )
         + "\n"
