@@ -200,15 +200,25 @@ class DistilledQueryEncoder:
         tokens = self.table[torch.from_numpy(ids)].float()
         return self.head(x, tokens, torch.from_numpy(mask)).numpy()
 
-    def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write the head and its record into ``directory`` (a temporary folder, then renamed)."""
+    def save(self, directory: str | os.PathLike[str], weights: str = "fp32") -> Path:
+        """Write the head and its record into ``directory`` (a temporary folder, then renamed).
+
+        ``weights``: "fp32", or "fp16" (half the file, as the package ships it; :meth:`load`
+        computes in fp32 either way, and the stored value of a weight moves by < 2^-11 of it)."""
         from safetensors.torch import save_file
 
+        if weights not in ("fp32", "fp16"):
+            raise ValueError(f"weights must be fp32 or fp16, not {weights!r}")
+        stored = torch.float16 if weights == "fp16" else torch.float32
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-        save_file({k: v.detach().contiguous() for k, v in self.head.state_dict().items()}, str(tmp / HEAD_FILE))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a student ships with its adapter
+        save_file({k: v.detach().to(stored).contiguous() for k, v in self.head.state_dict().items()}, str(tmp / HEAD_FILE))
+        self.record = {**self.record, "weights": weights}
         (tmp / STUDENT_FILE).write_text(json.dumps({**self.record, "format": STUDENT_FORMAT}, indent=1, sort_keys=True), encoding="utf-8")
+        for f in (HEAD_FILE, STUDENT_FILE):
+            os.chmod(tmp / f, 0o644)
         if target.exists():
             import shutil
 

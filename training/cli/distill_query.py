@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--out", type=Path, help="write the student into this folder")
     where.add_argument("--beside-adapter", action="store_true", help="write it into the adapter's folder (ADAPTER/query-encoder)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "int8"], default="auto", help="the teacher's precision (default auto)")
+    p.add_argument("--weights", choices=["fp16", "fp32"], default="fp16",
+                   help="how the student's weights are stored (default fp16: half the file; it computes in fp32 either way)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores)")
     p.add_argument("--expansion-m", type=int, default=EXPANSION_M, help=f"M of the top-M overlap reported (default {EXPANSION_M})")
     p.add_argument("--quiet", action="store_true")
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or (Path(adapter_path).name if adapter_path else "raw")
     print(f"{len(texts)} texts; teacher {embedder.runtime_summary()}; student head over {encoder.name}", file=sys.stderr)
     student = distill(embedder, encoder, texts, args.cache, recipe, name, args.expansion_m, progress=not args.quiet)
-    student.save(out)
+    student.save(out, weights=args.weights)
     print(json.dumps({"student": str(out), "faithfulness": student.record["faithfulness"], "seconds": student.record["training"]["seconds"]}))
     return 0
 
