@@ -219,7 +219,7 @@ class Retriever:
                 log.warning("query encoder: the LLM, not %s (%s)", student.name, exc)
                 return None, None
         student.check_encoder(encoder.identity)
-        return student, encoder
+        return student.compile(), encoder  # a token-bag head compiled by OpenVINO where it can be (else torch, with a warning)
 
     @classmethod
     def load(

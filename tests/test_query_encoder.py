@@ -170,6 +170,43 @@ def test_context_blocks_start_as_the_plain_bag_and_let_tokens_read_each_other(ma
     np.testing.assert_array_equal(loaded.states(x, texts), changed)
 
 
+def test_a_compiled_head_gives_the_torch_heads_states(make_embedder, tmp_path, monkeypatch):
+    """OpenVINO f32 runs the same graph: padded batches, an empty query and the context block included."""
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))
+    embedder = make_embedder()
+    torch.manual_seed(3)
+    head = make_student_head("token-bag", 8, embedder.dim, 8, gate_hidden=4, context_layers=1)
+    for p in head.parameters():  # off the identity start, so that the block's attention counts
+        torch.nn.init.normal_(p, std=0.3)
+    record = {"name": "ctx", "teacher": teacher_identity(embedder), "encoder": {"name": "enc", "sha256": "abc", "dim": 8},
+              "head": {"kind": "token-bag", "in": 8, "out": embedder.dim, "hidden": 8, "gate_hidden": 4, "max_tokens": 16, "context_layers": 1}}
+    texts = ["cat and dog near the river bank", "dog", "", "a game with the team"]
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    plain = DistilledQueryEncoder(head.eval(), record).attach(embedder)
+    want = plain.states(x, texts)
+    compiled = DistilledQueryEncoder(head.eval(), record).attach(embedder).compile()
+    assert compiled.runtime_name == "openvino" and compiled.runtime_reason == "openvino f32"
+    np.testing.assert_allclose(compiled.states(x, texts), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(compiled.states(x[1:2], texts[1:2]), want[1:2], rtol=1e-4, atol=1e-5)  # alone = in a padded batch
+    assert np.isfinite(compiled.states(x[2:3], [""])).all()
+
+
+def test_a_head_whose_compile_crashes_runs_in_torch_and_says_why(make_embedder, tmp_path, monkeypatch, caplog):
+    """The first compile on a machine runs in a child: a native crash there (simulated) leaves the torch head."""
+    from embedder.student_runtime import CompiledHead
+
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(CompiledHead, "probe_target", "_runtime_crashes:die")
+    embedder = make_embedder()
+    student = _bag_student(embedder, {"name": "enc", "sha256": "abc", "dim": 8}).attach(embedder)
+    texts, x = ["cat and dog", "a river"], np.zeros((2, 8), np.float32)
+    want = student.states(x, texts)
+    with caplog.at_level("WARNING"):
+        student.compile()
+    assert student.runtime_name == "torch" and "killed by SIGFPE" in student.runtime_reason and "killed by SIGFPE" in caplog.text
+    np.testing.assert_array_equal(student.states(x, texts), want)
+
+
 def test_a_damaged_student_record_names_its_file_and_field(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "query_encoder.json").write_text('{"format": 7}')
