@@ -139,7 +139,7 @@ def test_distill_query_encoder_command_writes_a_student_the_retriever_takes(tiny
         "--model", str(tiny_model_dir), "--adapter", "none", "--encoder", str(tiny_encoder.identity["name"]),
         "--pairs", str(pairs), "--collections", str(collection), "--cache", str(tmp_path / "cache"),
         "--epochs", "3", "--hidden", "16", "--kl-top", "16", "--expansion-m", "8", "--dtype", "fp32", "--out", str(tmp_path / "student"), "--quiet",
-        "--context-layers", "1",
+        "--context-layers", "1", "--context-dim", "8", "--token-hidden", "8",
     ])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
@@ -148,10 +148,16 @@ def test_distill_query_encoder_command_writes_a_student_the_retriever_takes(tiny
     assert record["name"] == "raw" and record["recipe"]["epochs"] == 3 and record["encoder"]["dim"] == tiny_encoder.dim
     assert record["head"]["kind"] == "token-bag"  # the default student
     assert record["head"]["context_layers"] == 1 and len(DistilledQueryEncoder.load(tmp_path / "student").head.context) == 1
+    assert record["head"]["context_dim"] == 8 and record["head"]["token_hidden"] == 8 and record["weights"] == "fp16"
+    head = DistilledQueryEncoder.load(tmp_path / "student").head
+    assert head.down.out_features == 8 and head.token[0].out_features == 8  # the narrow block and correction it was trained with
     # a pooled student reads no tokens: a context block for it is refused before anything loads
     with pytest.raises(SystemExit) as exc:
         main(["--kind", "pooled", "--context-layers", "1", "--out", str(tmp_path / "p")])
     assert exc.value.code == 2 and "only a token-bag student" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--context-dim", "64", "--out", str(tmp_path / "p")])
+    assert exc.value.code == 2 and "give --context-layers too" in capsys.readouterr().err
 
 
 def test_distill_query_encoder_beside_adapter_needs_an_adapter(tiny_model_dir, tiny_encoder, tmp_path, capsys):

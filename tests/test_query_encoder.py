@@ -139,20 +139,23 @@ def test_a_token_bag_student_is_the_weighted_sum_of_the_querys_own_llm_tokens(ma
     assert (tmp_path / "bag" / "head.safetensors").stat().st_size < table.nbytes
 
 
-def test_context_blocks_start_as_the_plain_bag_and_let_tokens_read_each_other(make_embedder, tmp_path):
+@pytest.mark.parametrize("context_dim", [0, 8])
+def test_context_blocks_start_as_the_plain_bag_and_let_tokens_read_each_other(make_embedder, tmp_path, context_dim):
     embedder = make_embedder()
     identity = {"name": "enc", "sha256": "abc", "dim": 8}
     plain = _bag_student(embedder, identity).attach(embedder)
     torch.manual_seed(0)
-    head = make_student_head("token-bag", 8, embedder.dim, 8, gate_hidden=4, context_layers=1)
+    head = make_student_head("token-bag", 8, embedder.dim, 8, gate_hidden=4, context_layers=1, context_dim=context_dim)
     head.load_state_dict(plain.head.state_dict(), strict=False)  # the same gate, corrections and pooled head
-    record = {**plain.record, "head": {**plain.record["head"], "context_layers": 1}}
+    if context_dim:  # blocks in a narrower space, added back through an up-projection that starts at zero
+        assert head.down.out_features == context_dim and not head.up.weight.any()
+    record = {**plain.record, "head": {**plain.record["head"], "context_layers": 1, "context_dim": context_dim}}
     student = DistilledQueryEncoder(head.eval(), record).attach(embedder)
     texts, x = ["cat and dog", "a river bank", "dog"], np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
-    # untrained, a block's residual branches output zero: the student is the plain bag
+    # untrained, a block's residual branches (and a narrow block's up-projection) output zero: the student is the plain bag
     np.testing.assert_allclose(student.states(x, texts), plain.states(x, texts), rtol=1e-5, atol=1e-6)
     with torch.no_grad():
-        for p in head.context.parameters():
+        for p in [*head.context.parameters(), *(head.up.parameters() if context_dim else [])]:
             p.add_(0.5 * torch.randn_like(p))
     # trained, the blocks mix each token with its neighbours: the states move off the plain bag
     changed = student.states(x, texts)
@@ -166,7 +169,7 @@ def test_context_blocks_start_as_the_plain_bag_and_let_tokens_read_each_other(ma
     np.testing.assert_allclose(student.states(x[:2], ["", texts[1]])[1], changed[1], rtol=1e-4, atol=1e-5)
     student.save(tmp_path / "ctx")
     loaded = DistilledQueryEncoder.load(tmp_path / "ctx").attach(embedder)
-    assert len(loaded.head.context) == 1
+    assert len(loaded.head.context) == 1 and (loaded.head.down is not None) == bool(context_dim)
     np.testing.assert_array_equal(loaded.states(x, texts), changed)
 
 

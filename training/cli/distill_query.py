@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path(".cache/distill"), help="per-text cache of teacher states and encoder inputs")
     p.add_argument("--kind", choices=["token-bag", "pooled"], default=defaults.kind,
                    help="the student: token-bag (the text's LLM tokens and the sentence embedding; default) or pooled (the sentence embedding only)")
-    for field in ("hidden", "gate_hidden", "context_layers", "max_tokens", "epochs", "batch_size", "kl_top", "seed"):
+    for field in ("hidden", "gate_hidden", "context_layers", "context_dim", "token_hidden", "max_tokens", "epochs", "batch_size", "kl_top", "seed"):
         p.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
     for field in ("lr", "weight_decay", "kl_weight", "temperature", "holdout"):
         p.add_argument(f"--{field.replace('_', '-')}", type=float, default=getattr(defaults, field))
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.context_layers and args.kind != "token-bag":
         p.error("--context-layers: only a token-bag student reads the query's tokens (--kind token-bag)")
+    if args.context_dim and not args.context_layers:
+        p.error("--context-dim: the width of the context blocks; give --context-layers too")
     setup(args.threads, quiet=args.quiet)
 
     from embedder.encoder import Embedder

@@ -12,6 +12,8 @@ class DistillRecipe:
     hidden: int = 1024  # the head's hidden width; 0: a linear map (pooled only)
     gate_hidden: int = 64  # token-bag: width of the MLP scoring each token's weight
     context_layers: int = 0  # token-bag: self-attention blocks over the query's tokens before the bag (0: none)
+    context_dim: int = 0  # token-bag: the blocks' width (0: the LLM's; narrower: projected down and back up)
+    token_hidden: int = 0  # token-bag: the per-token correction's hidden width (0: hidden)
     max_tokens: int = 96  # token-bag: the LLM tokens read of a text
     epochs: int = 20
     batch_size: int = 128

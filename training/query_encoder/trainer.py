@@ -57,7 +57,9 @@ def train_head(
     hold, train = order[:n_hold], order[n_hold:]
     xt, ht = torch.from_numpy(np.ascontiguousarray(x)).float(), torch.from_numpy(np.ascontiguousarray(h)).float()
     torch.manual_seed(recipe.seed)
-    head = make_student_head(recipe.kind, x.shape[1], h.shape[1], recipe.hidden, recipe.gate_hidden, recipe.context_layers)
+    head = make_student_head(
+        recipe.kind, x.shape[1], h.shape[1], recipe.hidden, recipe.gate_hidden, recipe.context_layers, recipe.context_dim, recipe.token_hidden
+    )
     if recipe.kind == "token-bag" and tokens is None:
         raise ValueError("a token-bag student is trained on the texts' LLM tokens: pass tokens")
     ids = torch.from_numpy(tokens.ids) if tokens is not None else None
@@ -137,7 +139,8 @@ def distill(
     held = record.pop("holdout_positions")
     shape = {"kind": recipe.kind, "in": int(x.shape[1]), "out": int(h.shape[1]), "hidden": recipe.hidden}
     if recipe.kind == "token-bag":
-        shape.update(gate_hidden=recipe.gate_hidden, max_tokens=recipe.max_tokens, context_layers=recipe.context_layers)
+        shape.update(gate_hidden=recipe.gate_hidden, max_tokens=recipe.max_tokens, context_layers=recipe.context_layers,
+                     context_dim=recipe.context_dim, token_hidden=recipe.token_hidden)
     student = DistilledQueryEncoder(head, {"head": shape, "teacher": teacher_identity(embedder)}).attach(embedder)
     faith = faithfulness(student.states(x[held], [texts[i] for i in held]), h[held], lm_head, m)
     student.record = {
