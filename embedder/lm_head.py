@@ -21,6 +21,7 @@ a_r + e_r < L cannot be in the top-M. For real queries about 1,000 of 49,152 row
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numba as nb
@@ -28,6 +29,10 @@ import numpy as np
 import torch
 
 LM_HEAD_DTYPES = ("fp32", "fp16", "int8")
+# Numba's fallback threading layer (workqueue, where neither TBB nor OpenMP is there) must not be
+# entered by two threads at once, and a served Retriever answers from many. The kernel already
+# uses every core and is bound by memory: one call at a time costs concurrent queries nothing.
+_KERNEL_LOCK = threading.Lock()
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
@@ -92,7 +97,8 @@ class LMHead:
     def _two_stage(self, h: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         vocab = self._q.shape[0]
         lower, upper = np.empty((len(h), vocab)), np.empty((len(h), vocab))
-        _int8_bounds(self._q, self._scale, self._slack, h, np.linalg.norm(h.astype(np.float64), axis=1), lower, upper)
+        with _KERNEL_LOCK:
+            _int8_bounds(self._q, self._scale, self._slack, h, np.linalg.norm(h.astype(np.float64), axis=1), lower, upper)
         ids, vals = np.empty((len(h), k), np.int32), np.empty((len(h), k), np.float32)
         w = self.weight.numpy()
         for i in range(len(h)):

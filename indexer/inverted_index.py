@@ -1,6 +1,7 @@
 """The aligned-token inverted index: CSR postings per vocabulary token, memory-mappable."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,9 @@ from indexer.diskspace import allocate_npy, save_npy
 from indexer.integrity import check_csr, load_npy
 
 _FILES = ("indptr", "docs", "weights")
+# batch_search runs a parallel kernel: one thread at a time (Numba's workqueue layer, used where neither
+# TBB nor OpenMP is installed, aborts the process when two threads enter one at once)
+_PARALLEL_KERNEL = threading.Lock()
 
 
 @dataclass
@@ -122,7 +126,8 @@ class InvertedIndex:
         q_indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         q_tokens = np.concatenate([np.asarray(t, np.int64) for t, _ in queries]) if queries else np.zeros(0, np.int64)
         q_weights = np.concatenate([np.asarray(w, np.float32) for _, w in queries]) if queries else np.zeros(0, np.float32)
-        return kernels.search_many(self.indptr, self.docs, self.weights, q_indptr, q_tokens, q_weights, self.n_docs, k)
+        with _PARALLEL_KERNEL:
+            return kernels.search_many(self.indptr, self.docs, self.weights, q_indptr, q_tokens, q_weights, self.n_docs, k)
 
     def contributions(self, q_tokens: np.ndarray, doc: int) -> np.ndarray:
         """The document's weight for each query token (0 where the document lacks it)."""

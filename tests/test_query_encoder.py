@@ -369,6 +369,36 @@ def test_the_int8_lm_head_gives_fp32s_top_tokens(k):
         np.testing.assert_allclose(logits[i, swapped], ref_vals[i, -1], rtol=1e-5, atol=1e-5)
 
 
+_THREADS_AT_ONCE = """
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np, torch
+from embedder.lm_head import LMHead
+rng = np.random.default_rng(2)
+head = LMHead(torch.from_numpy(rng.standard_normal((2000, 32)).astype(np.float32)), "int8")
+states = rng.standard_normal((64, 32)).astype(np.float32)
+want = [head.top_tokens(h[None], 10)[0] for h in states]
+with ThreadPoolExecutor(8) as pool:
+    got = list(pool.map(lambda h: head.top_tokens(h[None], 10)[0], states))
+assert all((g == w).all() for g, w in zip(got, want))
+"""
+
+
+@pytest.mark.parametrize("layer", ["default", "workqueue"])
+def test_the_int8_lm_head_answers_threads_at_once(layer):
+    """A served Retriever encodes queries from many threads: each gets its own answer. Numba's
+    workqueue layer (where neither TBB nor OpenMP is installed) aborts the process when two
+    threads enter a parallel kernel at once, so the kernel is entered one thread at a time."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "NUMBA_THREADING_LAYER": layer, "PYTHONPATH": str(repo)}
+    done = subprocess.run([sys.executable, "-c", _THREADS_AT_ONCE], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_the_int8_lm_head_falls_back_to_fp32_on_a_non_finite_state():
     w = torch.randn(50, 8)
     h = np.full((1, 8), np.nan, np.float32)
