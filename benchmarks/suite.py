@@ -195,11 +195,13 @@ def _run_dataset(
 def interleaved_latency(systems: list[System], texts: list[str], depth: int) -> dict[str, dict]:
     """End-to-end latency (encode + search) of every system on each query, the systems back to
     back on the same query and their order rotating from one query to the next, so that no
-    system always runs first, or always after the same other one (whose work may warm or evict caches)."""
+    system always runs first, or always after the same other one (whose work may warm or evict
+    caches). Every encoding is measured afresh (:meth:`System.forget_encodings`)."""
     seconds: dict[str, list[float]] = {s.name: [] for s in systems}
     for i, text in enumerate(texts):
         shift = i % len(systems)
         for s in systems[shift:] + systems[:shift]:
+            s.forget_encodings()  # measured again, never recalled from the timed pass or the warm-up
             encoded, enc_secs = s.encode([text])
             _, search_secs = s.search_all(encoded, depth)
             seconds[s.name].append(enc_secs[0] + search_secs[0])

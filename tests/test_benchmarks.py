@@ -216,7 +216,16 @@ def test_interleaved_latency_runs_the_systems_back_to_back_in_rotating_order(tmp
     calls: list[tuple[str, str]] = []
 
     class Logged(Nothing):
+        """Keeps encodings as the engine does: a kept one would be recalled, not measured."""
+
+        kept: frozenset = frozenset()
+
+        def forget_encodings(self):
+            self.kept = frozenset()
+
         def encode(self, queries):
+            assert queries[0] not in self.kept, "an encoding recalled instead of measured"
+            self.kept = self.kept | {queries[0]}
             calls.append((self.name, queries[0]))
             return super().encode(queries)
 
@@ -224,13 +233,16 @@ def test_interleaved_latency_runs_the_systems_back_to_back_in_rotating_order(tmp
     monkeypatch.setitem(systems.REGISTRY, "b", (Logged, "test stand-in"))
     settings = systems.Settings(work_dir=tmp_path / "work", progress=False)
     pair = [systems.make("a", settings, {}), systems.make("b", settings, {})]
+    pair[0].encode(["q2"])  # kept from an earlier pass (the engine keeps the warm-up's too)
+    calls.clear()
     stats = interleaved_latency(pair, ["q1", "q2", "q3"], 10)
     assert calls == [("a", "q1"), ("b", "q1"), ("b", "q2"), ("a", "q2"), ("a", "q3"), ("b", "q3")]
     assert stats["a"]["n"] == stats["b"]["n"] == 3
     # through the suite: beside the sequential latency, in results.json and the report
     monkeypatch.setitem(systems.REGISTRY, "oracle", (Oracle, "test stand-in: the qrels"))
+    monkeypatch.setitem(systems.REGISTRY, "nothing", (Nothing, "test stand-in: no hits"))
     out = tmp_path / "inter"
-    run_suite([dsets.load_beir_folder(toy)], ["oracle", "a"], settings, out, depth=10, interleaved=True)
+    run_suite([dsets.load_beir_folder(toy)], ["oracle", "nothing"], settings, out, depth=10, interleaved=True)
     res = json.loads((out / "results.json").read_text())
     assert res["settings"]["interleaved_latency"] is True
     assert res["datasets"][0]["results"]["oracle"]["latency"]["interleaved_end_to_end"]["n"] == 2

@@ -99,6 +99,10 @@ class System:
             enc, _ = self.encode([q])
             self.search_all(enc, k)
 
+    def forget_encodings(self) -> None:
+        """Drop encodings kept from earlier calls (a system that keeps them overrides this), so
+        that the next :meth:`encode` is measured, not recalled."""
+
     def encode(self, queries: list[str]) -> tuple[list[Any], list[float]]:
         """Encode each query on its own; returns (encodings, seconds per query)."""
         return list(queries), [0.0] * len(queries)

@@ -240,6 +240,11 @@ class AlignedTokensSystem(System):
     def load(self) -> None:
         self.engine.load()
 
+    def forget_encodings(self) -> None:
+        # the engine keeps each query set's encodings and their times (sparse and dense share
+        # them), warm-up queries included: a later measurement must encode again
+        self.engine._encoded.clear()
+
     def params(self) -> dict:
         p = self.engine.params()
         p["mode"] = self.mode
