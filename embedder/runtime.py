@@ -130,6 +130,14 @@ def _export_openvino(module: torch.nn.Module, dtype: str, target: Path) -> None:
         # Per-output-channel asymmetric int8 weights (per-tensor, as torch's dynamic
         # quantisation does, costs the embedding its faithfulness: cosine 0.80 to fp32).
         graph = nncf.compress_weights(graph, mode=nncf.CompressWeightsMode.INT8_ASYM)
+    save_graph(graph, target)
+
+
+def save_graph(graph, target: Path) -> None:
+    """Write an OpenVINO graph as ``target/model.xml`` (a temporary folder, then renamed); where
+    another process published the same graph first, keep theirs."""
+    import openvino as ov
+
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:
@@ -267,4 +275,4 @@ def make_runtime(
     return runtime
 
 
-__all__ = ["EXPORT_VERSION", "OpenVINORuntime", "Runtime", "RuntimeUnusable", "TorchRuntime", "compile_openvino", "graph_directory", "make_runtime", "runtime_key"]
+__all__ = ["EXPORT_VERSION", "OpenVINORuntime", "Runtime", "RuntimeUnusable", "TorchRuntime", "compile_openvino", "graph_directory", "make_runtime", "runtime_key", "save_graph"]

@@ -16,9 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 
@@ -27,6 +24,7 @@ import torch
 
 from embedder.hardware import cpu_capability
 from embedder.models import cache_dir
+from embedder.runtime import save_graph
 from embedder.runtime_probe import probe
 
 log = logging.getLogger(__name__)
@@ -65,18 +63,7 @@ def _export(head: torch.nn.Module, d_enc: int, d_llm: int, target: Path) -> None
             head, example_input=example,
             input=[ov.PartialShape([-1, d_enc]), ov.PartialShape([-1, -1, d_llm]), ov.PartialShape([-1, -1])],
         )  # fmt: skip
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        ov.save_model(graph, str(tmp / "model.xml"), compress_to_fp16=False)
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "model.xml").exists():  # another process may have published it first
-            raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    save_graph(graph, target)
 
 
 def compile_student(xml: str, config: dict, d_enc: int, d_llm: int) -> None:
