@@ -17,7 +17,7 @@ d products is off by at most d * 2^-24 * s_r ||q_r|| ||h|| in any summation orde
 first pass and e_r the sum of the two, the true logits satisfy a_r - e_r <= x_r <= a_r + e_r; the
 M-th largest of a_r - e_r is a lower bound L on the true M-th largest logit, so a token with
 a_r + e_r < L cannot be in the top-M. For real queries about 1,000 of 49,152 rows survive
-(docs/speed-and-precision.md).
+(docs/speed-and-precision.md); they are rescored in place, row by row, in fp32.
 """
 from __future__ import annotations
 
@@ -51,6 +51,19 @@ def _int8_bounds(
             err = slack[r] * h_norm[i]
             lower[i, r] = approx - err
             upper[i, r] = approx + err
+
+
+@nb.njit(fastmath=True, cache=True)
+def _rescore(w: np.ndarray, rows: np.ndarray, h: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """float32 logits w[rows] . h, read in place: gathering ~1,000 fp32 rows into a new array
+    first cost 0.8 ms a query, three times the products themselves (cold caches, 2 AVX2 cores)."""
+    out = np.empty(rows.shape[0], np.float32)
+    for i in range(rows.shape[0]):
+        acc = np.float32(0.0)
+        for j in range(h.shape[0]):
+            acc += w[rows[i], j] * h[j]
+        out[i] = acc
+    return out
 
 
 class LMHead:
@@ -104,8 +117,7 @@ class LMHead:
         for i in range(len(h)):
             cut = np.partition(lower[i], vocab - k)[vocab - k]  # <= the true k-th largest logit
             candidates = np.flatnonzero(upper[i] >= cut)  # at least k: upper >= lower
-            exact = torch.from_numpy(w[candidates]) @ torch.from_numpy(h[i])
-            top_vals, top = torch.topk(exact, k)
+            top_vals, top = torch.topk(torch.from_numpy(_rescore(w, candidates, h[i])), k)
             ids[i], vals[i] = candidates[top.numpy()], top_vals.numpy()
         return ids, vals
 

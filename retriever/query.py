@@ -41,14 +41,11 @@ def literal_ids(embedder: Embedder, text: str, forms: str) -> list[int]:
     (each word tokenised alone, ``game``), or "both"."""
     if forms not in ("space", "bare", "both"):
         raise ValueError("forms must be 'space', 'bare' or 'both'")
-    ids: list[int] = []
-    if forms in ("space", "both"):
-        ids += embedder.literal_token_ids(text)
-    if forms in ("bare", "both"):
-        special = embedder.special_ids
-        for row in embedder.token_ids(embedder.normalise(text).split()):
-            ids += [i for i in row if i not in special]
-    return list(dict.fromkeys(ids))
+    text = embedder.normalise(text)
+    # one call to the tokenizer for both forms (as Embedder.literal_token_ids reads the text, then each word)
+    pieces = ([" " + text.strip()] if forms in ("space", "both") else []) + (text.split() if forms in ("bare", "both") else [])
+    special = embedder.special_ids
+    return list(dict.fromkeys(i for row in embedder.token_ids(pieces) for i in row if i not in special))
 
 
 def encode_queries(

@@ -129,6 +129,17 @@ def test_query_encoding(tiny_embedder):
         literal_ids(tiny_embedder, q, "neither")
 
 
+@pytest.mark.parametrize("q", ["the cat and the dog", "CAT AND DOG", "  river  bank ", "", "dog dog"])
+def test_literal_tokens_are_the_word_initial_forms_then_each_word_alone(tiny_embedder, q):
+    """"both" reads the text with a leading space (Embedder.literal_token_ids), then each word
+    tokenised alone, in one tokenizer call: the same ids, in that order, each once."""
+    space = tiny_embedder.literal_token_ids(q)
+    bare = [i for row in tiny_embedder.token_ids(tiny_embedder.normalise(q).split()) for i in row if i not in tiny_embedder.special_ids]
+    assert literal_ids(tiny_embedder, q, "space") == space
+    assert literal_ids(tiny_embedder, q, "bare") == list(dict.fromkeys(bare))
+    assert literal_ids(tiny_embedder, q, "both") == list(dict.fromkeys(space + bare))
+
+
 def test_without_expansion_only_query_words_match(toy_corpus, tiny_embedder, tmp_path):
     build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=64, progress=False)
     r = Retriever.load(tmp_path / "index", embedder=tiny_embedder, expansion_m=0)
