@@ -80,18 +80,24 @@ class CachedEmbedder:
         self.hits = 0  # texts served from the cache
         self.misses = 0  # texts encoded
         self._stores: dict[Path, dict[bytes, tuple[np.ndarray, int]]] = {}
+        self._read: dict[Path, set[str]] = {}  # the files of each folder already in its store
 
     def __getattr__(self, name: str):
         return getattr(self.embedder, name)
 
     def _load(self, directory: Path) -> dict[bytes, tuple[np.ndarray, int]]:
-        if directory not in self._stores:
-            store = self._stores[directory] = {}
-            for path in sorted(directory.glob("*.npz")):
-                with np.load(path) as z:
-                    for key, h, n in zip(z["keys"], z["h"], z["n_tokens"]):
-                        store[_stored_key(key)] = (h, int(n))
-        return self._stores[directory]
+        """The folder's store, with every file written since the last call read in: another
+        CachedEmbedder (a second system of the same beir-eval run, another process) may have
+        encoded these texts meanwhile, and reading only at first use encoded them again."""
+        store, read = self._stores.setdefault(directory, {}), self._read.setdefault(directory, set())
+        for path in sorted(directory.glob("*.npz")):
+            if path.name in read:
+                continue
+            with np.load(path) as z:
+                for key, h, n in zip(z["keys"], z["h"], z["n_tokens"]):
+                    store[_stored_key(key)] = (h, int(n))
+            read.add(path.name)
+        return store
 
     def iter_batches(self, texts: Sequence[str], role: str = "document") -> Iterable[tuple[np.ndarray, torch.Tensor, int]]:
         """As :meth:`Embedder.iter_batches`: cached texts first, then the others as encoded."""
@@ -116,7 +122,8 @@ class CachedEmbedder:
             h[pos] = emb.float().cpu().numpy()
             yield missing[pos], emb, ntok
         new_keys = [keys[i] for i in missing]
-        self._write(directory, np.array(new_keys, dtype=f"S{KEY_BYTES}"), h, n_tokens)
+        written = self._write(directory, np.array(new_keys, dtype=f"S{KEY_BYTES}"), h, n_tokens)
+        self._read[directory].add(written.name)
         for key, row, n in zip(new_keys, h, n_tokens):
             store[key] = (row, int(n))
 
@@ -128,17 +135,20 @@ class CachedEmbedder:
                 out[pos] = h.float().cpu().numpy()
         return out
 
-    def _write(self, directory: Path, keys: np.ndarray, h: np.ndarray, n_tokens: np.ndarray) -> None:
+    def _write(self, directory: Path, keys: np.ndarray, h: np.ndarray, n_tokens: np.ndarray) -> Path:
+        """One .npz of new embeddings, written atomically; returns its path."""
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".npz")
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, keys=keys, h=h, n_tokens=n_tokens)
             os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
-            os.replace(tmp, directory / f"{hashlib.sha256(keys.tobytes()).hexdigest()[:24]}.npz")
+            path = directory / f"{hashlib.sha256(keys.tobytes()).hexdigest()[:24]}.npz"
+            os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        return path
 
 
 class ArrayCache:

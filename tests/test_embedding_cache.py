@@ -156,3 +156,16 @@ def test_a_key_ending_with_a_nul_byte_is_found_again(tiny_embedder, tmp_path):
     again = CachedEmbedder(tiny_embedder, tmp_path / "emb")
     again.embed_texts(texts)
     assert (again.hits, again.misses) == (len(texts), 0)
+
+
+def test_a_second_cache_on_the_same_folder_sees_what_the_first_wrote_after_it_was_read(texts, tiny_embedder, tmp_path, monkeypatch):
+    """Two systems of one beir-eval run each wrap the embedder: texts one of them encodes after
+    the other has read the folder are hits for the other, not a second encoding."""
+    first, second = CachedEmbedder(tiny_embedder, tmp_path / "cache"), CachedEmbedder(tiny_embedder, tmp_path / "cache")
+    second.embed_texts(texts[:5])  # the second has read the folder (and written its own five)
+    expected = first.embed_texts(texts)  # the first encodes all 40 after that
+    assert (first.misses, second.misses) == (35, 5)
+    forbid_encoding(tiny_embedder, monkeypatch)
+    got = second.embed_texts(texts)
+    assert second.hits == 40
+    np.testing.assert_array_equal(got, expected)
