@@ -231,24 +231,35 @@ class DistilledQueryEncoder:
         """Where the head runs: "openvino" (after :meth:`compile`) or "torch"."""
         return "openvino" if self._compiled is not None else "torch"
 
-    def compile(self) -> DistilledQueryEncoder:
+    def compile(self, precision: str | None = None) -> DistilledQueryEncoder:
         """Run a token-bag head compiled by OpenVINO from now on (embedder/student_runtime.py:
-        2.5x faster a query on a CPU; f32, the same states to ~1e-6), where it exports and
-        compiles here; else keep the torch head, saying why in :attr:`runtime_reason`. The
-        weights are frozen into the graph: a head changed afterwards needs compile() again.
-        What the Retriever does on loading a student; training and its measurements use torch."""
+        2.5x faster a query on a CPU than torch's eager head), where it exports and compiles here;
+        else keep the torch head. ``precision``: "f32" or "bf16"; None: the one this CPU calls for
+        (:func:`embedder.hardware.student_precision`: bf16 where it is native). A precision that
+        fails its first compile (tried in a child process) falls back to f32, then to torch;
+        :attr:`runtime_reason` says which runs and why. The weights are frozen into the graph: a
+        head changed afterwards needs compile() again. What the Retriever does on loading a
+        student; training and its measurements use torch."""
         if self.kind != "token-bag":
             return self
+        from embedder.hardware import cpu_capability, student_precision
         from embedder.student_runtime import CompiledHead
 
         shape = self.record["head"]
         self._compiled = None
-        try:
-            self._compiled = CompiledHead(self.head, int(shape["in"]), int(shape["out"]))
-            self.runtime_reason = "openvino f32"
-        except Exception as exc:  # noqa: BLE001 - an export or a compile fails in many ways; each means "keep the torch head"
-            self.runtime_reason = f"torch: openvino unusable here ({type(exc).__name__}: {exc})"
-            log.warning("query encoder %s: the head runs in torch (%s)", self.name, exc)
+        failed: list[str] = []
+        for p in dict.fromkeys([precision or student_precision(cpu_capability()), "f32"]):
+            try:
+                self._compiled = CompiledHead(self.head, int(shape["in"]), int(shape["out"]), precision=p)
+            except Exception as exc:  # noqa: BLE001 - an export or a compile fails in many ways; each means "try the next"
+                failed.append(f"{type(exc).__name__}: {exc}")
+                continue
+            self.runtime_reason = f"openvino {p}" + (f" ({'; '.join(failed)})" if failed else "")
+            if failed:
+                log.warning("query encoder %s: the head runs in openvino %s (%s)", self.name, p, "; ".join(failed))
+            return self
+        self.runtime_reason = f"torch: openvino unusable here ({'; '.join(failed)})"
+        log.warning("query encoder %s: the head runs in torch (%s)", self.name, "; ".join(failed))
         return self
 
     def save(self, directory: str | os.PathLike[str], weights: str = "fp32") -> Path:

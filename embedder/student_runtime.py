@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 # Bump when the export changes, so that graphs of an older export are not reused.
 STUDENT_EXPORT_VERSION = 1
 INPUTS = ("sentence", "tokens", "mask")
+STUDENT_PRECISIONS = ("f32", "bf16")
 
 
 class StudentRuntimeUnusable(RuntimeError):
@@ -80,7 +81,13 @@ class CompiledHead:
     # What a probe child runs ("module:function"); tests point it at a compile that crashes.
     probe_target = "embedder.student_runtime:compile_student"
 
-    def __init__(self, head: torch.nn.Module, d_enc: int, d_llm: int, threads: int | None = None, cache_root: Path | None = None) -> None:
+    def __init__(
+        self, head: torch.nn.Module, d_enc: int, d_llm: int, threads: int | None = None, cache_root: Path | None = None,
+        precision: str = "f32",
+    ) -> None:  # fmt: skip
+        if precision not in STUDENT_PRECISIONS:
+            raise ValueError(f"student precision must be one of {', '.join(STUDENT_PRECISIONS)}, not {precision!r}")
+        self.precision = precision
         try:
             import openvino as ov
         except ImportError:
@@ -94,7 +101,7 @@ class CompiledHead:
             _export(head.eval(), d_enc, d_llm, self.directory)
         config: dict = {
             "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
-            "INFERENCE_PRECISION_HINT": "f32",  # the student was measured in fp32; never bf16 by default
+            "INFERENCE_PRECISION_HINT": precision,  # asked for explicitly: an AMX CPU would otherwise pick bf16 by itself
             "PERFORMANCE_HINT": "LATENCY",
         }
         cpu = cpu_capability()
@@ -105,7 +112,7 @@ class CompiledHead:
         probes.mkdir(parents=True, exist_ok=True)
         verdict = probe(probes, fields, self.probe_target, {"xml": str(xml), "config": config, "d_enc": d_enc, "d_llm": d_llm})
         if not verdict.ok:
-            raise StudentRuntimeUnusable(f"openvino f32: {verdict.reason} at its first compile (in a child process)")
+            raise StudentRuntimeUnusable(f"openvino {precision}: {verdict.reason} at its first compile (in a child process)")
         self.compiled = ov.Core().compile_model(str(xml), "CPU", config)
         self._local = threading.local()  # one infer request per thread: requests are not thread-safe
 
@@ -117,4 +124,4 @@ class CompiledHead:
         return np.array(out, dtype=np.float32, copy=True)
 
 
-__all__ = ["STUDENT_EXPORT_VERSION", "CompiledHead", "StudentRuntimeUnusable", "compile_student", "head_digest"]
+__all__ = ["STUDENT_EXPORT_VERSION", "STUDENT_PRECISIONS", "CompiledHead", "StudentRuntimeUnusable", "compile_student", "head_digest"]

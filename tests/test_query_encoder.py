@@ -187,11 +187,69 @@ def test_a_compiled_head_gives_the_torch_heads_states(make_embedder, tmp_path, m
     x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
     plain = DistilledQueryEncoder(head.eval(), record).attach(embedder)
     want = plain.states(x, texts)
-    compiled = DistilledQueryEncoder(head.eval(), record).attach(embedder).compile()
+    compiled = DistilledQueryEncoder(head.eval(), record).attach(embedder).compile("f32")
     assert compiled.runtime_name == "openvino" and compiled.runtime_reason == "openvino f32"
     np.testing.assert_allclose(compiled.states(x, texts), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(compiled.states(x[1:2], texts[1:2]), want[1:2], rtol=1e-4, atol=1e-5)  # alone = in a padded batch
     assert np.isfinite(compiled.states(x[2:3], [""])).all()
+
+
+def test_the_compiled_heads_precision_follows_the_cpu_capability():
+    """bf16 only where the CPU has it in hardware (emulated bf16 is ~5x slower than f32)."""
+    from embedder.hardware import Capability, student_precision
+
+    assert student_precision(Capability("cpu", "AMD EPYC", ("avx2", "fma", "f16c"))) == "f32"
+    assert student_precision(Capability("cpu", "AMD EPYC", ("avx2", "avx512f", "avx512_bf16"), native_bf16=True)) == "bf16"
+    assert student_precision(Capability("cpu", "Xeon", ("avx512f", "amx_bf16", "amx_int8"), native_bf16=True)) == "bf16"
+    assert student_precision(Capability("cpu", "old x86", ("avx",))) == "f32"
+    assert student_precision(Capability("cuda", "H100", (), native_bf16=True)) == "f32"  # OpenVINO's CPU plugin compiles it
+
+
+def _ctx_student(embedder):
+    torch.manual_seed(3)
+    head = make_student_head("token-bag", 8, embedder.dim, 8, gate_hidden=4, context_layers=1)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    record = {"name": "ctx", "teacher": teacher_identity(embedder), "encoder": {"name": "enc", "sha256": "abc", "dim": 8},
+              "head": {"kind": "token-bag", "in": 8, "out": embedder.dim, "hidden": 8, "gate_hidden": 4, "max_tokens": 16, "context_layers": 1}}
+    return DistilledQueryEncoder(head.eval(), record).attach(embedder)
+
+
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_compile_takes_the_precision_the_cpu_calls_for(make_embedder, tmp_path, monkeypatch, native_bf16):
+    """The capability mocked both ways: the head compiles in the precision student_precision gives, and
+    its states stay those of the torch head (bf16: to bf16's rounding)."""
+    from embedder import hardware
+
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))
+    cap = hardware.Capability("cpu", "mocked", ("avx2", "avx512_bf16") if native_bf16 else ("avx2",), native_bf16=native_bf16)
+    monkeypatch.setattr(hardware, "cpu_capability", lambda *a, **k: cap)
+    embedder = make_embedder()
+    student = _ctx_student(embedder)
+    texts, x = ["cat and dog near the river bank", "dog"], np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    want = student.states(x, texts)
+    student.compile()
+    assert student.runtime_reason == ("openvino bf16" if native_bf16 else "openvino f32")
+    got = student.states(x, texts)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() > (0.999 if native_bf16 else 0.999999)
+
+
+def test_a_bf16_head_whose_compile_crashes_falls_back_to_f32_and_says_why(make_embedder, tmp_path, monkeypatch, caplog):
+    """The AMX crash, simulated on any CPU: bf16 dies in its probe child, f32 then compiles."""
+    from embedder.student_runtime import CompiledHead
+
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(CompiledHead, "probe_target", "_runtime_crashes:student_compile_that_crashes_in_bf16")
+    embedder = make_embedder()
+    student = _ctx_student(embedder)
+    texts, x = ["cat and dog", "a river"], np.zeros((2, 8), np.float32)
+    want = student.states(x, texts)
+    with caplog.at_level("WARNING"):
+        student.compile("bf16")
+    assert student.runtime_name == "openvino" and student.runtime_reason.startswith("openvino f32 (")
+    assert "bf16: killed by SIGFPE" in student.runtime_reason and "killed by SIGFPE" in caplog.text
+    np.testing.assert_allclose(student.states(x, texts), want, rtol=1e-4, atol=1e-5)
 
 
 def test_a_head_whose_compile_crashes_runs_in_torch_and_says_why(make_embedder, tmp_path, monkeypatch, caplog):
@@ -285,12 +343,15 @@ def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embe
     assert r.query_encoder == "distilled:beside"
     got = r.encode(QUERIES, "sparse")
     x = encoder.encode(QUERIES)
-    np.testing.assert_allclose(np.stack([q.embedding for q in got]), student.states(x, QUERIES), rtol=0, atol=1e-6)
+    # the student the Retriever loaded is the one saved, run where this CPU compiles it (bf16 where native)
+    states = r.student.states(x, QUERIES)
+    np.testing.assert_allclose(states, student.states(x, QUERIES), rtol=0, atol=1e-6 if r.student.runtime_reason.endswith("f32") else 0.05)
+    np.testing.assert_allclose(np.stack([q.embedding for q in got]), states, rtol=0, atol=1e-6)
     hits = r.search(QUERIES[1], k=3, mode="hybrid")
     assert hits and all(h.query_encoder == "distilled:beside" for h in hits)
     # the expansion: the literal tokens, then W_lm h's top tokens through the student's LM head
     head = LMHead.of(tiny_embedder)
-    top, _ = head.top_tokens(student.states(x, QUERIES), r.expansion_m)
+    top, _ = head.top_tokens(states, r.expansion_m)
     for q, ids in zip(got, top):
         assert q.tokens[q.n_literal:].tolist() == [t for t in ids.tolist() if t not in q.tokens[: q.n_literal].tolist()]
 

@@ -83,6 +83,9 @@ class AlignedTokensEngine:
         for attr in ("literal", "query_weighting", "fusion", "backend", "query_encoder"):
             if r is not None and hasattr(r, attr):
                 p[attr] = getattr(r, attr)
+        student = getattr(r, "student", None)
+        if student is not None:  # where the distilled head ran: its precision changes its timings
+            p["query_encoder_runtime"] = student.runtime_reason
         return p
 
     def index(self, ds: Dataset) -> dict:
