@@ -6,10 +6,12 @@ arithmetic: 4.4 ms a query on 2 AVX2 cores, against 1.8 ms for the same graph co
 OpenVINO (docs/speed-and-precision.md), and a distilled query's budget is a few milliseconds.
 
 The graph is exported once per head (keyed by a digest of its weights) into the runtime cache
-(``$ALIGNED_TOKENS_CACHE/runtimes``), and always compiled in f32: an AMX CPU would otherwise
-switch OpenVINO to bf16 by itself. As for the LLM's graph (embedder/runtime.py), the first
-compile of a setting on a machine runs in a child process (embedder/runtime_probe.py); a setting
-that fails there leaves the torch head in use, and :attr:`CompiledHead.reason` says why.
+(``$ALIGNED_TOKENS_CACHE/runtimes``) and compiled in the precision asked for, f32 or bf16, always
+named explicitly (an AMX CPU would otherwise switch OpenVINO to bf16 by itself); which one a
+CPU gets is :func:`embedder.hardware.student_precision`. As for the LLM's graph
+(embedder/runtime.py), the first compile of a setting on a machine runs in a child process
+(embedder/runtime_probe.py); a setting that fails there raises :class:`StudentRuntimeUnusable`,
+and :meth:`embedder.query_encoder.DistilledQueryEncoder.compile` tries the next (f32, then torch).
 """
 from __future__ import annotations
 
