@@ -12,6 +12,15 @@ CPU gets is :func:`embedder.hardware.student_precision`. As for the LLM's graph
 (embedder/runtime.py), the first compile of a setting on a machine runs in a child process
 (embedder/runtime_probe.py); a setting that fails there raises :class:`StudentRuntimeUnusable`,
 and :meth:`embedder.query_encoder.DistilledQueryEncoder.compile` tries the next (f32, then torch).
+
+One query at a time (what a served engine answers) runs a copy of the graph compiled for a fixed
+length (:data:`STATIC_LENGTHS`), the query padded to the next one (its mask hides the padding):
+with every shape known at compile time OpenVINO skips its per-call shape inference and picks
+kernels for that shape. Batches, and queries longer than the longest, run the dynamic graph.
+Every compiled graph must reproduce the torch head on a probe input before it answers anything
+(:data:`TOLERANCE`): OpenVINO 2025's CPU plugin computes the bf16 head wrong at the static length
+8 (a quarter of the largest output off, at every count of real tokens; the dynamic graph and
+the other lengths are right), so a graph that fails is dropped, with a warning, not trusted.
 """
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ import json
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +45,13 @@ log = logging.getLogger(__name__)
 STUDENT_EXPORT_VERSION = 1
 INPUTS = ("sentence", "tokens", "mask")
 STUDENT_PRECISIONS = ("f32", "bf16")
+# Query lengths (the student's LLM tokens) with a graph of their own, compiled for one query at a
+# time; 8 is left out for the OpenVINO bug in the module docstring. Each costs 0.1 s to compile and
+# ~30 MB. Measured: benchmarks/results/query-stages-*.json, docs/speed-and-precision.md.
+STATIC_LENGTHS = (16, 32, 64, 96)
+# How far a compiled graph's output may be from the torch head's on the probe input (the largest
+# absolute difference over the largest absolute output): bf16 rounding gives ~0.004, the bug ~0.25.
+TOLERANCE = {"f32": 1e-3, "bf16": 0.02}
 
 
 class StudentRuntimeUnusable(RuntimeError):
@@ -56,6 +73,25 @@ def _example(d_enc: int, d_llm: int, n: int = 2, length: int = 5) -> tuple[np.nd
     return np.zeros((n, d_enc), np.float32), np.full((n, length, d_llm), 0.01, np.float32), mask
 
 
+def probe_input(d_enc: int, d_llm: int, n: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Inputs at the scale of real ones (a unit-norm sentence embedding, tokens like an LLM's
+    input-embedding rows, std ~0.03; constant inputs hide the OpenVINO bug that random ones of
+    this scale show), the last row's last quarter padded."""
+    rng = np.random.default_rng(length)
+    sentence = (rng.standard_normal((n, d_enc)) / np.sqrt(d_enc)).astype(np.float32)
+    tokens = (0.03 * rng.standard_normal((n, length, d_llm))).astype(np.float32)
+    mask = np.ones((n, length), np.float32)
+    mask[-1, length - length // 4 :] = 0
+    return sentence, tokens, mask
+
+
+def static_model(model, d_enc: int, d_llm: int, length: int):
+    """A copy of the exported graph with every shape fixed: one query of ``length`` tokens."""
+    fixed = model.clone()
+    fixed.reshape({fixed.inputs[0]: [1, d_enc], fixed.inputs[1]: [1, length, d_llm], fixed.inputs[2]: [1, length]})
+    return fixed
+
+
 def _export(head: torch.nn.Module, d_enc: int, d_llm: int, target: Path) -> None:
     """Trace ``head`` into an OpenVINO IR in ``target`` (a temporary folder, then renamed)."""
     import openvino as ov
@@ -69,23 +105,30 @@ def _export(head: torch.nn.Module, d_enc: int, d_llm: int, target: Path) -> None
     save_graph(graph, target)
 
 
-def compile_student(xml: str, config: dict, d_enc: int, d_llm: int) -> None:
-    """Compile an exported head with ``config`` and run one padded batch: what a probe child does."""
+def compile_student(xml: str, config: dict, d_enc: int, d_llm: int, lengths: tuple[int, ...] = ()) -> None:
+    """Compile an exported head with ``config`` and run one padded batch, then the same for each
+    static length in ``lengths``: what a probe child does."""
     import openvino as ov
 
-    compiled = ov.Core().compile_model(xml, "CPU", config)
-    compiled.create_infer_request().infer(list(_example(d_enc, d_llm)))
+    core = ov.Core()
+    model = core.read_model(xml)
+    core.compile_model(model, "CPU", config).create_infer_request().infer(list(_example(d_enc, d_llm)))
+    for length in lengths:
+        compiled = core.compile_model(static_model(model, d_enc, d_llm, length), "CPU", config)
+        compiled.create_infer_request().infer(list(probe_input(d_enc, d_llm, 1, length)))
 
 
 class CompiledHead:
-    """A token-bag head run by OpenVINO (f32): ``(sentence, tokens, mask) -> h``, as the torch head."""
+    """A token-bag head run by OpenVINO (f32 or bf16): ``(sentence, tokens, mask) -> h``, as the torch head.
+
+    ``static_lengths``: the lengths with a fixed-shape graph of their own (module docstring); () for none."""
 
     # What a probe child runs ("module:function"); tests point it at a compile that crashes.
     probe_target = "embedder.student_runtime:compile_student"
 
     def __init__(
         self, head: torch.nn.Module, d_enc: int, d_llm: int, threads: int | None = None, cache_root: Path | None = None,
-        precision: str = "f32",
+        precision: str = "f32", static_lengths: tuple[int, ...] = STATIC_LENGTHS,
     ) -> None:  # fmt: skip
         if precision not in STUDENT_PRECISIONS:
             raise ValueError(f"student precision must be one of {', '.join(STUDENT_PRECISIONS)}, not {precision!r}")
@@ -110,20 +153,63 @@ class CompiledHead:
         # what decides whether a compile crashes: the graph's layout (not its weights), the settings, the CPU
         layout = {name: list(p.shape) for name, p in head.state_dict().items()}
         fields = {"runtime": "openvino-student", "openvino": ov.__version__, "config": config, "layout": layout, "cpu": cpu.name, "flags": list(cpu.flags)}
+        fields["static_lengths"] = list(static_lengths)
         probes = root / "student-probes"
         probes.mkdir(parents=True, exist_ok=True)
-        verdict = probe(probes, fields, self.probe_target, {"xml": str(xml), "config": config, "d_enc": d_enc, "d_llm": d_llm})
+        kwargs = {"xml": str(xml), "config": config, "d_enc": d_enc, "d_llm": d_llm}
+        verdict = probe(probes, fields, self.probe_target, {**kwargs, "lengths": list(static_lengths)} if static_lengths else kwargs)
         if not verdict.ok:
             raise StudentRuntimeUnusable(f"openvino {precision}: {verdict.reason} at its first compile (in a child process)")
-        self.compiled = ov.Core().compile_model(str(xml), "CPU", config)
-        self._local = threading.local()  # one infer request per thread: requests are not thread-safe
+        core = ov.Core()
+        model = core.read_model(str(xml))
+        self.d_enc, self.d_llm = d_enc, d_llm
+        self.compiled = core.compile_model(model, "CPU", config)
+        error = self._error(self.compiled, head, 2, 12)
+        if error > TOLERANCE[precision]:
+            raise StudentRuntimeUnusable(f"openvino {precision}: its output is off the torch head's by {error:.3g} (tolerance {TOLERANCE[precision]:g})")
+        self.static: dict[int, Any] = {}
+        self.unfaithful: dict[int, float] = {}  # static lengths dropped: their error
+        for length in static_lengths:
+            compiled = core.compile_model(static_model(model, d_enc, d_llm, length), "CPU", config)
+            error = self._error(compiled, head, 1, length)
+            if error <= TOLERANCE[precision]:
+                self.static[length] = compiled
+            else:
+                self.unfaithful[length] = error
+                log.warning("query encoder head: openvino %s at the static length %d is off the torch head by %.3g; that length runs the dynamic graph",
+                            precision, length, error)  # fmt: skip
+        self._local = threading.local()  # one infer request per thread and graph: requests are not thread-safe
+
+    def _error(self, compiled: Any, head: torch.nn.Module, n: int, length: int) -> float:
+        """How far ``compiled`` is from the torch ``head`` on :func:`probe_input` (relative to its largest output)."""
+        inputs = probe_input(self.d_enc, self.d_llm, n, length)
+        with torch.inference_mode():
+            want = head(*(torch.from_numpy(a) for a in inputs)).numpy()
+        got = np.asarray(compiled.create_infer_request().infer(list(inputs))[0], dtype=np.float32)
+        if got.shape != want.shape or not np.isfinite(got).all():
+            return float("inf")
+        return float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-12))
+
+    def _request(self, length: int | None) -> Any:
+        """This thread's infer request of the graph for ``length`` (None: the dynamic one)."""
+        requests = getattr(self._local, "requests", None)
+        if requests is None:
+            requests = self._local.requests = {}
+        if length not in requests:
+            requests[length] = (self.compiled if length is None else self.static[length]).create_infer_request()
+        return requests[length]
 
     def __call__(self, sentence: np.ndarray, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        request = getattr(self._local, "request", None)
-        if request is None:
-            request = self._local.request = self.compiled.create_infer_request()
-        out = request.infer([sentence, tokens, mask])[0]
+        n, length = tokens.shape[:2]
+        fixed = next((k for k in sorted(self.static) if k >= length), None) if n == 1 else None
+        if fixed is not None and fixed > length:  # padded tokens are masked out: the head ignores them
+            tokens = np.concatenate([tokens, np.zeros((1, fixed - length, tokens.shape[2]), np.float32)], axis=1)
+            mask = np.concatenate([mask, np.zeros((1, fixed - length), np.float32)], axis=1)
+        out = self._request(fixed).infer([sentence, tokens, mask])[0]
         return np.array(out, dtype=np.float32, copy=True)
 
 
-__all__ = ["STUDENT_EXPORT_VERSION", "STUDENT_PRECISIONS", "CompiledHead", "StudentRuntimeUnusable", "compile_student", "head_digest"]
+__all__ = [
+    "STATIC_LENGTHS", "STUDENT_EXPORT_VERSION", "STUDENT_PRECISIONS", "TOLERANCE", "CompiledHead", "StudentRuntimeUnusable",
+    "compile_student", "head_digest", "probe_input", "static_model",
+]

@@ -29,13 +29,13 @@ def compile_that_crashes_in_bf16(xml: str, config: dict, count_in: str | None = 
     compile_openvino(xml, config)
 
 
-def student_compile_that_crashes_in_bf16(xml: str, config: dict, d_enc: int, d_llm: int) -> None:
+def student_compile_that_crashes_in_bf16(xml: str, config: dict, d_enc: int, d_llm: int, lengths: tuple[int, ...] = ()) -> None:
     """A query encoder head's probe compile, except that bf16 kills the process."""
     if config["INFERENCE_PRECISION_HINT"] == "bf16":
         die("SIGFPE")
     from embedder.student_runtime import compile_student
 
-    compile_student(xml, config, d_enc, d_llm)
+    compile_student(xml, config, d_enc, d_llm, tuple(lengths))
 
 
 def compile_that_always_crashes(xml: str, config: dict) -> None:

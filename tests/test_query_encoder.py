@@ -2,6 +2,7 @@
 choice at load time (``query_encoder``), ``llm`` equal to the plain path, the query cache."""
 from __future__ import annotations
 
+import copy
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -280,6 +281,60 @@ def test_a_head_whose_compile_crashes_runs_in_torch_and_says_why(make_embedder, 
     np.testing.assert_array_equal(student.states(x, texts), want)
 
 
+def test_one_query_runs_the_graph_of_its_length_and_gives_the_torch_heads_states(make_embedder, tmp_path, monkeypatch):
+    """A query alone pads to the next static length (its mask hides the padding); batches and
+    longer queries run the dynamic graph; every answer is the torch head's."""
+    from embedder.student_runtime import CompiledHead
+
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))
+    head = _ctx_student(make_embedder()).head
+    d = head.pooled[-1].out_features
+    compiled = CompiledHead(head, 8, d, precision="f32", static_lengths=(4, 8))
+    assert sorted(compiled.static) == [4, 8] and compiled.unfaithful == {}
+    used: list = []
+    real = compiled._request
+    monkeypatch.setattr(compiled, "_request", lambda length: used.append(length) or real(length))
+    rng = np.random.default_rng(0)
+    for n, length, graph in [(1, 1, 4), (1, 4, 4), (1, 5, 8), (1, 8, 8), (1, 9, None), (2, 3, None)]:
+        x = rng.standard_normal((n, 8)).astype(np.float32)
+        tokens = (0.3 * rng.standard_normal((n, length, d))).astype(np.float32)
+        mask = np.ones((n, length), np.float32)
+        mask[-1, length // 2 + 1 :] = 0
+        with torch.inference_mode():
+            want = head(torch.from_numpy(x), torch.from_numpy(tokens), torch.from_numpy(mask)).numpy()
+        np.testing.assert_allclose(compiled(x, tokens, mask), want, rtol=1e-4, atol=1e-5)
+        assert used[-1] == graph, (n, length)
+
+
+def test_a_static_graph_that_computes_wrong_is_dropped_and_says_so(make_embedder, tmp_path, monkeypatch, caplog):
+    """OpenVINO's bf16 graph of static length 8 is wrong on some CPUs, simulated on any: the graph of
+    length 4 is built from another head's weights. It fails the check against the torch head, is
+    dropped with a warning, and its queries run the next graph, right."""
+    from embedder import student_runtime
+    from embedder.student_runtime import CompiledHead, _export
+
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))
+    student = _ctx_student(make_embedder())
+    head, d = student.head, student.record["head"]["out"]
+    other = copy.deepcopy(head)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    _export(other.eval(), 8, d, tmp_path / "other")
+    import openvino as ov
+
+    wrong = ov.Core().read_model(str(tmp_path / "other" / "model.xml"))
+    real_static = student_runtime.static_model
+    monkeypatch.setattr(student_runtime, "static_model", lambda model, d_enc, d_llm, length: real_static(wrong if length == 4 else model, d_enc, d_llm, length))
+    with caplog.at_level("WARNING"):
+        compiled = CompiledHead(head, 8, d, precision="f32", static_lengths=(4, 8))
+    assert sorted(compiled.static) == [8] and list(compiled.unfaithful) == [4] and "static length 4" in caplog.text
+    x, tokens, mask = np.ones((1, 8), np.float32), np.full((1, 3, d), 0.2, np.float32), np.ones((1, 3), np.float32)
+    with torch.inference_mode():
+        want = head(torch.from_numpy(x), torch.from_numpy(tokens), torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(compiled(x, tokens, mask), want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_damaged_student_record_names_its_file_and_field(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "query_encoder.json").write_text('{"format": 7}')
@@ -440,6 +495,20 @@ def test_the_int8_lm_head_gives_fp32s_top_tokens(k):
     for i, (a, b) in enumerate(zip(ids, ref_ids)):
         swapped = sorted(set(a.tolist()) ^ set(b.tolist()))
         np.testing.assert_allclose(logits[i, swapped], ref_vals[i, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (100, 7), (49152, 1), (49152, 128), (49152, 49152), (5000, 313)])
+def test_kth_largest_is_npartitions(n, k):
+    """The sampled selection gives np.partition's k-th largest, ties and all: spread values,
+    many equal values (the sample's cut then lands inside a run of ties), and a sorted array
+    (every stride-th value of the largest ones)."""
+    from embedder.lm_head import kth_largest
+
+    rng = np.random.default_rng(n + k)
+    for values in (rng.standard_normal(n), rng.integers(0, 5, n).astype(np.float64), np.sort(rng.standard_normal(n))):
+        assert kth_largest(values, k) == np.partition(values, n - k)[n - k]
+    with pytest.raises(ValueError, match="k must be in"):
+        kth_largest(np.zeros(3), 4)
 
 
 _THREADS_AT_ONCE = """
