@@ -10,9 +10,11 @@ Timing protocol (single process, this machine):
   end* is encoding + search of that query;
 * ranx's own compilation is paid by a warm-up on a toy example, also timed apart;
 * with ``interleaved``, every system then answers each query once more, the systems one after
-  another on the same query, their order rotating from query to query: a ratio of two systems'
-  latencies is then taken over the same minutes of the machine's life, not over two stretches
-  minutes apart (on a shared 2-core VM the same encoder measured 20% apart that way).
+  another on the same query, in an order that changes from query to query (:func:`run_orders`:
+  every permutation in turn): a ratio of two systems' latencies is then taken over the same
+  minutes of the machine's life, not over two stretches minutes apart (on a shared 2-core VM
+  the same encoder measured 20% apart that way), and no system always runs right after the
+  same other one (whose work, a JVM's included, may warm or evict the caches it needs).
 """
 from __future__ import annotations
 
@@ -192,15 +194,31 @@ def _run_dataset(
     return entry
 
 
+def run_orders(n: int, count: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """The order of ``n`` systems on each of ``count`` queries: all n! permutations in turn,
+    shuffled once (seeded), so that over every n! queries each system runs in each position,
+    and right after each other system, equally often. A rotation (the order shifted by one a
+    query) does not do that for three systems or more: every system then runs right after the
+    same one on all but one query in n. Past 5 systems (120 orders), an order drawn at random
+    for each query."""
+    import itertools
+    import random
+
+    rng = random.Random(seed)
+    if n > 5:
+        return [tuple(rng.sample(range(n), n)) for _ in range(count)]
+    orders = list(itertools.permutations(range(n)))
+    rng.shuffle(orders)
+    return [orders[i % len(orders)] for i in range(count)]
+
+
 def interleaved_latency(systems: list[System], texts: list[str], depth: int) -> dict[str, dict]:
     """End-to-end latency (encode + search) of every system on each query, the systems back to
-    back on the same query and their order rotating from one query to the next, so that no
-    system always runs first, or always after the same other one (whose work may warm or evict
-    caches). Every encoding is measured afresh (:meth:`System.forget_encodings`)."""
+    back on the same query, in the orders of :func:`run_orders`. Every encoding is measured
+    afresh (:meth:`System.forget_encodings`)."""
     seconds: dict[str, list[float]] = {s.name: [] for s in systems}
-    for i, text in enumerate(texts):
-        shift = i % len(systems)
-        for s in systems[shift:] + systems[:shift]:
+    for text, order in zip(texts, run_orders(len(systems), len(texts))):
+        for s in (systems[j] for j in order):
             s.forget_encodings()  # measured again, never recalled from the timed pass or the warm-up
             encoded, enc_secs = s.encode([text])
             _, search_secs = s.search_all(encoded, depth)

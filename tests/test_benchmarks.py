@@ -210,6 +210,26 @@ def test_harness_metrics_runs_and_report(harness_results: Path):
     assert "Command: `beir-eval --data toy (test)`" in md
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_run_orders_balance_positions_and_predecessors(n):
+    """Over n! queries every system runs in every position, and right after every other system,
+    equally often (a rotation would put each always after the same one)."""
+    import itertools
+    import math
+    from collections import Counter
+
+    from benchmarks.suite import run_orders
+
+    orders = run_orders(n, 3 * math.factorial(n))
+    assert all(sorted(o) == list(range(n)) for o in orders)
+    firsts = Counter(o[0] for o in orders)
+    assert set(firsts.values()) == {3 * math.factorial(n) // n}
+    after = Counter(pair for o in orders for pair in itertools.pairwise(o))
+    assert len(after) == n * (n - 1) and len(set(after.values())) == 1
+    assert run_orders(n, 10) == run_orders(n, 10)  # seeded: a rerun times the same orders
+    assert all(sorted(o) == list(range(7)) for o in run_orders(7, 5))
+
+
 def test_interleaved_latency_runs_the_systems_back_to_back_in_rotating_order(tmp_path: Path, toy: Path, monkeypatch):
     from benchmarks.suite import interleaved_latency
 
@@ -236,7 +256,8 @@ def test_interleaved_latency_runs_the_systems_back_to_back_in_rotating_order(tmp
     pair[0].encode(["q2"])  # kept from an earlier pass (the engine keeps the warm-up's too)
     calls.clear()
     stats = interleaved_latency(pair, ["q1", "q2", "q3"], 10)
-    assert calls == [("a", "q1"), ("b", "q1"), ("b", "q2"), ("a", "q2"), ("a", "q3"), ("b", "q3")]
+    assert [q for _, q in calls] == ["q1", "q1", "q2", "q2", "q3", "q3"]  # each query by every system, back to back
+    assert {calls[0][0], calls[2][0]} == {"a", "b"}  # the two orders in turn
     assert stats["a"]["n"] == stats["b"]["n"] == 3
     # through the suite: beside the sequential latency, in results.json and the report
     monkeypatch.setitem(systems.REGISTRY, "oracle", (Oracle, "test stand-in: the qrels"))
