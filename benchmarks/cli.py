@@ -73,7 +73,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--interleaved-latency",
         action="store_true",
-        help="after the timed runs, every system answers each query once more, back to back on the same query (order rotating): "
+        help="after the timed runs, every system answers each query once more, back to back on the same query (the order running through every permutation): "
         "latency ratios taken over the same minutes (reported beside the sequential ones)",
     )
     p.add_argument("--compare", action="store_true", help="add paired significance tests between systems (ranx.compare)")
