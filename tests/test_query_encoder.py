@@ -335,6 +335,33 @@ def test_a_static_graph_that_computes_wrong_is_dropped_and_says_so(make_embedder
     np.testing.assert_allclose(compiled(x, tokens, mask), want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_cached_graph_that_is_not_the_heads_own_is_not_trusted(make_embedder, tmp_path, monkeypatch, caplog):
+    """The exported graph found in the cache under the head's key computes another head (a stale or
+    damaged export, simulated): it fails the check against the torch head in every precision, and
+    the torch head answers, saying why."""
+    import hashlib
+    import json
+
+    import openvino as ov
+
+    from embedder.student_runtime import STUDENT_EXPORT_VERSION, _export, head_digest
+
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))
+    student = _ctx_student(make_embedder())
+    key = hashlib.sha256(json.dumps({"head": head_digest(student.head), "export": STUDENT_EXPORT_VERSION, "openvino": ov.__version__}).encode())
+    other = copy.deepcopy(student.head)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    _export(other.eval(), 8, student.record["head"]["out"], tmp_path / "cache" / "runtimes" / f"student-{key.hexdigest()[:20]}")
+    texts, x = ["cat and dog", "a river"], np.zeros((2, 8), np.float32)
+    want = student.states(x, texts)
+    with caplog.at_level("WARNING"):
+        student.compile()
+    assert student.runtime_name == "torch" and "off the torch head's" in student.runtime_reason
+    np.testing.assert_array_equal(student.states(x, texts), want)
+
+
 def test_a_damaged_student_record_names_its_file_and_field(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "query_encoder.json").write_text('{"format": 7}')
