@@ -222,7 +222,7 @@ class DistilledQueryEncoder:
             raise RuntimeError("a token-bag student needs its teacher's tokenizer and table: call attach(embedder) first")
         ids, mask = llm_token_ids(self.teacher, list(texts), self.max_tokens)
         if self._compiled is not None and self.table.dtype == torch.float32 and self.table.device.type == "cpu":
-            # NumPy's gather: a dozen rows in 0.02 ms, where torch's indexing costs 0.15
+            # NumPy's gather skips torch's dispatch: 12 rows in 0.003 ms against 0.008 (hot, ad-hoc)
             return self._compiled(x.numpy(), np.take(self.table.numpy(), ids, axis=0), mask)
         tokens = self.table[torch.from_numpy(ids)].float()
         if self._compiled is not None:
