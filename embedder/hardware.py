@@ -87,6 +87,24 @@ def student_precision(cap: Capability) -> str:
     return "bf16" if cap.device == "cpu" and cap.native_bf16 else "f32"
 
 
+def openvino_threads(cap: Capability, precision: str, threads: int) -> int:
+    """The thread count to compile the decoder graph with in OpenVINO, for ``threads`` asked.
+
+    2 at least for bf16 on an AMX CPU: there (and only there) OpenVINO 2026.4's CPU plugin fuses
+    the gated MLP into its AMX kernel (the ``LLMMLP`` node), whose down projection splits the work
+    over pairs of threads and divides by ``threads // 2`` when it is compiled: with one thread, an
+    integer division by zero kills the process (SIGFPE, "trap divide error"; found on an AMX
+    Xeon by cutting the graph down to the first op that crashes: layer 0's ``down_proj``). One
+    thread is what pytest's tiny models and each of ``build-index --workers 2``'s workers ask
+    for on 2 cores. Two threads in a one-core worker cost ~17% against one process (300 cisi
+    documents, 48 against 41 s) where OpenVINO fp32, the fallback, cost 3.3x (135 s), and the
+    index is byte for byte the one-process build's. The child-process probe
+    (embedder/runtime_probe.py) still guards every other combination."""
+    if precision == "bf16" and cap.device == "cpu" and "amx_bf16" in cap.flags:
+        return max(2, threads)
+    return threads
+
+
 def device_capability(device: str) -> Capability:
     """Capability of ``device`` ("cpu", "cuda", "cuda:0"...)."""
     if device.startswith("cuda"):

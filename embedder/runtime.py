@@ -16,7 +16,9 @@ causal: a runtime's :attr:`prefix_len` says how many leading prompt tokens it al
 An OpenVINO setting is compiled for the first time on a machine in a child process
 (embedder/runtime_probe.py): a setting whose compile kills its process (SIGFPE in the CPU
 plugin, bf16 on one thread of an AMX Xeon) is then not used, and :func:`make_runtime` falls
-back to the next one (OpenVINO fp32, then torch fp32), saying why.
+back to the next one (OpenVINO fp32, then torch fp32), saying why. The one such setting known
+(bf16 on one thread of an AMX CPU) is not asked for: it compiles with two
+(:func:`embedder.hardware.openvino_threads`).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from embedder.hardware import cpu_capability
+from embedder.hardware import Capability, cpu_capability, openvino_threads
 from embedder.models import cache_dir
 from embedder.prefix_cache import PlainBody, PrefixCachedBody, supports_prefix_cache
 from embedder.runtime_probe import VERDICTS_FILE, probe
@@ -204,15 +206,9 @@ class OpenVINORuntime:
         if not (self.directory / "model.xml").exists():
             log.info("exporting the encoder to OpenVINO (%s, once) into %s", dtype, self.directory)
             _export_openvino(_module(body, prefix_ids).eval(), dtype, self.directory)
-        config: dict = {
-            "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
-            "INFERENCE_PRECISION_HINT": "bf16" if dtype == "bf16" else "f32",
-            "PERFORMANCE_HINT": "LATENCY",
-        }
-        if dtype == "int8":
-            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = INT8_ACTIVATION_GROUP
-        xml = str(self.directory / "model.xml")
         cpu = cpu_capability()
+        config = openvino_config(dtype, int(threads or torch.get_num_threads()), cpu)
+        xml = str(self.directory / "model.xml")
         fields = {"runtime": "openvino", "openvino": ov.__version__, "config": config, "cpu": cpu.name, "flags": list(cpu.flags)}
         self.verdict = probe(self.directory, fields, self.probe_target, {"xml": xml, "config": config})
         if not self.verdict.ok:
@@ -229,6 +225,19 @@ class OpenVINORuntime:
             request = self._local.request = self.compiled.create_infer_request()
         out = request.infer({"input_ids": input_ids, "attention_mask": attention_mask})[0]
         return torch.from_numpy(np.array(out, dtype=np.float32, copy=True))
+
+
+def openvino_config(dtype: str, threads: int, cpu: Capability) -> dict:
+    """The CPU plugin's settings for the decoder graph in ``dtype`` on ``threads`` threads of ``cpu``
+    (raised where a thread count is known to crash: :func:`embedder.hardware.openvino_threads`)."""
+    config: dict = {
+        "INFERENCE_NUM_THREADS": openvino_threads(cpu, "bf16" if dtype == "bf16" else "f32", threads),
+        "INFERENCE_PRECISION_HINT": "bf16" if dtype == "bf16" else "f32",
+        "PERFORMANCE_HINT": "LATENCY",
+    }
+    if dtype == "int8":
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = INT8_ACTIVATION_GROUP
+    return config
 
 
 def _parameters_sha256(module: torch.nn.Module) -> str:

@@ -4,8 +4,9 @@ Some (graph, precision, CPU, threads) combinations kill the process that compile
 2026.4's CPU plugin raises SIGFPE ("trap divide error") when it compiles the decoder graph in
 bf16 on one thread of an AMX Xeon (../shared/notes/openvino-amx.md). A signal cannot be caught,
 so it took pytest, ``build-index --workers 2`` (whose workers each get one thread) or a server
-down with it. Knowing every bad combination in advance is not possible; trying each one once,
-in a child, is.
+down with it (the cause, a division by ``threads // 2`` in the AMX MLP kernel, is now avoided up
+front: embedder.hardware.openvino_threads). Knowing every bad combination in advance is not
+possible; trying each one once, in a child, is.
 
 The first use of a combination runs ``target`` (``"module:function"``, called with keyword
 arguments) in a fresh interpreter. Its verdict is cached in ``probes.json`` beside the exported

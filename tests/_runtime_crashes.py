@@ -29,6 +29,16 @@ def compile_that_crashes_in_bf16(xml: str, config: dict, count_in: str | None = 
     compile_openvino(xml, config)
 
 
+def compile_that_crashes_in_bf16_on_one_thread(xml: str, config: dict) -> None:
+    """The real probe compile, except that it dies where OpenVINO 2026.4's AMX MLP kernel does:
+    bf16 on one thread (its down projection divides by ``threads // 2``)."""
+    if config["INFERENCE_PRECISION_HINT"] == "bf16" and config["INFERENCE_NUM_THREADS"] < 2:
+        die("SIGFPE")
+    from embedder.runtime import compile_openvino
+
+    compile_openvino(xml, config)
+
+
 def student_compile_that_crashes_in_bf16(xml: str, config: dict, d_enc: int, d_llm: int, lengths: tuple[int, ...] = ()) -> None:
     """A query encoder head's probe compile, except that bf16 kills the process."""
     if config["INFERENCE_PRECISION_HINT"] == "bf16":

@@ -111,6 +111,47 @@ def test_auto_on_a_mocked_amx_cpu_ends_on_what_survives_its_probe(tiny_model_dir
     assert manifest.build["encoded_with"] == {"openvino fp32": 1}
 
 
+AMX = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+@pytest.mark.parametrize(
+    ("flags", "precision", "threads", "expected"),
+    [
+        (AMX, "bf16", 1, 2),  # the crash avoided: the AMX MLP kernel needs a pair of threads
+        (AMX, "bf16", 2, 2),
+        (AMX, "bf16", 4, 4),
+        (AMX, "f32", 1, 1),  # f32 is not fused into that kernel: one thread compiles
+        (("avx2", "avx512f", "avx512_vnni", "avx512_bf16"), "bf16", 1, 1),  # AVX512-BF16 without AMX
+        (("avx2",), "bf16", 1, 1),
+    ],
+)
+def test_openvino_threads_avoid_the_known_crash_up_front(flags, precision, threads, expected):
+    from embedder.hardware import Capability, openvino_threads
+
+    cap = Capability("cpu", "mocked", flags, native_bf16="avx512_bf16" in flags)
+    assert openvino_threads(cap, precision, threads) == expected
+
+
+def test_bf16_on_one_thread_of_an_amx_cpu_compiles_with_two_and_stays_bf16(make_embedder, monkeypatch, tmp_path):
+    """pytest's one torch thread (and a one-core build worker) on a mocked AMX CPU whose plugin
+    crashes as the real one does: bf16 is compiled on two threads, so it is kept, not fallen back from."""
+    import embedder.runtime as runtime_module
+    from embedder.hardware import Capability
+    from embedder.runtime import OpenVINORuntime
+
+    amx = Capability("cpu", "Intel Xeon (mocked AMX)", AMX, native_bf16=True)
+    monkeypatch.setattr(runtime_module, "cpu_capability", lambda: amx)
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path))
+    monkeypatch.setattr(OpenVINORuntime, "probe_target", f"{CRASHES}:compile_that_crashes_in_bf16_on_one_thread")
+    monkeypatch.setattr("torch.get_num_threads", lambda: 1)
+    embedder = make_embedder(runtime="openvino", dtype="bf16")
+    embedder.embed(_texts())
+    info = embedder.runtime_info()
+    assert (info["name"], info["dtype"]) == ("openvino", "bf16") and "fallback" not in info.get("reason", "")
+    verdicts = json.loads(next(tmp_path.rglob(VERDICTS_FILE)).read_text())
+    assert [(v["fields"]["config"]["INFERENCE_NUM_THREADS"], v["ok"]) for v in verdicts.values()] == [(2, True)]
+
+
 # ------------------------------------------------------------------ build workers that die
 @pytest.fixture
 def worker_corpus(tmp_path) -> Path:
