@@ -360,7 +360,7 @@ def _merge_into(
         model=embedder.identity,
         adapter=embedder.adapter,
         embedding=embedder.config.to_dict(),
-        runtime=embedder.runtime_info(),
+        runtime=_runtime_record(embedder.runtime_info(), _runtimes_of(metas)),
         sparse={"top_k": plan.k, "vocab_size": embedder.vocab_size, "weight": "logit"},
         n_docs=len(ids),
         corpus=spec.describe(),
@@ -398,6 +398,19 @@ def _runtimes_of(metas: list[dict]) -> dict[str, int]:
     for m in metas:
         counts[m.get("runtime", "unknown")] = counts.get(m.get("runtime", "unknown"), 0) + 1
     return counts
+
+
+def _runtime_record(info: dict, encoded_with: dict[str, int]) -> dict:
+    """The manifest's ``runtime``: this process's, saying so where its shards were encoded by others.
+
+    Workers load their own embedder and may fall back to another runtime than this process
+    resolved (a setting whose compile crashed there): the manifest must not then claim a
+    precision no document was encoded in."""
+    own = f"{info['name']} {info['dtype']}"
+    if set(encoded_with) <= {own}:
+        return info
+    shards = ", ".join(f"{name} ({n} shards)" for name, n in sorted(encoded_with.items()))
+    return {**info, "shards_encoded_with": shards, "reason": f"{info.get('reason', own)}; but the documents were encoded with {shards} (build.encoded_with)"}
 
 
 def index_size_bytes(index_dir: Path) -> int:

@@ -188,6 +188,19 @@ def test_a_worker_that_dies_fails_the_build_at_once_naming_its_shard(tiny_model_
     assert f"shard-{err.shard - 2:06d}" in shards
 
 
+def test_the_manifest_says_when_workers_encoded_with_another_runtime(tiny_model_dir, worker_corpus, tmp_path):
+    """A worker that ends on another runtime than the parent (as after a fallback) is not hidden
+    behind the parent's runtime in the manifest."""
+    from indexer.build import EmbedderSpec, build_index
+
+    manifest = build_index(worker_corpus, tmp_path / "index", _parent_embedder(tiny_model_dir), top_k=8, chunk_size=20,
+                           progress=False, workers=2, embedder_spec=EmbedderSpec(str(tiny_model_dir), adapter="none", dtype="fp32", runtime="openvino"))
+    assert manifest.build["encoded_with"] == {"openvino fp32": 6}
+    assert manifest.runtime["name"] == "torch"  # this process's, as before
+    assert manifest.runtime["shards_encoded_with"] == "openvino fp32 (6 shards)"
+    assert "the documents were encoded with openvino fp32 (6 shards)" in manifest.runtime["reason"]
+
+
 def test_a_worker_that_dies_while_loading_is_named_so(tiny_model_dir, worker_corpus, tmp_path):
     from _runtime_crashes import DyingSpec
 
