@@ -230,11 +230,8 @@ class OpenVINORuntime:
 def openvino_config(dtype: str, threads: int, cpu: Capability) -> dict:
     """The CPU plugin's settings for the decoder graph in ``dtype`` on ``threads`` threads of ``cpu``
     (raised where a thread count is known to crash: :func:`embedder.hardware.openvino_threads`)."""
-    config: dict = {
-        "INFERENCE_NUM_THREADS": openvino_threads(cpu, "bf16" if dtype == "bf16" else "f32", threads),
-        "INFERENCE_PRECISION_HINT": "bf16" if dtype == "bf16" else "f32",
-        "PERFORMANCE_HINT": "LATENCY",
-    }
+    hint = "bf16" if dtype == "bf16" else "f32"  # int8 weights run with f32 activations' hint
+    config: dict = {"INFERENCE_NUM_THREADS": openvino_threads(cpu, hint, threads), "INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
     if dtype == "int8":
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = INT8_ACTIVATION_GROUP
     return config
