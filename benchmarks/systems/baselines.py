@@ -1,5 +1,10 @@
 """What a user would run instead of this engine: Pyserini BM25 (Lucene, in a worker process),
 all-MiniLM-L6-v2 (FAISS), and the two fused per query (bm25+minilm).
+
+``minilm`` runs the model as sentence-transformers does (torch), what a user assembling the
+hybrid would run; ``minilm-openvino`` (and ``bm25+minilm-openvino``) runs it through the graph this
+engine compiles for its own sentence encoder (embedder/sentence_runtime.py), so that the engine's
+query latency can also be compared with a baseline that got the same speed-up.
 """
 from __future__ import annotations
 
@@ -53,9 +58,10 @@ def _shared_baseline(cls: type, name: str, settings: Settings, shared: dict) -> 
 
 class MiniLM(System):
     """all-MiniLM-L6-v2 through embedder/sentence_encoder.py (the model the engine's ``encoder``
-    channel loads for ``--encoder minilm``), exact cosine search in FAISS."""
+    channel loads for ``--encoder minilm``) run by sentence-transformers (torch), exact cosine search in FAISS."""
 
     batch_size = 32
+    runtime = "torch"  # embedder.sentence_encoder.SENTENCE_RUNTIMES
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
@@ -72,9 +78,11 @@ class MiniLM(System):
         from embedder.sentence_encoder import MINILM, SentenceEncoder
 
         try:
-            self.encoder = SentenceEncoder.load(MINILM, device=self.settings.device, batch_size=self.batch_size)
+            self.encoder = SentenceEncoder.load(MINILM, device=self.settings.device, batch_size=self.batch_size, runtime=self.runtime)
         except ModelNotAvailable as exc:
-            raise SystemUnavailable(f"minilm: {exc}") from None
+            raise SystemUnavailable(f"{self.name}: {exc}") from None
+        except RuntimeError as exc:  # embedder.sentence_runtime.SentenceRuntimeUnusable: no compiled graph here
+            raise SystemUnavailable(f"{self.name}: {exc}") from None
 
     @property
     def model(self):
@@ -92,6 +100,7 @@ class MiniLM(System):
             "metric": "cosine (normalised embeddings, FAISS IndexFlatIP)",
             "batch_size": self.batch_size,
             "device": e.device if e else None,
+            "runtime": e.runtime if e else self.runtime,
             "torch_threads": torch_threads(),
         }
 
@@ -108,7 +117,7 @@ class MiniLM(System):
         self.doc_ids = [d.doc_id for d in ds.docs]
         folder = self.settings.work_dir / ds.name
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "minilm.faiss"
+        path = folder / f"{self.name}.faiss"
         faiss.write_index(index, str(path))
         stats = IndexStats(len(ds.docs), sw.seconds, path.stat().st_size, {"index_file": str(path)})
         self._indexed = (ds, stats)
@@ -132,8 +141,17 @@ class MiniLM(System):
         self._indexed = None
 
 
-register("minilm", "baseline: all-MiniLM-L6-v2 (supervised dense, 384-d), exact cosine search (FAISS)")(
+class MiniLMOpenVINO(MiniLM):
+    """:class:`MiniLM` with the model's graph compiled by OpenVINO in fp32 (the engine's own sentence runtime)."""
+
+    runtime = "openvino"
+
+
+register("minilm", "baseline: all-MiniLM-L6-v2 (supervised dense, 384-d; sentence-transformers, torch), exact cosine search (FAISS)")(
     lambda settings, shared: _shared_baseline(MiniLM, "minilm", settings, shared)
+)
+register("minilm-openvino", "baseline: minilm with its graph compiled by OpenVINO fp32 (the engine's sentence runtime)")(
+    lambda settings, shared: _shared_baseline(MiniLMOpenVINO, "minilm-openvino", settings, shared)
 )
 
 
@@ -267,10 +285,12 @@ class BM25PlusMiniLM(System):
     BM25's (taken in the Pyserini worker) + MiniLM's FAISS search + the fusion, run one after
     the other; its encoding time is MiniLM's."""
 
+    minilm_system: tuple[type, str] = (MiniLM, "minilm")
+
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
         self.bm25 = _shared_baseline(PyseriniBM25, "bm25-pyserini", settings, shared)
-        self.minilm = _shared_baseline(MiniLM, "minilm", settings, shared)
+        self.minilm = _shared_baseline(*self.minilm_system, settings, shared)
         self.fusion = settings.fusions.get("bm25+encoder") or BM25_MINILM_FUSION
         self.fusion_source = "--fusion-from (bm25+encoder)" if "bm25+encoder" in settings.fusions else "untuned fallback (benchmarks.systems.BM25_MINILM_FUSION)"
         unknown = [c for c, w in self.fusion["weights"].items() if w > 0 and c not in ("bm25", "encoder")]
@@ -287,12 +307,12 @@ class BM25PlusMiniLM(System):
         return {
             "fusion": self.fusion,
             "fusion_source": self.fusion_source,
-            "channels": {"bm25": "bm25-pyserini", "encoder": "minilm"},
+            "channels": {"bm25": "bm25-pyserini", "encoder": self.minilm_system[1]},
             "depth_per_channel": FUSION_DEPTH,
             "fused_by": "retriever.fusion.fuse (= ranx.fuse min-max wsum / rrf)",
             "timed_search": "BM25 search (in the Pyserini worker) + MiniLM FAISS search + fusion, sequential",
             "bm25-pyserini": self.bm25.params(),
-            "minilm": self.minilm.params(),
+            self.minilm_system[1]: self.minilm.params(),
         }
 
     def index(self, ds: Dataset) -> IndexStats:
@@ -337,4 +357,11 @@ class BM25PlusMiniLM(System):
         self.minilm.close()
 
 
-register("bm25+minilm", "baseline: Pyserini BM25 + all-MiniLM-L6-v2, fused per query (min-max, weighted sum)")(BM25PlusMiniLM)
+class BM25PlusMiniLMOpenVINO(BM25PlusMiniLM):
+    """:class:`BM25PlusMiniLM` with minilm-openvino: the same rankings, MiniLM's encoding in the engine's compiled runtime."""
+
+    minilm_system = (MiniLMOpenVINO, "minilm-openvino")
+
+
+register("bm25+minilm", "baseline: Pyserini BM25 + all-MiniLM-L6-v2 (sentence-transformers), fused per query (min-max, weighted sum)")(BM25PlusMiniLM)
+register("bm25+minilm-openvino", "baseline: bm25+minilm with MiniLM compiled by OpenVINO fp32 (the engine's sentence runtime)")(BM25PlusMiniLMOpenVINO)
