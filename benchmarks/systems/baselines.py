@@ -101,6 +101,7 @@ class MiniLM(System):
             "batch_size": self.batch_size,
             "device": e.device if e else None,
             "runtime": e.runtime if e else self.runtime,
+            "runtime_reason": e.runtime_reason if e else None,
             "torch_threads": torch_threads(),
         }
 

@@ -78,7 +78,7 @@ class AlignedTokensEngine:
             "runtime": e.runtime_info() if e else None,
         }
         if self.encoder is not None:
-            p["encoder"] = self.encoder.describe()
+            p["encoder"] = {**self.encoder.describe(), "runtime_reason": self.encoder.runtime_reason}
         # Query-side settings as the Retriever applies them (its defaults, read from it).
         for attr in ("literal", "query_weighting", "fusion", "backend", "query_encoder"):
             if r is not None and hasattr(r, attr):
