@@ -128,3 +128,20 @@ def test_many_threads_get_their_own_requests(st_dir, cache):
     for th in threads:
         th.join()
     assert not errors
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("avx2", "fma"), ("avx2", "avx512f", "avx512_bf16"), ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")],
+    ids=["avx2", "avx512-bf16", "amx"],
+)
+def test_fp32_is_asked_for_on_every_cpu(st_dir, cache, monkeypatch, flags):
+    """Documents encoded by torch must keep matching: no CPU (an AMX one would pick bf16 by itself) changes the precision."""
+    import embedder.sentence_runtime as sr
+    from embedder.hardware import Capability
+
+    cap = Capability("cpu", "mocked", flags, native_bf16="avx512_bf16" in flags)
+    monkeypatch.setattr(sr, "cpu_capability", lambda: cap)
+    enc = SentenceEncoder.load(st_dir)
+    assert enc.runtime == "openvino"
+    assert enc.compiled.config["INFERENCE_PRECISION_HINT"] == "f32"
