@@ -69,16 +69,24 @@ class TokenBagHead(torch.nn.Module):
     read each other there, and the result is added back through an up-projection that starts
     at zero; a block's cost per token falls with the square of its width (576 -> 256: 2.5M ->
     0.8M multiply-adds). ``token_hidden``: the width of the per-token correction (0: ``hidden``).
+    ``encoder_tokens`` > 0 (the sentence encoder's width; needs ``context_layers``): the blocks
+    also read the sentence encoder's own token states, projected into their space and appended to
+    the sequence as keys the LLM tokens attend to (and read each other through); only the LLM
+    tokens go on into the bag. Those states are contextual (six layers of MiniLM, trained on a
+    billion pairs), which one fresh block over context-free rows cannot learn from 35k texts.
     """
 
     def __init__(
         self, d_llm: int, d_enc: int, hidden: int = 1024, gate_hidden: int = 64, context_layers: int = 0,
-        context_dim: int = 0, token_hidden: int = 0,
+        context_dim: int = 0, token_hidden: int = 0, encoder_tokens: int = 0,
     ) -> None:  # fmt: skip
         super().__init__()
+        if encoder_tokens and not context_layers:
+            raise ValueError("encoder_tokens: the sentence encoder's token states are read by the context blocks; give context_layers too")
         narrow = bool(context_layers and context_dim)
         width, ff = (context_dim, 2 * context_dim) if narrow else (d_llm, hidden)
         self.down = torch.nn.Linear(d_llm, width) if narrow else None
+        self.encoder_in = torch.nn.Linear(encoder_tokens, width) if encoder_tokens else None
         self.context = torch.nn.ModuleList(_identity_block(width, ff) for _ in range(context_layers))
         self.up = torch.nn.Linear(width, d_llm) if narrow else None
         if self.up is not None:
@@ -89,15 +97,29 @@ class TokenBagHead(torch.nn.Module):
         self.token = torch.nn.Sequential(torch.nn.Linear(d_llm, t_hidden), torch.nn.GELU(), torch.nn.Linear(t_hidden, d_llm))
         self.pooled = make_head(d_enc, d_llm, hidden)
 
-    def forward(self, sentence: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``sentence`` (B, d_enc), ``tokens`` (B, L, d_llm) input embeddings, ``mask`` (B, L) 1 for real tokens -> h (B, d_llm)."""
+    def forward(
+        self, sentence: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
+        encoder_states: torch.Tensor | None = None, encoder_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """``sentence`` (B, d_enc), ``tokens`` (B, L, d_llm) input embeddings, ``mask`` (B, L) 1 for real tokens -> h (B, d_llm).
+        With ``encoder_tokens``: ``encoder_states`` (B, S, d_enc) the sentence encoder's token states, ``encoder_mask`` (B, S)."""
         pad = mask == 0
+        z = tokens if self.down is None else self.down(tokens)
+        n_llm = z.shape[1]
+        if self.encoder_in is not None:
+            if encoder_states is None or encoder_mask is None:
+                raise ValueError("this student reads the sentence encoder's token states: give encoder_states and encoder_mask")
+            z = torch.cat([z, self.encoder_in(encoder_states)], 1)
+            pad_all = torch.cat([pad, encoder_mask == 0], 1)
+        else:
+            pad_all = pad
         # a text with no tokens (an empty query) attends over its padding rather than over nothing
         # (a NaN), and the mask below then gives it no bag: h is its pooled head's alone
-        keys = pad & ~pad.all(1, keepdim=True)
-        z = tokens if self.down is None else self.down(tokens)
+        keys = pad_all & ~pad_all.all(1, keepdim=True)
         for block in self.context:
             z = block(z, src_key_padding_mask=keys)
+        if self.encoder_in is not None:
+            z = z[:, :n_llm]  # the encoder's tokens informed the LLM's; only the LLM's rows can be read back by W_lm
         tokens = z if self.up is None else tokens + self.up(z)
         weights = self.gate(tokens).squeeze(-1).masked_fill(pad, -1e4).softmax(-1) * mask
         return (weights.unsqueeze(-1) * (tokens + self.token(tokens))).sum(1) + self.pooled(sentence)
@@ -116,13 +138,16 @@ def _identity_block(d: int, hidden: int) -> torch.nn.Module:
 
 def make_student_head(
     kind: str, d_enc: int, d_llm: int, hidden: int = 1024, gate_hidden: int = 64, context_layers: int = 0,
-    context_dim: int = 0, token_hidden: int = 0,
+    context_dim: int = 0, token_hidden: int = 0, encoder_tokens: bool = False,
 ) -> torch.nn.Module:  # fmt: skip
-    """A student's trainable part: ``pooled`` (:func:`make_head`) or ``token-bag`` (:class:`TokenBagHead`)."""
+    """A student's trainable part: ``pooled`` (:func:`make_head`) or ``token-bag`` (:class:`TokenBagHead`;
+    ``encoder_tokens``: its context blocks also read the sentence encoder's token states)."""
     if kind == "pooled":
+        if encoder_tokens:
+            raise ValueError("encoder_tokens: only a token-bag student reads token states")
         return make_head(d_enc, d_llm, hidden)
     if kind == "token-bag":
-        return TokenBagHead(d_llm, d_enc, hidden, gate_hidden, context_layers, context_dim, token_hidden)
+        return TokenBagHead(d_llm, d_enc, hidden, gate_hidden, context_layers, context_dim, token_hidden, d_enc if encoder_tokens else 0)
     raise ValueError(f"unknown student kind {kind!r}: expected one of {', '.join(STUDENT_KINDS)}")
 
 
@@ -165,6 +190,11 @@ class DistilledQueryEncoder:
     def kind(self) -> str:
         """``pooled`` (reads the sentence embedding) or ``token-bag`` (also the query's LLM tokens)."""
         return str(self.record.get("head", {}).get("kind", "pooled"))
+
+    @property
+    def reads_encoder_tokens(self) -> bool:
+        """Whether the head also reads the sentence encoder's token states (:class:`TokenBagHead` ``encoder_tokens``)."""
+        return bool(self.record.get("head", {}).get("encoder_tokens", False))
 
     @property
     def max_tokens(self) -> int:
@@ -210,9 +240,14 @@ class DistilledQueryEncoder:
             )
 
     @torch.inference_mode()
-    def states(self, encoder_embeddings: np.ndarray, texts: list[str] | None = None) -> np.ndarray:
+    def states(
+        self, encoder_embeddings: np.ndarray, texts: list[str] | None = None, encoder_tokens: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> np.ndarray:
         """The student's h (n, d) float32 of the sentence encoder's embeddings (n, d_enc) of
-        ``texts`` (which a token-bag student also reads, with its teacher's tokenizer: :meth:`attach`)."""
+        ``texts`` (which a token-bag student also reads, with its teacher's tokenizer: :meth:`attach`).
+        ``encoder_tokens``: the sentence encoder's (token states (n, S, d_enc), mask (n, S)) of the
+        same texts (:meth:`embedder.sentence_encoder.SentenceEncoder.encode_with_tokens`), for a
+        student that reads them (:attr:`reads_encoder_tokens`); the first ``max_tokens`` are read."""
         x = torch.from_numpy(np.ascontiguousarray(encoder_embeddings, dtype=np.float32))
         if self.kind == "pooled":
             return self.head(x).numpy()
@@ -221,6 +256,14 @@ class DistilledQueryEncoder:
         if self.table is None:
             raise RuntimeError("a token-bag student needs its teacher's tokenizer and table: call attach(embedder) first")
         ids, mask = llm_token_ids(self.teacher, list(texts), self.max_tokens)
+        if self.reads_encoder_tokens:
+            if encoder_tokens is None or len(encoder_tokens[0]) != len(x):
+                raise ValueError(f"this student reads the sentence encoder's token states: give them for the {len(x)} texts")
+            states, states_mask = (np.ascontiguousarray(a[:, : self.max_tokens], np.float32) for a in encoder_tokens)
+            tokens = self.table[torch.from_numpy(ids)].float()
+            if self._compiled is not None:
+                return self._compiled(x.numpy(), tokens.numpy(), mask, states, states_mask)
+            return self.head(x, tokens, torch.from_numpy(mask), torch.from_numpy(states), torch.from_numpy(states_mask)).numpy()
         if self._compiled is not None and self.table.dtype == torch.float32 and self.table.device.type == "cpu":
             # NumPy's gather skips torch's dispatch: 12 rows in 0.003 ms against 0.008 (hot, ad-hoc)
             return self._compiled(x.numpy(), np.take(self.table.numpy(), ids, axis=0), mask)
@@ -253,7 +296,7 @@ class DistilledQueryEncoder:
         failed: list[str] = []
         for p in dict.fromkeys([precision or student_precision(cpu_capability()), "f32"]):
             try:
-                self._compiled = CompiledHead(self.head, int(shape["in"]), int(shape["out"]), precision=p)
+                self._compiled = CompiledHead(self.head, int(shape["in"]), int(shape["out"]), precision=p, encoder_tokens=self.reads_encoder_tokens)
             except Exception as exc:  # noqa: BLE001 - an export or a compile fails in many ways; each means "try the next"
                 failed.append(f"{type(exc).__name__}: {exc}")
                 continue
@@ -322,6 +365,7 @@ class DistilledQueryEncoder:
         head = make_student_head(
             kind, int(shape["in"]), int(shape["out"]), int(shape.get("hidden", 0)), int(shape.get("gate_hidden", 64)),
             int(shape.get("context_layers", 0)), int(shape.get("context_dim", 0)), int(shape.get("token_hidden", 0)),
+            bool(shape.get("encoder_tokens", False)),
         )
         head.load_state_dict({k: v.float() for k, v in load_file(str(directory / HEAD_FILE)).items()})
         return cls(head.eval(), record, directory)

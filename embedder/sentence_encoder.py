@@ -182,5 +182,26 @@ class SentenceEncoder:
         )
         return np.ascontiguousarray(emb, dtype=np.float32)
 
+    def encode_with_tokens(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One forward of ``texts`` as one padded batch: (embeddings (n, dim) of unit norm, as
+        :meth:`encode` gives them; the last layer's token states (n, S, dim) float32, [CLS] and
+        [SEP] included; their mask (n, S) float32, 1 for real tokens). What a distilled query
+        encoder that reads token states takes (embedder/query_encoder.py)."""
+        if not len(texts):
+            raise ValueError("no texts to encode")
+        if self.compiled is not None:
+            return self.compiled.encode_with_tokens(list(texts))
+        import torch
+
+        from embedder.sentence_runtime import features
+
+        feats = {k: torch.from_numpy(v).to(self.device) for k, v in features(self.model, list(texts)).items()}
+        with torch.inference_mode():
+            out = self.model(dict(feats))
+        emb = out["sentence_embedding"].float()
+        emb = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
+        states = out["token_embeddings"].float().cpu().numpy()
+        return np.ascontiguousarray(emb, np.float32), np.ascontiguousarray(states, np.float32), feats["attention_mask"].float().cpu().numpy()
+
 
 __all__ = ["ENCODERS", "MINILM", "MINILM_DIST", "SENTENCE_RUNTIMES", "SentenceEncoder", "packaged_model_dir", "resolve_encoder"]

@@ -40,7 +40,7 @@ from embedder.runtime_probe import probe
 log = logging.getLogger(__name__)
 
 # Bump when the export changes, so that graphs of an older export are not reused.
-SENTENCE_EXPORT_VERSION = 1
+SENTENCE_EXPORT_VERSION = 2  # 2: the token states are a second output
 POOLINGS = ("mean", "cls")
 # The least cosine to torch's embedding, on every probe text, for the compiled graph to be used.
 MIN_COSINE = 0.9999
@@ -65,7 +65,10 @@ class _Pooled(torch.nn.Module):
         super().__init__()
         self.transformer, self.pooling, self.normalize = transformer, pooling, normalize
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the pooled embedding, the last layer's token states): the second for a student that reads them."""
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         states = self.transformer(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
         if self.pooling == "cls":
@@ -73,7 +76,7 @@ class _Pooled(torch.nn.Module):
         else:
             mask = attention_mask.unsqueeze(-1).to(states.dtype)
             pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled
+        return (torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled), states
 
 
 def graph_parts(model: Any) -> tuple[torch.nn.Module, str, bool]:
@@ -174,7 +177,15 @@ class CompiledSentenceEncoder:
         want = np.asarray(self.model.encode(list(PROBE_TEXTS), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False), np.float32)
         one = np.concatenate([self.encode([t], normalize=True) for t in PROBE_TEXTS])
         batch = self.encode(list(PROBE_TEXTS), normalize=True)
-        return float(min((one * want).sum(1).min(), (batch * want).sum(1).min()))
+        # the token states too (a student may read them), each real token's, in a padded batch
+        feats = {k: torch.from_numpy(v) for k, v in features(self.model, list(PROBE_TEXTS[:3])).items()}
+        with torch.inference_mode():
+            states = self.model(dict(feats))["token_embeddings"].float().numpy()
+        _, got, mask = self.encode_with_tokens(list(PROBE_TEXTS[:3]))
+        real = mask.astype(bool)
+        a, b = states[real], got[real]
+        token_cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+        return float(min((one * want).sum(1).min(), (batch * want).sum(1).min(), token_cos.min()))
 
     def _request(self) -> Any:
         request = getattr(self._local, "request", None)
@@ -202,6 +213,15 @@ class CompiledSentenceEncoder:
         if normalize:  # a graph without Normalize: as sentence-transformers' normalize_embeddings
             emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
         return emb
+
+    def encode_with_tokens(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One padded batch: (unit-norm embeddings (n, dim), token states (n, S, dim), mask (n, S)), as
+        :meth:`embedder.sentence_encoder.SentenceEncoder.encode_with_tokens` gives them."""
+        feats = features(self.model, list(texts))
+        result = self._request().infer({k: v for k, v in feats.items() if k in self._inputs})
+        emb = np.array(result[0], dtype=np.float32, copy=True)
+        emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+        return emb, np.array(result[1], dtype=np.float32, copy=True), feats["attention_mask"].astype(np.float32)
 
 
 __all__ = ["MIN_COSINE", "POOLINGS", "PROBE_TEXTS", "SENTENCE_EXPORT_VERSION", "CompiledSentenceEncoder", "SentenceRuntimeUnusable",

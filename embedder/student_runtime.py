@@ -67,55 +67,67 @@ def head_digest(head: torch.nn.Module) -> str:
     return h.hexdigest()[:20]
 
 
-def _example(d_enc: int, d_llm: int, n: int = 2, length: int = 5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _example(d_enc: int, d_llm: int, n: int = 2, length: int = 5, encoder_tokens: bool = False) -> tuple[np.ndarray, ...]:
     mask = np.ones((n, length), np.float32)
     mask[-1, length // 2 :] = 0  # a padded row, so that the traced graph keeps the masking
-    return np.zeros((n, d_enc), np.float32), np.full((n, length, d_llm), 0.01, np.float32), mask
+    out = (np.zeros((n, d_enc), np.float32), np.full((n, length, d_llm), 0.01, np.float32), mask)
+    if encoder_tokens:  # the sentence encoder's token states, one more than the LLM's tokens (they differ in length)
+        states_mask = np.ones((n, length + 1), np.float32)
+        states_mask[-1, (length + 1) // 2 :] = 0
+        out += (np.full((n, length + 1, d_enc), 0.1, np.float32), states_mask)
+    return out
 
 
-def probe_input(d_enc: int, d_llm: int, n: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def probe_input(d_enc: int, d_llm: int, n: int, length: int, encoder_tokens: bool = False) -> tuple[np.ndarray, ...]:
     """Inputs at the scale of real ones (a unit-norm sentence embedding, tokens like an LLM's
     input-embedding rows, std ~0.03; constant inputs hide the OpenVINO bug that random ones of
-    this scale show), the last row's last quarter padded."""
+    this scale show), the last row's last quarter padded; with ``encoder_tokens``, token states
+    like a sentence encoder's last layer (std ~0.5), as many, padded alike."""
     rng = np.random.default_rng(length)
     sentence = (rng.standard_normal((n, d_enc)) / np.sqrt(d_enc)).astype(np.float32)
     tokens = (0.03 * rng.standard_normal((n, length, d_llm))).astype(np.float32)
     mask = np.ones((n, length), np.float32)
     mask[-1, length - length // 4 :] = 0
-    return sentence, tokens, mask
+    if not encoder_tokens:
+        return sentence, tokens, mask
+    return sentence, tokens, mask, (0.5 * rng.standard_normal((n, length, d_enc))).astype(np.float32), mask.copy()
 
 
 def static_model(model, d_enc: int, d_llm: int, length: int):
-    """A copy of the exported graph with every shape fixed: one query of ``length`` tokens."""
+    """A copy of the exported graph with every shape fixed: one query of ``length`` tokens (and,
+    for a head that reads them, ``length`` token states of the sentence encoder)."""
     fixed = model.clone()
-    fixed.reshape({fixed.inputs[0]: [1, d_enc], fixed.inputs[1]: [1, length, d_llm], fixed.inputs[2]: [1, length]})
+    shapes = {fixed.inputs[0]: [1, d_enc], fixed.inputs[1]: [1, length, d_llm], fixed.inputs[2]: [1, length]}
+    if len(fixed.inputs) == 5:
+        shapes.update({fixed.inputs[3]: [1, length, d_enc], fixed.inputs[4]: [1, length]})
+    fixed.reshape(shapes)
     return fixed
 
 
-def _export(head: torch.nn.Module, d_enc: int, d_llm: int, target: Path) -> None:
+def _export(head: torch.nn.Module, d_enc: int, d_llm: int, target: Path, encoder_tokens: bool = False) -> None:
     """Trace ``head`` into an OpenVINO IR in ``target`` (a temporary folder, then renamed)."""
     import openvino as ov
 
-    example = tuple(torch.from_numpy(a) for a in _example(d_enc, d_llm))
+    example = tuple(torch.from_numpy(a) for a in _example(d_enc, d_llm, encoder_tokens=encoder_tokens))
+    shapes = [ov.PartialShape([-1, d_enc]), ov.PartialShape([-1, -1, d_llm]), ov.PartialShape([-1, -1])]
+    if encoder_tokens:
+        shapes += [ov.PartialShape([-1, -1, d_enc]), ov.PartialShape([-1, -1])]
     with torch.no_grad():
-        graph = ov.convert_model(
-            head, example_input=example,
-            input=[ov.PartialShape([-1, d_enc]), ov.PartialShape([-1, -1, d_llm]), ov.PartialShape([-1, -1])],
-        )  # fmt: skip
+        graph = ov.convert_model(head, example_input=example, input=shapes)
     save_graph(graph, target)
 
 
-def compile_student(xml: str, config: dict, d_enc: int, d_llm: int, lengths: tuple[int, ...] = ()) -> None:
+def compile_student(xml: str, config: dict, d_enc: int, d_llm: int, lengths: tuple[int, ...] = (), encoder_tokens: bool = False) -> None:
     """Compile an exported head with ``config`` and run one padded batch, then the same for each
     static length in ``lengths``: what a probe child does."""
     import openvino as ov
 
     core = ov.Core()
     model = core.read_model(xml)
-    core.compile_model(model, "CPU", config).create_infer_request().infer(list(_example(d_enc, d_llm)))
+    core.compile_model(model, "CPU", config).create_infer_request().infer(list(_example(d_enc, d_llm, encoder_tokens=encoder_tokens)))
     for length in lengths:
         compiled = core.compile_model(static_model(model, d_enc, d_llm, length), "CPU", config)
-        compiled.create_infer_request().infer(list(probe_input(d_enc, d_llm, 1, length)))
+        compiled.create_infer_request().infer(list(probe_input(d_enc, d_llm, 1, length, encoder_tokens)))
 
 
 class CompiledHead:
@@ -128,7 +140,7 @@ class CompiledHead:
 
     def __init__(
         self, head: torch.nn.Module, d_enc: int, d_llm: int, threads: int | None = None, cache_root: Path | None = None,
-        precision: str = "f32", static_lengths: tuple[int, ...] = STATIC_LENGTHS,
+        precision: str = "f32", static_lengths: tuple[int, ...] = STATIC_LENGTHS, encoder_tokens: bool = False,
     ) -> None:  # fmt: skip
         if precision not in STUDENT_PRECISIONS:
             raise ValueError(f"student precision must be one of {', '.join(STUDENT_PRECISIONS)}, not {precision!r}")
@@ -143,7 +155,7 @@ class CompiledHead:
         xml = self.directory / "model.xml"
         if not xml.exists():
             log.info("exporting the query encoder's head to OpenVINO (once) into %s", self.directory)
-            _export(head.eval(), d_enc, d_llm, self.directory)
+            _export(head.eval(), d_enc, d_llm, self.directory, encoder_tokens)
         config: dict = {
             "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
             "INFERENCE_PRECISION_HINT": precision,  # asked for explicitly: an AMX CPU would otherwise pick bf16 by itself
@@ -157,12 +169,14 @@ class CompiledHead:
         probes = root / "student-probes"
         probes.mkdir(parents=True, exist_ok=True)
         kwargs = {"xml": str(xml), "config": config, "d_enc": d_enc, "d_llm": d_llm, "lengths": list(static_lengths)}
+        if encoder_tokens:  # (a head without them keeps the probe call, and so the verdicts, it always had)
+            kwargs["encoder_tokens"] = True
         verdict = probe(probes, fields, self.probe_target, kwargs)
         if not verdict.ok:
             raise StudentRuntimeUnusable(f"openvino {precision}: {verdict.reason} at its first compile (in a child process)")
         core = ov.Core()
         model = core.read_model(str(xml))
-        self.d_enc, self.d_llm = d_enc, d_llm
+        self.d_enc, self.d_llm, self.encoder_tokens = d_enc, d_llm, encoder_tokens
         self.compiled = core.compile_model(model, "CPU", config)
         error = self._error(self.compiled, head, 2, 12)
         if error > TOLERANCE[precision]:
@@ -183,7 +197,7 @@ class CompiledHead:
 
     def _error(self, compiled: Any, head: torch.nn.Module, n: int, length: int) -> float:
         """How far ``compiled`` is from the torch ``head`` on :func:`probe_input` (relative to its largest output)."""
-        inputs = probe_input(self.d_enc, self.d_llm, n, length)
+        inputs = probe_input(self.d_enc, self.d_llm, n, length, self.encoder_tokens)
         with torch.inference_mode():
             want = head(*(torch.from_numpy(a) for a in inputs)).numpy()
         got = np.asarray(compiled.create_infer_request().infer(list(inputs))[0], dtype=np.float32)
@@ -200,14 +214,25 @@ class CompiledHead:
             requests[length] = (self.compiled if length is None else self.static[length]).create_infer_request()
         return requests[length]
 
-    def __call__(self, sentence: np.ndarray, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        n, length = tokens.shape[:2]
+    def __call__(
+        self, sentence: np.ndarray, tokens: np.ndarray, mask: np.ndarray, states: np.ndarray | None = None, states_mask: np.ndarray | None = None
+    ) -> np.ndarray:
+        """h of one query or a batch; ``states``, ``states_mask``: the sentence encoder's token
+        states, for a head compiled with ``encoder_tokens`` (one query pads both to one static length)."""
+        inputs = [sentence, tokens, mask] + ([states, states_mask] if self.encoder_tokens else [])
+        n, length = tokens.shape[0], max(tokens.shape[1], states.shape[1] if self.encoder_tokens else 0)
         fixed = next((k for k in self._lengths if k >= length), None) if n == 1 else None
-        if fixed is not None and fixed > length:  # padded tokens are masked out: the head ignores them
-            tokens = np.concatenate([tokens, np.zeros((1, fixed - length, tokens.shape[2]), np.float32)], axis=1)
-            mask = np.concatenate([mask, np.zeros((1, fixed - length), np.float32)], axis=1)
-        out = self._request(fixed).infer([sentence, tokens, mask])[0]
+        if fixed is not None:  # padded positions are masked out: the head ignores them
+            inputs[1:] = [_pad(a, fixed) for a in inputs[1:]]
+        out = self._request(fixed).infer(inputs)[0]
         return np.array(out, dtype=np.float32, copy=True)
+
+
+def _pad(a: np.ndarray, length: int) -> np.ndarray:
+    """``a`` (1, L[, d]) padded with zeros to (1, length[, d])."""
+    if a.shape[1] == length:
+        return a
+    return np.concatenate([a, np.zeros((1, length - a.shape[1], *a.shape[2:]), np.float32)], axis=1)
 
 
 __all__ = [

@@ -369,11 +369,16 @@ class Retriever:
 
     def _encode_uncached(self, queries: list[str], llm: bool, encoder: bool) -> list[EncodedQuery]:
         sentence = None  # the sentence encoder's embeddings: one forward for the encoder channel and the student
+        token_states = None  # and its token states, for a student that reads them
         if self.student is not None and llm:
-            sentence = self._student_encoder.encode(list(queries))
+            if self.student.reads_encoder_tokens:
+                sentence, *states = self._student_encoder.encode_with_tokens(list(queries))
+                token_states = (states[0], states[1])
+            else:
+                sentence = self._student_encoder.encode(list(queries))
         if llm:
             if self.student is not None:
-                h = self.student.states(sentence, queries)
+                h = self.student.states(sentence, queries, token_states)
                 if self._student_head is None:
                     from embedder.query_encoder import LMHead
 

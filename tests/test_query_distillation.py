@@ -158,6 +158,29 @@ def test_distill_query_encoder_command_writes_a_student_the_retriever_takes(tiny
     with pytest.raises(SystemExit) as exc:
         main(["--context-dim", "64", "--out", str(tmp_path / "p")])
     assert exc.value.code == 2 and "give --context-layers too" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--encoder-tokens", "--out", str(tmp_path / "p")])
+    assert exc.value.code == 2 and "give --context-layers too" in capsys.readouterr().err
+
+
+def test_a_student_that_reads_encoder_token_states_learns_and_loads(tiny_embedder, tiny_encoder, tmp_path):
+    from embedder.query_encoder import DistilledQueryEncoder
+    from training.query_encoder.trainer import distill
+
+    recipe = DistillRecipe(kind="token-bag", hidden=16, gate_hidden=8, context_layers=1, encoder_tokens=True, epochs=20, batch_size=32,
+                           lr=5e-3, kl_weight=0, holdout=0.2)  # fmt: skip
+    student = distill(tiny_embedder, tiny_encoder, _toy_texts(200), tmp_path / "cache", recipe, "toy", m=8, progress=False)
+    curve = student.record["training"]["curve"]
+    assert curve[-1]["holdout_cosine"] > curve[0]["holdout_cosine"]
+    assert student.record["head"]["encoder_tokens"] is True and student.record["recipe"]["encoder_tokens"] is True
+    assert student.record["faithfulness"]["n"] == 40
+    assert list((tmp_path / "cache" / "encoder-tokens").glob("*.npz"))  # the token states are cached for the next run
+    student.save(tmp_path / "student")
+    loaded = DistilledQueryEncoder.load(tmp_path / "student").attach(tiny_embedder)
+    assert loaded.reads_encoder_tokens
+    texts = _toy_texts(5)
+    x, states, mask = tiny_encoder.encode_with_tokens(texts)
+    np.testing.assert_array_equal(loaded.states(x, texts, (states, mask)), student.states(x, texts, (states, mask)))
 
 
 def test_distill_query_encoder_beside_adapter_needs_an_adapter(tiny_model_dir, tiny_encoder, tmp_path, capsys):

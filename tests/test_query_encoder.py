@@ -195,6 +195,29 @@ def test_a_compiled_head_gives_the_torch_heads_states(make_embedder, tmp_path, m
     assert np.isfinite(compiled.states(x[2:3], [""])).all()
 
 
+def test_a_compiled_head_that_reads_encoder_token_states_gives_the_torch_heads(make_embedder, tmp_path, monkeypatch):
+    """Five inputs: a batch runs the dynamic graph; one query pads its LLM tokens and its encoder
+    tokens (of other counts) to one static length."""
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))
+    embedder = make_embedder()
+    student = _encoder_token_student(embedder, {"name": "enc", "sha256": "abc", "dim": 8}, seed=3).attach(embedder)
+    for p in student.head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    texts = ["cat and dog near the river bank", "dog", "", "a game with the team"]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    states, mask = (0.5 * rng.standard_normal((4, 7, 8))).astype(np.float32), np.ones((4, 7), np.float32)
+    mask[1, 3:] = mask[2, 2:] = 0
+    want = student.states(x, texts, (states, mask))
+    compiled = DistilledQueryEncoder(student.head, student.record).attach(embedder).compile("f32")
+    assert compiled.runtime_name == "openvino" and compiled.runtime_reason == "openvino f32", compiled.runtime_reason
+    np.testing.assert_allclose(compiled.states(x, texts, (states, mask)), want, rtol=1e-4, atol=1e-5)
+    for i in range(4):  # one at a time, the encoder's states cut to the query's own
+        n = int(mask[i].sum())
+        one = compiled.states(x[i : i + 1], texts[i : i + 1], (states[i : i + 1, :n], mask[i : i + 1, :n]))
+        np.testing.assert_allclose(one, want[i : i + 1], rtol=1e-4, atol=1e-5)
+
+
 def test_the_compiled_heads_precision_follows_the_cpu_capability():
     """bf16 only where the CPU has it in hardware (emulated bf16 is ~5x slower than f32)."""
     from embedder.hardware import Capability, student_precision
@@ -618,3 +641,107 @@ def test_concurrent_searches_through_the_cache_equal_serial_ones(encoder_index, 
     with ThreadPoolExecutor(6) as pool:
         for q, got in pool.map(work, range(6)):
             assert got == serial[q]
+
+
+# ------------------------------------------------------------------ a student that reads the sentence encoder's token states
+def _encoder_token_student(embedder, encoder_identity: dict, seed: int = 0) -> DistilledQueryEncoder:
+    torch.manual_seed(seed)
+    d_enc = int(encoder_identity["dim"])
+    head = make_student_head("token-bag", d_enc, embedder.dim, 8, gate_hidden=4, context_layers=1, encoder_tokens=True)
+    record = {"name": "enc-tokens", "teacher": teacher_identity(embedder), "encoder": encoder_identity,
+              "head": {"kind": "token-bag", "in": d_enc, "out": embedder.dim, "hidden": 8, "gate_hidden": 4, "max_tokens": 16,
+                       "context_layers": 1, "encoder_tokens": True}}  # fmt: skip
+    return DistilledQueryEncoder(head.eval(), record)
+
+
+def test_encoder_token_states_start_as_the_context_student_and_are_read_once_trained(make_embedder, tmp_path):
+    embedder = make_embedder()
+    identity = {"name": "enc", "sha256": "abc", "dim": 8}
+    student = _encoder_token_student(embedder, identity).attach(embedder)
+    assert student.reads_encoder_tokens
+    texts = ["cat and dog", "a river bank", "dog"]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    states, mask = rng.standard_normal((3, 5, 8)).astype(np.float32), np.ones((3, 5), np.float32)
+    mask[2, 2:] = 0  # the third text has two real encoder tokens
+    with pytest.raises(ValueError, match="token states"):
+        student.states(x, texts)  # they must be given
+    untrained = student.states(x, texts, (states, mask))
+    # untrained, the block outputs zero: the encoder's tokens change nothing yet
+    np.testing.assert_allclose(untrained, student.states(x, texts, (rng.standard_normal((3, 5, 8)).astype(np.float32), mask)), atol=1e-6)
+    with torch.no_grad():
+        for p in student.head.context.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    got = student.states(x, texts, (states, mask))
+    other = states.copy()
+    other[0] += 1.0
+    moved = student.states(x, texts, (other, mask))
+    assert not np.allclose(moved[0], got[0], atol=1e-4)  # the first text's encoder tokens are read
+    np.testing.assert_allclose(moved[1:], got[1:], rtol=1e-5, atol=1e-6)  # and only its own
+    # padding does not leak: the third text alone, its states cut to its real tokens
+    np.testing.assert_allclose(student.states(x[2:], texts[2:], (states[2:, :2], mask[2:, :2])), got[2:], rtol=1e-4, atol=1e-5)
+    # saved and loaded: the same head
+    student.save(tmp_path / "enc-tokens")
+    loaded = DistilledQueryEncoder.load(tmp_path / "enc-tokens").attach(embedder)
+    assert loaded.reads_encoder_tokens
+    np.testing.assert_array_equal(loaded.states(x, texts, (states, mask)), got)
+    with pytest.raises(ValueError, match="context_layers"):
+        make_student_head("token-bag", 8, embedder.dim, 8, encoder_tokens=True)
+
+
+def test_ragged_token_states_batch_and_cache(tmp_path):
+    from training.query_encoder.data import RaggedStates, encoder_token_states
+
+    class Encoder:  # as SentenceEncoder.encode_with_tokens: one padded batch
+        identity, dim, calls = {"sha256": "abc"}, 3, 0
+
+        def encode_with_tokens(self, texts):
+            Encoder.calls += 1
+            n = max(len(t.split()) for t in texts)
+            states = np.zeros((len(texts), n, 3), np.float32)
+            mask = np.zeros((len(texts), n), np.float32)
+            for i, t in enumerate(texts):
+                k = len(t.split())
+                states[i, :k] = np.arange(k)[:, None] + 10 * len(t)
+                mask[i, :k] = 1
+            return np.zeros((len(texts), 3), np.float32), states, mask
+
+    texts = ["one two three", "a", "four five six seven eight nine"]
+    got = encoder_token_states(Encoder(), texts, tmp_path, max_tokens=4, batch_size=2, progress=False)
+    assert isinstance(got, RaggedStates) and len(got) == 3 and got.lengths().tolist() == [3, 1, 4]  # cut at max_tokens
+    states, mask = got.batch([2, 1])
+    assert states.shape == (2, 4, 3) and mask.tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
+    np.testing.assert_array_equal(states[0, :, 0], np.arange(4) + 10 * len(texts[2]))
+    assert not states[1, 1:].any()
+    calls = Encoder.calls
+    again = encoder_token_states(Encoder(), texts, tmp_path, max_tokens=4, batch_size=2, progress=False)
+    assert Encoder.calls == calls  # read from the cache
+    np.testing.assert_array_equal(again.flat, got.flat)
+
+
+def test_the_retriever_gives_a_token_reading_student_the_encoders_token_states(encoder_index, tiny_embedder, tmp_path, monkeypatch):
+    import embedder.hardware
+
+    monkeypatch.setattr(embedder.hardware, "student_precision", lambda capability: "f32")  # exact on every CPU: bf16 rounding is tested apart
+    path, encoder = encoder_index
+    adapter_dir = tmp_path / "adapter"
+    tiny_embedder.adapter = {"path": str(adapter_dir), "sha256": "a" * 64}
+    student = _encoder_token_student(tiny_embedder, {**encoder.identity, "dim": encoder.dim}).attach(tiny_embedder)
+    with torch.no_grad():
+        for p in student.head.context.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    student.save(adapter_dir / "query-encoder")
+    from indexer.manifest import Manifest
+    from retriever.retriever import Retriever
+
+    manifest = Manifest.read(path)
+    manifest.adapter = tiny_embedder.adapter
+    r = Retriever(path, manifest, tiny_embedder, encoder=encoder, query_encoder="auto")
+    assert r.query_encoder == "distilled:enc-tokens"
+    got = r.encode(QUERIES, "hybrid")
+    assert r.student.runtime_reason == "openvino f32", r.student.runtime_reason
+    for i, q in enumerate(QUERIES):  # one query at a time, as a served engine answers them
+        x, states, mask = encoder.encode_with_tokens([q])
+        np.testing.assert_allclose(got[i].embedding, student.states(x, [q], (states, mask))[0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got[i].encoder_embedding, encoder.encode([q])[0], atol=1e-5)  # one forward serves the encoder channel
+    assert all(h.query_encoder == "distilled:enc-tokens" for h in r.search(QUERIES[0], k=3, mode="hybrid"))

@@ -145,3 +145,20 @@ def test_fp32_is_asked_for_on_every_cpu(st_dir, cache, monkeypatch, flags):
     enc = SentenceEncoder.load(st_dir)
     assert enc.runtime == "openvino"
     assert enc.compiled.config["INFERENCE_PRECISION_HINT"] == "f32"
+
+
+def test_token_states_are_torchs_in_both_runtimes(st_dir, cache):
+    compiled, plain = SentenceEncoder.load(st_dir), SentenceEncoder.load(st_dir, runtime="torch")
+    assert compiled.runtime == "openvino", compiled.runtime_reason
+    texts = TEXTS[:4]
+    emb_c, states_c, mask_c = compiled.encode_with_tokens(texts)
+    emb_t, states_t, mask_t = plain.encode_with_tokens(texts)
+    np.testing.assert_array_equal(mask_c, mask_t)
+    assert states_c.shape == (len(texts), mask_c.shape[1], compiled.dim)
+    real = mask_t.astype(bool)
+    np.testing.assert_allclose(states_c[real], states_t[real], rtol=1e-4, atol=1e-4)
+    # the embedding is the one encode() gives
+    np.testing.assert_allclose(emb_c, compiled.encode(texts), atol=1e-5)
+    np.testing.assert_allclose(emb_t, plain.encode(texts), atol=1e-5)
+    with pytest.raises(ValueError, match="no texts"):
+        plain.encode_with_tokens([])

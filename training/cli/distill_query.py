@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
     for field in ("lr", "weight_decay", "kl_weight", "temperature", "holdout"):
         p.add_argument(f"--{field.replace('_', '-')}", type=float, default=getattr(defaults, field))
+    p.add_argument("--encoder-tokens", action="store_true",
+                   help="the context blocks also read the sentence encoder's token states (needs --context-layers)")
     p.add_argument("--name", help="the student's name in results (default: the adapter's folder name)")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", type=Path, help="write the student into this folder")
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.context_layers and args.kind != "token-bag":
         p.error("--context-layers: only a token-bag student reads the query's tokens (--kind token-bag)")
+    if args.encoder_tokens and not args.context_layers:
+        p.error("--encoder-tokens: the sentence encoder's token states are read by the context blocks; give --context-layers too")
     if args.context_dim and not args.context_layers:
         p.error("--context-dim: the width of the context blocks; give --context-layers too")
     setup(args.threads, quiet=args.quiet)

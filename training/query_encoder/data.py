@@ -20,6 +20,7 @@ import logging
 import random
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -106,4 +107,59 @@ def student_inputs(encoder, texts: Sequence[str], cache_root: Path, progress: bo
     return cached_arrays(cache, list(texts), lambda part: encoder.encode(list(part)), (encoder.dim,), desc="encoder inputs")
 
 
-__all__ = ["PAIR_FILES", "document_sentences", "evaluation_queries", "pair_anchors", "student_inputs", "teacher_states", "training_texts"]
+@dataclass
+class RaggedStates:
+    """Each text's token states, concatenated: rows ``offsets[i]:offsets[i + 1]`` of ``flat`` are text i's."""
+
+    flat: np.ndarray  # (N, d) float16: half the memory; the student computes in float32
+    offsets: np.ndarray  # (n + 1,) int64
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def batch(self, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' states padded to the longest: (states (B, S, d) float32, mask (B, S) float32)."""
+        rows = np.asarray(rows, np.int64)
+        lengths = self.offsets[rows + 1] - self.offsets[rows]
+        states = np.zeros((len(rows), max(1, int(lengths.max(initial=0))), self.flat.shape[1]), np.float32)
+        mask = np.zeros(states.shape[:2], np.float32)
+        for j, (start, n) in enumerate(zip(self.offsets[rows], lengths)):
+            states[j, :n], mask[j, :n] = self.flat[start : start + n], 1.0
+        return states, mask
+
+
+def encoder_token_states(encoder, texts: Sequence[str], cache_root: Path, max_tokens: int, batch_size: int = 64,
+                         progress: bool = True) -> RaggedStates:  # fmt: skip
+    """The sentence encoder's last-layer token states of each text (its first ``max_tokens``, as a
+    student reads them: :meth:`embedder.query_encoder.DistilledQueryEncoder.states`), cached as one
+    file per (encoder, texts, max_tokens) under ``cache_root`` (written to a temporary file, then renamed)."""
+    import hashlib
+    import os
+
+    from tqdm.auto import tqdm
+
+    key = hashlib.sha256(json.dumps([encoder.identity.get("sha256"), max_tokens, list(texts)]).encode()).hexdigest()[:20]
+    path = Path(cache_root) / "encoder-tokens" / f"{key}.npz"
+    if path.exists():
+        with np.load(path) as f:
+            return RaggedStates(f["flat"], f["offsets"])
+    order = np.argsort([len(t) for t in texts], kind="stable")  # little padding inside a batch
+    parts: list[np.ndarray | None] = [None] * len(texts)
+    for start in tqdm(range(0, len(texts), batch_size), desc="encoder token states", unit="batch", disable=not progress):
+        rows = order[start : start + batch_size]
+        _, states, mask = encoder.encode_with_tokens([texts[i] for i in rows])
+        for j, i in enumerate(rows):
+            parts[i] = states[j, : min(int(mask[j].sum()), max_tokens)].astype(np.float16)
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    flat = np.concatenate(parts) if parts else np.zeros((0, encoder.dim), np.float16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
+    np.savez(tmp, flat=flat, offsets=offsets)
+    os.replace(tmp, path)
+    return RaggedStates(flat, offsets)
+
+
+__all__ = ["PAIR_FILES", "RaggedStates", "document_sentences", "encoder_token_states", "evaluation_queries", "pair_anchors", "student_inputs", "teacher_states", "training_texts"]

@@ -14,7 +14,8 @@ class DistillRecipe:
     context_layers: int = 0  # token-bag: self-attention blocks over the query's tokens before the bag (0: none)
     context_dim: int = 0  # token-bag: the blocks' width (0: the LLM's; narrower: projected down and back up)
     token_hidden: int = 0  # token-bag: the per-token correction's hidden width (0: hidden)
-    max_tokens: int = 96  # token-bag: the LLM tokens read of a text
+    max_tokens: int = 96  # token-bag: the LLM tokens read of a text (and of the sentence encoder's, with encoder_tokens)
+    encoder_tokens: bool = False  # token-bag with context_layers: the blocks also read the sentence encoder's token states
     epochs: int = 20
     batch_size: int = 128
     lr: float = 1e-3

@@ -11,7 +11,7 @@ import torch
 
 from embedder.query_encoder import DistilledQueryEncoder, llm_token_ids, make_student_head, teacher_identity
 from training.objectives.query_distillation import query_distillation_loss, teacher_top_tokens
-from training.query_encoder.data import student_inputs, teacher_states
+from training.query_encoder.data import RaggedStates, encoder_token_states, student_inputs, teacher_states
 from training.query_encoder.recipe import DistillRecipe
 
 
@@ -23,6 +23,7 @@ class TokenInputs:
     ids: np.ndarray  # (n, L) int64
     mask: np.ndarray  # (n, L) float32
     table: torch.Tensor  # (V, d) frozen
+    encoder_states: RaggedStates | None = None  # the sentence encoder's token states (recipe.encoder_tokens)
 
 
 def length_batches(order: torch.Tensor, lengths: torch.Tensor | None, batch_size: int, g: torch.Generator, pool: int = 50) -> list[torch.Tensor]:
@@ -58,10 +59,13 @@ def train_head(
     xt, ht = torch.from_numpy(np.ascontiguousarray(x)).float(), torch.from_numpy(np.ascontiguousarray(h)).float()
     torch.manual_seed(recipe.seed)
     head = make_student_head(
-        recipe.kind, x.shape[1], h.shape[1], recipe.hidden, recipe.gate_hidden, recipe.context_layers, recipe.context_dim, recipe.token_hidden
+        recipe.kind, x.shape[1], h.shape[1], recipe.hidden, recipe.gate_hidden, recipe.context_layers, recipe.context_dim, recipe.token_hidden,
+        recipe.encoder_tokens,
     )
     if recipe.kind == "token-bag" and tokens is None:
         raise ValueError("a token-bag student is trained on the texts' LLM tokens: pass tokens")
+    if recipe.encoder_tokens and (tokens is None or tokens.encoder_states is None):
+        raise ValueError("a student reading the sentence encoder's token states is trained on them: pass tokens.encoder_states")
     ids = torch.from_numpy(tokens.ids) if tokens is not None else None
     mask = torch.from_numpy(tokens.mask) if tokens is not None else None
     lengths = mask.sum(1) if mask is not None else None
@@ -70,7 +74,10 @@ def train_head(
         if recipe.kind == "pooled":
             return head(xt[rows])
         width = max(1, int(lengths[rows].max()))  # a batch pads to its own longest text, not the corpus's
-        return head(xt[rows], tokens.table[ids[rows, :width]].float(), mask[rows, :width])
+        if not recipe.encoder_tokens:
+            return head(xt[rows], tokens.table[ids[rows, :width]].float(), mask[rows, :width])
+        states, states_mask = tokens.encoder_states.batch(rows.numpy())
+        return head(xt[rows], tokens.table[ids[rows, :width]].float(), mask[rows, :width], torch.from_numpy(states), torch.from_numpy(states_mask))
 
     opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps = recipe.epochs * ((len(train) + recipe.batch_size - 1) // recipe.batch_size)
@@ -129,20 +136,24 @@ def distill(
     t0 = time.perf_counter()
     x = student_inputs(encoder, texts, cache_root, progress)
     h = teacher_states(embedder, texts, cache_root, progress)
-    encode_seconds = time.perf_counter() - t0
     lm_head = embedder.causal_lm.get_output_embeddings().weight
     tokens = None
     if recipe.kind == "token-bag":
         ids, mask = llm_token_ids(embedder, list(texts), recipe.max_tokens)
-        tokens = TokenInputs(ids, mask, embedder.causal_lm.get_input_embeddings().weight.detach())
+        states = encoder_token_states(encoder, texts, cache_root, recipe.max_tokens, progress=progress) if recipe.encoder_tokens else None
+        tokens = TokenInputs(ids, mask, embedder.causal_lm.get_input_embeddings().weight.detach(), states)
+    encode_seconds = time.perf_counter() - t0
     head, record = train_head(x, h, lm_head, recipe, progress, tokens)
     held = record.pop("holdout_positions")
     shape = {"kind": recipe.kind, "in": int(x.shape[1]), "out": int(h.shape[1]), "hidden": recipe.hidden}
     if recipe.kind == "token-bag":
         shape.update(gate_hidden=recipe.gate_hidden, max_tokens=recipe.max_tokens, context_layers=recipe.context_layers,
                      context_dim=recipe.context_dim, token_hidden=recipe.token_hidden)
+        if recipe.encoder_tokens:
+            shape["encoder_tokens"] = True
     student = DistilledQueryEncoder(head, {"head": shape, "teacher": teacher_identity(embedder)}).attach(embedder)
-    faith = faithfulness(student.states(x[held], [texts[i] for i in held]), h[held], lm_head, m)
+    held_states = tokens.encoder_states.batch(held) if tokens is not None and tokens.encoder_states is not None else None
+    faith = faithfulness(student.states(x[held], [texts[i] for i in held], held_states), h[held], lm_head, m)
     student.record = {
         "name": name,
         "teacher": teacher_identity(embedder),
