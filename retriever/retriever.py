@@ -372,8 +372,8 @@ class Retriever:
         token_states = None  # and its token states, for a student that reads them
         if self.student is not None and llm:
             if self.student.reads_encoder_tokens:
-                sentence, *states = self._student_encoder.encode_with_tokens(list(queries))
-                token_states = (states[0], states[1])
+                sentence, states, states_mask = self._student_encoder.encode_with_tokens(list(queries))
+                token_states = (states, states_mask)
             else:
                 sentence = self._student_encoder.encode(list(queries))
         if llm:

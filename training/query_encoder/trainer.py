@@ -74,10 +74,10 @@ def train_head(
         if recipe.kind == "pooled":
             return head(xt[rows])
         width = max(1, int(lengths[rows].max()))  # a batch pads to its own longest text, not the corpus's
-        if not recipe.encoder_tokens:
-            return head(xt[rows], tokens.table[ids[rows, :width]].float(), mask[rows, :width])
-        states, states_mask = tokens.encoder_states.batch(rows.numpy())
-        return head(xt[rows], tokens.table[ids[rows, :width]].float(), mask[rows, :width], torch.from_numpy(states), torch.from_numpy(states_mask))
+        inputs = [xt[rows], tokens.table[ids[rows, :width]].float(), mask[rows, :width]]
+        if recipe.encoder_tokens:
+            inputs += [torch.from_numpy(a) for a in tokens.encoder_states.batch(rows.numpy())]
+        return head(*inputs)
 
     opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps = recipe.epochs * ((len(train) + recipe.batch_size - 1) // recipe.batch_size)
