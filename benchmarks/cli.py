@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import benchmarks  # noqa: F401  (cache locations first)
+from retriever.options import add_query_side_arguments
 
 # bm25+minilm: the cheap hybrid a user would assemble without this engine (issue 16), a baseline row
 DEFAULT_SYSTEMS = "bm25-pyserini,minilm,bm25+minilm,sparse,dense"
@@ -58,10 +59,7 @@ def _run_parser() -> argparse.ArgumentParser:
         "--runtime", choices=("auto", "torch", "openvino", "reference"), default="auto",
         help="how the LLM encoder runs (default auto; reference: the plain transformers forward, fp32, no prefix cache)",
     )
-    p.add_argument(
-        "--query-encoder", default="auto", metavar="auto|llm|distilled|DIR",
-        help="what encodes queries for this project's LLM channels (default auto: a distilled student kept beside the adapter, else the LLM)",
-    )
+    add_query_side_arguments(p)
     p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads for the run (default: the libraries' choice, all cores)")
     p.add_argument("--split", default="test", help="qrels split of BEIR folders (default test)")
     p.add_argument("--depth", type=int, default=100, help="hits per query in the runs (default 100; MAP is cut there)")
@@ -178,9 +176,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
         fusions=fusions,
         segments=args.segments,
         query_encoder=args.query_encoder,
+        feedback=args.feedback,
     )
     extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names, "segments": args.segments,
-             "query_encoder": args.query_encoder}
+             "query_encoder": args.query_encoder, "feedback": args.feedback.to_dict() if args.feedback else None}
     if args.fusion_from:
         extra["fusion_from"] = str(args.fusion_from)
     try:

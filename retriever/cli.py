@@ -12,6 +12,7 @@ from embedder.hardware import DTYPES
 from embedder.models import ModelNotAvailable
 from indexer.manifest import IndexFormatError
 from retriever.backends import BACKENDS
+from retriever.options import add_query_side_arguments
 from retriever.query import DEFAULT_EXPANSION_M
 from retriever.quiet import quiet_libraries
 from retriever.retriever import DEFAULT_QUERY_WEIGHTING, MODES, QUERY_WEIGHTINGS, Retriever, check_k
@@ -35,11 +36,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="compare every index file with its recorded checksum first")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="query encoder precision (default auto: chosen for this machine)")
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the query encoder runs (default auto)")
-    p.add_argument(
-        "--query-encoder", default="auto", metavar="auto|llm|distilled|DIR",
-        help="what encodes queries for the LLM channels: auto (a distilled student kept beside the index's adapter, else the LLM), "
-        "llm, distilled, or a student's directory (distill-query-encoder)",
-    )
+    add_query_side_arguments(p)
     p.add_argument("--backend", choices=BACKENDS, default="numba", help="who answers the channels (default numba: the index's own files)")
     p.add_argument("--milvus-uri", help="--backend milvus: the Milvus Lite file or server address given to build-index --export-milvus")
     p.add_argument("--milvus-collection", help="--backend milvus: collection name (default: at_<index directory name>)")
@@ -65,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             retriever = Retriever.load(
                 args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify,
                 dtype=args.dtype, runtime=args.runtime, backend=args.backend, lucene_index=args.lucene_index, milvus_uri=args.milvus_uri,
-                milvus_collection=args.milvus_collection, query_encoder=args.query_encoder, **extra
+                milvus_collection=args.milvus_collection, query_encoder=args.query_encoder, feedback=args.feedback, **extra
             )
             mode = args.mode or retriever.default_mode
             if args.mode is None and mode != "hybrid":  # an index without channels to fuse: say what was chosen

@@ -59,6 +59,16 @@ def encode_queries(
     return queries_from_states(embedder, queries, embedder.embed(list(queries), role="query"), m, literal, "llm")
 
 
+def literal_queries(embedder: Embedder, queries: Sequence[str], literal: str = "both") -> list[EncodedQuery]:
+    """Queries of their own tokens alone, no model run (``query_encoder="none"``): no expansion,
+    no embedding (the dense channels cannot be searched with them)."""
+    out = []
+    for q in queries:
+        toks = np.asarray(literal_ids(embedder, q, literal), np.int64)
+        out.append(EncodedQuery(q, toks, np.ones(len(toks), np.float32), len(toks), np.zeros(0, np.float32), query_encoder="none"))
+    return out
+
+
 def queries_from_states(
     embedder: Embedder, queries: Sequence[str], h: np.ndarray, m: int = DEFAULT_EXPANSION_M, literal: str = "both",
     query_encoder: str = "llm", top_tokens: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]] | None = None,

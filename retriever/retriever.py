@@ -10,8 +10,10 @@ Modes (channels of one index directory):
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +30,9 @@ from indexer.manifest import MANIFEST, IndexFormatError, Manifest
 from indexer.reader import OpenedIndex, open_index
 from retriever.backends import Backend, open_backend
 from retriever.explain import TokenExplainer, merge, term_words
+from retriever.feedback import DocumentTokens, Feedback
 from retriever.fusion import check_fusion, fuse
-from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, queries_from_states
+from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, literal_queries, queries_from_states
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
 
 if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are not evaluated at run time (__future__)
@@ -86,7 +89,7 @@ class Hit:
     channels: dict[str, float] = field(default_factory=dict)
     matched_ids: dict[int, float] = field(default_factory=dict)
     matched_terms: dict[str, float] = field(default_factory=dict)
-    query_encoder: str = ""  # who encoded the query for the LLM channels: "llm", "distilled:NAME" ("": no LLM channel)
+    query_encoder: str = ""  # who encoded the query for the LLM channels: "llm", "distilled:NAME", "none" ("": no LLM channel)
 
 
 class Retriever:
@@ -117,6 +120,7 @@ class Retriever:
         generation: Generation | None = None,
         query_encoder: str | os.PathLike[str] | DistilledQueryEncoder = "llm",
         query_cache_size: int = DEFAULT_QUERY_CACHE_SIZE,
+        feedback: Feedback | None = None,
     ) -> None:
         """``backend``: who answers the channels (retriever/backends/__init__.py): "numba" (this
         index's own files), "lucene" (sparse search goes to the Pyserini/Lucene impact export at
@@ -137,8 +141,12 @@ class Retriever:
         "llm" (the embedder itself), "distilled" (the student kept beside the index's adapter;
         an error where there is none), "auto" (that student where one exists, else the LLM), a
         student's directory, or a loaded :class:`DistilledQueryEncoder`. A student distilled from
-        another model or adapter is refused.
-        ``query_cache_size``: encoded queries kept (LRU, thread-safe; 0: none)."""
+        another model or adapter is refused. "none": no model at all, the sparse channel searches
+        the query's own tokens (with ``feedback``, also those of the first pass's documents); the
+        dense channels then have no query, so a fusion that weighs them is refused.
+        ``query_cache_size``: encoded queries kept (LRU, thread-safe; 0: none).
+        ``feedback``: in hybrid searches, expand the sparse query from the top documents of the
+        other channels (retriever/feedback.py); None: no feedback."""
         if query_weighting not in QUERY_WEIGHTINGS:
             raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}")
         if channels is None or doc_ids is None:
@@ -175,14 +183,37 @@ class Retriever:
         manifest.check_encoder(encoder.identity if encoder is not None else None)
         self.encoder = encoder
         self._explainer: TokenExplainer | None = None
-        self.student, self._student_encoder = self._query_encoder(query_encoder)
+        self.model_free = isinstance(query_encoder, str) and query_encoder == "none"
+        self.student, self._student_encoder = (None, None) if self.model_free else self._query_encoder(query_encoder)
+        self.feedback = feedback
+        self._document_tokens: DocumentTokens | None = None  # made on first use (feedback)
+        self._document_tokens_lock = threading.Lock()
+        self._check_query_side()
         self._student_head = None  # the LM head of distilled queries (embedder.query_encoder.LMHead), made on first use
         self.query_cache = QueryCache(query_cache_size)
 
     @property
     def query_encoder(self) -> str:
-        """The name of what encodes queries for the LLM channels: "llm" or "distilled:NAME"."""
+        """The name of what encodes queries for the LLM channels: "llm", "distilled:NAME" or "none"."""
+        if self.model_free:
+            return "none"
         return self.student.name if self.student is not None else "llm"
+
+    def _check_query_side(self) -> None:
+        """Refuse, when the Retriever is made, what a search would fail on later: a fusion that
+        weighs a dense channel the model-free query cannot search, feedback where the engine fuses."""
+        if self.feedback is not None and not isinstance(self.feedback, Feedback):
+            raise TypeError(f"feedback must be a retriever.feedback.Feedback or None, got {type(self.feedback).__name__}")
+        weights = self.fusion["weights"]
+        if self.model_free:
+            weighed = [c for c in ("dense", "dense-ef") if weights.get(c, 0) > 0 and getattr(self, c.replace("-", "_")) is not None]
+            if weighed:
+                raise ValueError(
+                    f"query_encoder 'none' gives the {' and '.join(weighed)} channel no query, and the hybrid weighs it "
+                    f"({', '.join(f'{c} {weights[c]:g}' for c in weighed)}): give it weight 0 (fusion) or use another query encoder"
+                )
+        if self.feedback is not None and self.fusion.get("method", "minmax").startswith("milvus-"):
+            raise ValueError(f"feedback: the fusion method {self.fusion['method']!r} fuses inside Milvus, which takes no feedback")
 
     def _query_encoder(self, choice) -> tuple[DistilledQueryEncoder | None, Any]:
         """(the student or None, the sentence encoder it reads) for a ``query_encoder`` choice."""
@@ -303,14 +334,16 @@ class Retriever:
         if self.embedder is not None:
             self.embedder.token_strings([0])
             self.explainer.piece(0)
+        if self.feedback is not None:
+            self.document_tokens  # noqa: B018 - built here, not in the first query
 
     @property
     def modes(self) -> list[str]:
         """The modes this index supports."""
         have = {
             "sparse": True,
-            "dense": self.dense is not None,
-            "dense-ef": self.dense_ef is not None,
+            "dense": self.dense is not None and not self.model_free,  # a model-free query has no embedding
+            "dense-ef": self.dense_ef is not None and not self.model_free,
             "bm25": self.lexical is not None,
             "encoder": self.encoder_index is not None,
         }
@@ -333,7 +366,9 @@ class Retriever:
             return f"mode {mode}{why}"
         weights = self.fusion["weights"]
         parts = ", ".join(f"{c} {weights[c]:g}" for c in self.channels_of("hybrid"))
-        return f"mode hybrid: {self.fusion.get('method', 'minmax')}({parts})"
+        fb = self.feedback
+        more = f"; sparse query fed back from the first {fb.docs} documents ({fb.tokens} tokens x {fb.weight:g})" if fb is not None else ""
+        return f"mode hybrid: {self.fusion.get('method', 'minmax')}({parts}){more}"
 
     # ------------------------------------------------------------------ search
     def channels_of(self, mode: str | None = None) -> list[str]:
@@ -377,7 +412,9 @@ class Retriever:
             else:
                 sentence = self._student_encoder.encode(list(queries))
         if llm:
-            if self.student is not None:
+            if self.model_free:
+                encoded = literal_queries(self.embedder, queries, self.literal)
+            elif self.student is not None:
                 h = self.student.states(sentence, queries, token_states)
                 if self._student_head is None:
                     from embedder.query_encoder import LMHead
@@ -453,7 +490,9 @@ class Retriever:
 
     def _channel(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
         """One channel's (doc numbers, scores), best first, -1 padded."""
-        if mode in LLM_MODES and q.embedding.size == 0:
+        if mode in LLM_MODES and q.embedding.size == 0 and not (mode == "sparse" and q.query_encoder == "none"):
+            if q.query_encoder == "none":
+                raise ValueError(f"mode {mode!r}: a query encoded with query_encoder 'none' has no embedding to search it with")
             raise ValueError(f"mode {mode!r}: the query was encoded without the LLM (Retriever.encode(queries, mode={mode!r}))")
         if mode == "encoder":
             if q.encoder_embedding is None:
@@ -533,9 +572,39 @@ class Retriever:
         method = self.fusion.get("method", "minmax")
         if method.startswith("milvus-"):
             return self._engine_hybrid(q, k, used, method, explain)
-        channels = {m: self._channel(q, m, FUSION_DEPTH) for m in used}
+        if self.feedback is not None and "sparse" in used and q.tokens.size:
+            channels = {m: self._channel(q, m, FUSION_DEPTH) for m in used if m != "sparse"}
+            q = self.with_feedback(q, channels)
+            channels["sparse"] = self._channel(q, "sparse", FUSION_DEPTH)
+        else:
+            channels = {m: self._channel(q, m, FUSION_DEPTH) for m in used}
         fused = fuse(channels, weights, k, method, self.fusion.get("rrf_k", 60))
         return [self._explained(q, "hybrid", f.doc, f.score, explain, f.contributions) for f in fused]
+
+    @property
+    def document_tokens(self) -> DocumentTokens:
+        """The index's aligned tokens, document by document (for feedback; built on first use)."""
+        with self._document_tokens_lock:
+            if self._document_tokens is None:
+                s = self.sparse
+                self._document_tokens = DocumentTokens(s.indptr, s.docs, s.weights, s.n_docs, s.vocab_size)
+            return self._document_tokens
+
+    def with_feedback(self, q: EncodedQuery, first_pass: dict[str, tuple[np.ndarray, np.ndarray]]) -> EncodedQuery:
+        """``q`` with its sparse side expanded from the top :attr:`feedback` documents of
+        ``first_pass`` ({channel: (doc numbers, scores)}, fused with the hybrid's weights; where it
+        is empty, the sparse channel's own top documents)."""
+        fb = self.feedback
+        if fb is None:
+            raise ValueError("with_feedback: this Retriever has no feedback setting")
+        if first_pass:
+            docs = np.array([f.doc for f in fuse(first_pass, self.fusion["weights"], fb.docs, self.fusion.get("method", "minmax"), self.fusion.get("rrf_k", 60))], np.int64)
+        else:
+            docs, _ = self._channel(q, "sparse", fb.docs)
+            docs = docs[docs >= 0]
+        ids, _ = self.document_tokens.expansion(docs, q.tokens, fb.tokens)
+        idf = self.token_idf[ids] if self.query_weighting == "idf" else np.ones(len(ids), np.float32)
+        return dataclasses.replace(q, tokens=np.concatenate([q.tokens, ids]), weights=np.concatenate([q.weights, fb.weight * idf]).astype(np.float32))
 
     def _engine_hybrid(self, q: EncodedQuery, k: int, used: list[str], method: str, explain: bool) -> list[Hit]:
         """Hybrid fused by the engine itself (Milvus's WeightedRanker / RRFRanker, fusion method

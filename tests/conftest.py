@@ -295,3 +295,22 @@ def save_tiny_sentence_encoder(directory: Path, seed: int = 0) -> Path:
     out = directory / "st"
     SentenceTransformer(modules=[transformer, Pooling(dim, "mean"), Normalize()], device="cpu").save(str(out))
     return out
+
+
+@pytest.fixture
+def encoder_index(tmp_path, tiny_embedder, toy_corpus):
+    """(path, encoder): a tiny index with sparse, dense, BM25 and a tiny sentence encoder channel."""
+    from embedder.sentence_encoder import SentenceEncoder
+    from indexer.build import build_index
+
+    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path / "encoder"))
+    build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False)
+    return tmp_path / "index", encoder
+
+
+def retriever_over(path, embedder, encoder, **kw):
+    """A Retriever made directly over an index folder (no model loading, no warm-up)."""
+    from indexer.manifest import Manifest
+    from retriever.retriever import Retriever
+
+    return Retriever(path, Manifest.read(path), embedder, encoder=encoder, **kw)

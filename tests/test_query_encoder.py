@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from conftest import retriever_over as _retriever
 
 from embedder.query_encoder import (
     DistilledQueryEncoder,
@@ -398,24 +399,6 @@ def test_a_damaged_student_record_names_its_file_and_field(tmp_path):
 
 
 # ------------------------------------------------------------------ the Retriever's choice
-@pytest.fixture
-def encoder_index(tmp_path, tiny_embedder, toy_corpus):
-    """A tiny index with sparse, dense, BM25 and a tiny sentence encoder channel."""
-    from conftest import save_tiny_sentence_encoder
-
-    from embedder.sentence_encoder import SentenceEncoder
-    from indexer.build import build_index
-
-    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path / "encoder"))
-    build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False)
-    return tmp_path / "index", encoder
-
-
-def _retriever(path, embedder, encoder, **kw):
-    from indexer.manifest import Manifest
-    from retriever.retriever import Retriever
-
-    return Retriever(path, Manifest.read(path), embedder, encoder=encoder, **kw)
 
 
 QUERIES = ["cat and dog near the river", "computer memory data", "a game with the team"]

@@ -83,6 +83,8 @@ class AlignedTokensEngine:
         for attr in ("literal", "query_weighting", "fusion", "backend", "query_encoder"):
             if r is not None and hasattr(r, attr):
                 p[attr] = getattr(r, attr)
+        if getattr(r, "feedback", None) is not None:
+            p["feedback"] = r.feedback.to_dict()
         student = getattr(r, "student", None)
         if student is not None:  # where the distilled head ran: its precision changes its timings
             p["query_encoder_runtime"] = student.runtime_reason
@@ -119,7 +121,7 @@ class AlignedTokensEngine:
         extra = {"encoder": self.encoder} if self.encoder is not None else {}
         # no query cache: every query is encoded (and timed) as a first query would be
         self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, query_encoder=self.settings.query_encoder,
-                                   query_cache_size=0, **extra)
+                                   query_cache_size=0, feedback=self.settings.feedback, **extra)
         self.dataset = ds.name
         self._encoded.clear()
         self._retrievers.clear()
@@ -146,7 +148,8 @@ class AlignedTokensEngine:
             r = self.retriever
             extra = {"encoder": self.encoder} if self.encoder is not None else {}
             self._retrievers[key] = Retriever(r.index_dir, r.manifest, self.embedder, expansion_m=self.expansion_m, fusion=fusion,
-                                              query_encoder=r.student or "llm", query_cache_size=0, **extra)
+                                              query_encoder=r.student or ("none" if r.model_free else "llm"), query_cache_size=0,
+                                              feedback=r.feedback, **extra)
         return self._retrievers[key]
 
     def encode(self, queries: list[str], mode: str | None = None, retriever=None) -> tuple[list, list[float]]:

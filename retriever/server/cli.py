@@ -11,6 +11,7 @@ from embedder.hardware import DTYPES
 from embedder.models import ModelNotAvailable
 from indexer.corpus import CorpusError
 from indexer.manifest import IndexFormatError
+from retriever.options import add_query_side_arguments
 from retriever.quiet import quiet_libraries
 from retriever.server.config import API_KEY_ENV, ServerConfig
 
@@ -33,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="query encoder precision (default auto)")
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the query encoder runs (default auto)")
+    add_query_side_arguments(p)
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         from retriever.server.documents import Documents
 
         with quiet_libraries():
-            retriever = Retriever.load(args.index, dtype=args.dtype, runtime=args.runtime)
+            retriever = Retriever.load(args.index, dtype=args.dtype, runtime=args.runtime, query_encoder=args.query_encoder, feedback=args.feedback)
         documents, note = Documents.for_index(args.index, retriever.manifest, retriever.doc_ids, args.corpus)
     except (IndexFormatError, ModelNotAvailable, CorpusError, ValueError, OSError, ImportError) as exc:
         print(f"serve: error: {exc}", file=sys.stderr)

@@ -1,0 +1,22 @@
+"""The query-side options every command that searches takes alike (``search-index``, ``serve``,
+``beir-eval``): who encodes the queries, and first-pass feedback."""
+from __future__ import annotations
+
+import argparse
+
+from retriever.feedback import feedback_arg
+
+
+def add_query_side_arguments(p: argparse.ArgumentParser) -> None:
+    """``--query-encoder`` and ``--feedback`` (Retriever.load's ``query_encoder`` and ``feedback``)."""
+    p.add_argument(
+        "--query-encoder", default="auto", metavar="auto|llm|distilled|none|DIR",
+        help="what encodes queries for the LLM channels: auto (the default: a distilled student kept beside the index's adapter, "
+        "else the LLM), llm, distilled, none (no model: the sparse channel searches the query's own tokens), "
+        "or a student's directory (distill-query-encoder)",
+    )
+    p.add_argument(
+        "--feedback", type=feedback_arg, default=None, metavar="DOCS,TOKENS,WEIGHT",
+        help="hybrid: expand the sparse query from the other channels' top DOCS documents, their TOKENS best aligned tokens "
+        "each weighing WEIGHT times its IDF (retriever/feedback.py; e.g. 3,128,0.25; default: no feedback)",
+    )
