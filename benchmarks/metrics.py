@@ -54,6 +54,17 @@ def evaluate_run(qrels: Qrels, run: Run, metrics: list[str]) -> dict[str, float]
     return {m: round(float(v), 6) for m, v in scores.items()}
 
 
+def per_query_ndcg(qrels: Qrels, run: Run) -> dict[str, float]:
+    """{query id: nDCG@10} for every judged query (a query with no hits scores 0), e.g. for paired
+    tests or choosing a setting on some collections and scoring it on another."""
+    ranx = _ranx()
+    run = {q: run.get(q) or {NO_HIT: 0.0} for q in qrels}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scores = ranx.evaluate(ranx.Qrels(qrels), ranx.Run(run), "ndcg@10", return_mean=False, make_comparable=True)
+    return {q: round(float(v), 6) for q, v in zip(sorted(qrels), scores)}  # ranx orders queries by id
+
+
 def compare_runs(qrels: Qrels, runs: Mapping[str, Run], metrics: list[str], max_p: float = 0.05, stat_test: str = "student") -> dict:
     """Paired significance tests between every pair of systems (ranx.compare).
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.studies.expansion_depth import agreement, leave_one_out, per_query_ndcg
+from benchmarks.metrics import per_query_ndcg
+from benchmarks.studies.expansion_depth import agreement, leave_one_out
 
 
 def test_each_collection_gets_the_m_best_on_the_others_and_its_own_score_for_it():

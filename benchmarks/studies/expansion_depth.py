@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations before ranx / numba load)
 from benchmarks.datasets import resolve
-from benchmarks.metrics import NO_HIT
+from benchmarks.metrics import per_query_ndcg
 from benchmarks.tables import write_table
 from embedder.util import set_threads
 from retriever.retriever import Retriever
@@ -48,17 +47,6 @@ def scores_by_m(r: Retriever, queries: dict[str, str], qrels: dict, ms: list[int
             run = {q: {h.doc_id: h.score for h in hs} for q, hs in zip(qids, hits)}
             out[m][mode] = per_query_ndcg({q: qrels[q] for q in qids}, run)
     return out
-
-
-def per_query_ndcg(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]) -> dict[str, float]:
-    """{query id: nDCG@10} (ranx; a query with no hits scores 0)."""
-    import ranx
-
-    run = {q: run.get(q) or {NO_HIT: 0.0} for q in qrels}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        scores = ranx.evaluate(ranx.Qrels(qrels), ranx.Run(run), "ndcg@10", return_mean=False, make_comparable=True)
-    return {q: round(float(v), 6) for q, v in zip(sorted(qrels), scores)}  # ranx orders queries by id
 
 
 def agreement(student: np.ndarray, llm: np.ndarray, embedder, ms: list[int]) -> dict:
