@@ -523,3 +523,36 @@ def test_embedder_table_training_cost_of_an_llm2comp_stage_snapshot_counts_its_o
         "steps": 2, "batch": 8, "seen": "16 texts (CTKD)", "seconds": 10}
     assert training_cost(str(tmp_path / "run" / "adapter"), "tiny") == {
         "steps": 4, "batch": 8, "seen": "16 texts (CTKD) + 32 texts (SimCSE) + 32 span pairs", "seconds": 140}
+
+
+def test_the_default_system_takes_the_query_encoder_and_feedback_it_is_given(tmp_path: Path, make_corpus, tiny_embedder):
+    """beir-eval --query-encoder none --feedback D,T,W: the "default" system searches as the Retriever
+    loaded with them does, and its results record both."""
+    from retriever.feedback import Feedback
+    from retriever.retriever import Retriever
+
+    folder = make_corpus("beir")
+    docs = [json.loads(x) for x in (folder / "corpus.jsonl").read_text().splitlines()]
+    queries = [{"_id": f"q{i}", "text": d["title"]} for i, d in enumerate(docs[:5])]
+    write_beir(tmp_path / "toyq", docs, queries, [(q["_id"], d["_id"], 1) for q, d in zip(queries, docs)])
+    ds = dsets.load_beir_folder(tmp_path / "toyq")
+    shared: dict = {}
+    fb = Feedback(2, 4, 0.5)
+    settings = systems.Settings(work_dir=tmp_path / "work", progress=False, query_encoder="none", feedback=fb)
+    default = systems.make("default", settings, shared)
+    engine = shared["aligned-tokens-default"]
+    engine.embedder = tiny_embedder
+    default.index(ds)
+    r = engine.retriever
+    assert r.query_encoder == "none" and r.feedback == fb
+    params = engine.params()
+    assert params["query_encoder"] == "none" and params["feedback"] == {"docs": 2, "tokens": 4, "weight": 0.5}
+    texts = list(ds.queries.values())
+    reference = Retriever.load(r.index_dir, embedder=tiny_embedder, query_encoder="none", feedback=fb)
+    encoded, _ = default.encode(texts)
+    got, _ = default.search_all(encoded, 10)
+    want = reference.batch_search(texts, k=10)
+    assert [[d for d, _ in hits] for hits in got] == [[h.doc_id for h in hits] for hits in want]
+    assert [s for hits in got for _, s in hits] == pytest.approx([h.score for hits in want for h in hits], rel=1e-5)
+    plain = Retriever.load(r.index_dir, embedder=tiny_embedder, query_encoder="none").batch_search(texts, k=10)
+    assert [[h.score for h in hits] for hits in plain] != [[h.score for h in hits] for hits in want]  # the feedback was searched
