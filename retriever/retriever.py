@@ -485,6 +485,8 @@ class Retriever:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if mode not in self.modes:
+            if self.model_free and {"dense": self.dense, "dense-ef": self.dense_ef}.get(mode) is not None:
+                raise ValueError(f"mode {mode!r}: query_encoder 'none' gives queries no embedding to search it with; use another query encoder")
             flag = {"dense": "--dense", "dense-ef": "--embedfilter TAU", "bm25": "--lexical words", "encoder": "--encoder NAME"}[mode]
             raise ValueError(f"{self.index_dir}: mode {mode!r} needs an index built with {flag}")
 

@@ -101,7 +101,7 @@ def test_model_free_queries_are_their_own_tokens_and_run_no_model(encoder_index,
     assert q.embedding.size == 0 and r.query_encoder == "none"
     assert "dense" not in r.modes and "sparse" in r.modes
     assert all(h.query_encoder == "none" for h in r.search(QUERY, k=3, mode="hybrid"))
-    with pytest.raises(ValueError, match="mode 'dense'"):
+    with pytest.raises(ValueError, match="mode 'dense': query_encoder 'none' gives queries no embedding"):
         r.search(QUERY, k=3, mode="dense")
 
 
