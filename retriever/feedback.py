@@ -61,10 +61,8 @@ class DocumentTokens:
     (the inverted index is token-major). Built from the postings on first use: it holds as many
     entries as the sparse index itself."""
 
-    def __init__(self, indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, n_docs: int, vocab_size: int) -> None:
-        import scipy.sparse as sp
-
-        by_doc = sp.csr_matrix((np.asarray(weights, np.float32), np.asarray(docs), np.asarray(indptr)), shape=(vocab_size, n_docs)).T.tocsr()
+    def __init__(self, by_doc) -> None:
+        """``by_doc``: documents x tokens (scipy CSR), as ``InvertedIndex.doc_vectors`` gives it."""
         # aligned-token weights are logits, positive in the top-K of a trained model; the absolute value
         # keeps the order of a document's tokens whatever their sign
         largest = np.asarray(abs(by_doc).max(axis=1).todense()).ravel().astype(np.float32)
@@ -72,7 +70,7 @@ class DocumentTokens:
         self.indptr = by_doc.indptr
         self.tokens = by_doc.indices
         self.weights = (by_doc.data / np.repeat(largest, np.diff(by_doc.indptr))).astype(np.float32)
-        self.vocab_size = vocab_size
+        self.vocab_size = by_doc.shape[1]
 
     def expansion(self, docs: np.ndarray, exclude: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``n`` tokens with the largest mean normalised weight over ``docs`` (document numbers;

@@ -588,8 +588,7 @@ class Retriever:
         """The index's aligned tokens, document by document (for feedback; built on first use)."""
         with self._document_tokens_lock:
             if self._document_tokens is None:
-                s = self.sparse
-                self._document_tokens = DocumentTokens(s.indptr, s.docs, s.weights, s.n_docs, s.vocab_size)
+                self._document_tokens = DocumentTokens(self.sparse.doc_vectors())
             return self._document_tokens
 
     def with_feedback(self, q: EncodedQuery, first_pass: dict[str, tuple[np.ndarray, np.ndarray]]) -> EncodedQuery:

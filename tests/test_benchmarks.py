@@ -393,15 +393,21 @@ def test_quick_suite_with_real_systems(tmp_path: Path):
     assert "unchanged; 0 file(s) written" in proc.stdout
 
 
-def test_engine_systems_match_the_retriever(tmp_path: Path, make_corpus, tiny_embedder):
-    """The "sparse" and "dense" systems return what Retriever.batch_search returns."""
-    from retriever.retriever import Retriever
 
+def _toy_collection(tmp_path: Path, make_corpus) -> tuple[list[dict], dsets.Dataset]:
+    """The toy corpus as a BEIR collection whose five queries are its first documents' titles
+    (each judged relevant to its own document): (documents, loaded dataset)."""
     folder = make_corpus("beir")
     docs = [json.loads(x) for x in (folder / "corpus.jsonl").read_text().splitlines()]
     queries = [{"_id": f"q{i}", "text": d["title"]} for i, d in enumerate(docs[:5])]
     write_beir(tmp_path / "toyq", docs, queries, [(q["_id"], d["_id"], 1) for q, d in zip(queries, docs)])
-    ds = dsets.load_beir_folder(tmp_path / "toyq")
+    return docs, dsets.load_beir_folder(tmp_path / "toyq")
+
+def test_engine_systems_match_the_retriever(tmp_path: Path, make_corpus, tiny_embedder):
+    """The "sparse" and "dense" systems return what Retriever.batch_search returns."""
+    from retriever.retriever import Retriever
+
+    docs, ds = _toy_collection(tmp_path, make_corpus)
     shared: dict = {}
     # K well below the tiny vocabulary, so that tokens are selective (IDF > 0)
     settings = systems.Settings(work_dir=tmp_path / "work", progress=False, top_k=8, expansion_m=4)
@@ -430,11 +436,7 @@ def test_default_system_is_build_index_and_search_index_without_flags(tmp_path: 
     from indexer.channel_set import default_channels
     from retriever.retriever import Retriever
 
-    folder = make_corpus("beir")
-    docs = [json.loads(x) for x in (folder / "corpus.jsonl").read_text().splitlines()]
-    queries = [{"_id": f"q{i}", "text": d["title"]} for i, d in enumerate(docs[:5])]
-    write_beir(tmp_path / "toyq", docs, queries, [(q["_id"], d["_id"], 1) for q, d in zip(queries, docs)])
-    ds = dsets.load_beir_folder(tmp_path / "toyq")
+    _, ds = _toy_collection(tmp_path, make_corpus)
     shared: dict = {}
     settings = systems.Settings(work_dir=tmp_path / "work", progress=False, top_k=8)
     dense = systems.make("dense", settings, shared)  # the shared index gets dense; "default" keeps its own
@@ -531,11 +533,7 @@ def test_the_default_system_takes_the_query_encoder_and_feedback_it_is_given(tmp
     from retriever.feedback import Feedback
     from retriever.retriever import Retriever
 
-    folder = make_corpus("beir")
-    docs = [json.loads(x) for x in (folder / "corpus.jsonl").read_text().splitlines()]
-    queries = [{"_id": f"q{i}", "text": d["title"]} for i, d in enumerate(docs[:5])]
-    write_beir(tmp_path / "toyq", docs, queries, [(q["_id"], d["_id"], 1) for q, d in zip(queries, docs)])
-    ds = dsets.load_beir_folder(tmp_path / "toyq")
+    _, ds = _toy_collection(tmp_path, make_corpus)
     shared: dict = {}
     fb = Feedback(2, 4, 0.5)
     settings = systems.Settings(work_dir=tmp_path / "work", progress=False, query_encoder="none", feedback=fb)

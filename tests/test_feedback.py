@@ -36,7 +36,7 @@ def _postings(rows: list[dict[int, float]], vocab: int) -> InvertedIndex:
 def test_document_tokens_average_each_documents_weights_divided_by_its_largest():
     rows = [{1: 4.0, 2: 2.0, 3: 1.0}, {2: 10.0, 4: 5.0, 6: 0.0}, {5: 3.0, 6: 1.0, 7: 1.0}]
     inv = _postings(rows, vocab=8)
-    dt = DocumentTokens(inv.indptr, inv.docs, inv.weights, inv.n_docs, inv.vocab_size)
+    dt = DocumentTokens(inv.doc_vectors())
     ids, means = dt.expansion(np.array([0, 1]), exclude=np.array([], np.int64), n=10)
     # doc 0 / 4: {1: 1, 2: .5, 3: .25}; doc 1 / 10: {2: 1, 4: .5}; mean over the two documents
     expected = {2: 0.75, 1: 0.5, 4: 0.25, 3: 0.125}
