@@ -19,6 +19,7 @@ from embedder.hardware import Capability, Precision, choose_precision, device_ca
 from embedder.memory import MemoryBody, MemoryTokens, memory_ids, pool_memory
 from embedder.models import DEFAULT_MODEL, ResolvedModel, resolve_model
 from embedder.runtime import Runtime, make_runtime
+from embedder.tokenization import TextTokens
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +106,7 @@ def set_bidirectional(model: torch.nn.Module, bidirectional: bool) -> None:
             module.is_causal = not bidirectional  # read by the SDPA kernel
 
 
-def is_all_caps(text: str) -> bool:
-    """True when ``text`` has cased letters and none of them is lower case."""
-    return text != text.lower() and text == text.upper()
-
-
-class Embedder:
+class Embedder(TextTokens):
     """A decoder LLM used as a text embedder whose embeddings can be read as token logits.
 
     Build one with :meth:`Embedder.load` (registry name, path, hub id) or directly from a
@@ -171,8 +167,7 @@ class Embedder:
         self._pad_id = self._pick_pad_id()
         self._prefix, self._suffix = self._template_ids(self.config.template("document"))
         self._query_prefix, self._query_suffix = self._template_ids(self.config.template("query"))
-        self._vocab_tokens: list[str] | None = None
-        self._special_ids: frozenset[int] | None = None
+        self._init_tokens()
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -266,12 +261,7 @@ class Embedder:
         return list(with_sp[:n]) if n > 0 and with_sp[n:] == without else []
 
     # ------------------------------------------------------------ tokenisation
-    def normalise(self, text: str) -> str:
-        """The text as the model reads it (all-caps folded when the config asks for it)."""
-        if self.config.fold_all_caps and is_all_caps(text):
-            return text.lower()
-        return text
-
+    # (normalise, token_ids, literal_token_ids, token_strings: embedder/tokenization.py)
     def prompt_ids(self, texts: Sequence[str], role: str = "document") -> list[list[int]]:
         """Token ids of each text inside the prompt template of ``role``; only the text is truncated."""
         check_role(role)
@@ -288,42 +278,6 @@ class Embedder:
         # under causal attention, and they are never truncated.
         tail = memory_ids(self.causal_lm.get_input_embeddings().weight.shape[0], self.memory.n) if self.memory is not None else []
         return [prefix + list(ids) + suffix + tail for ids in text_ids]
-
-    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text's token ids as the tokenizer gives them, no special tokens added, no truncation.
-
-        On the query path, for a query's few words: a fast tokenizer's own (Rust) batch encoder
-        is called directly, as its Python wrapper costs more than the tokenising (0.32 against
-        0.12 ms for a query's words, one at a time; the same ids)."""
-        if not texts:
-            return []
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
-        return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        """The tokenizer's special token ids (never a text's own token)."""
-        if self._special_ids is None:
-            self._special_ids = frozenset(self.tokenizer.all_special_ids)
-        return self._special_ids
-
-    def literal_token_ids(self, text: str) -> list[int]:
-        """The text's own tokens (T_s in the paper), deduplicated, special tokens dropped.
-
-        Tokenised with a leading space so that the first word gets the same word-initial
-        form (e.g. ``Ġgame``) as it would inside a sentence.
-        """
-        ids = self.token_ids([" " + self.normalise(text).strip()])[0]
-        special = self.special_ids
-        return list(dict.fromkeys(i for i in ids if i not in special))
-
-    def token_strings(self, ids: Iterable[int]) -> list[str]:
-        """Vocabulary spellings of token ids (byte-level BPE forms such as ``Ġgame``)."""
-        if self._vocab_tokens is None:
-            self._vocab_tokens = self.tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
-        return [self._vocab_tokens[int(i)] if int(i) < len(self._vocab_tokens) else f"<{int(i)}>" for i in ids]
 
     # --------------------------------------------------------------- encoding
     def _pad(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from embedder.encoder import Embedder
+from embedder.tokenization import TextTokens
 
 # Chosen by the M sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py, raw backbone, K=512, IDF
 # query weights): mean nDCG@10 over cisi and medline 0.339 at M=64, 0.356 at 128, 0.356 at 256;
@@ -36,7 +37,7 @@ class EncodedQuery:
         return cls(text, np.zeros(0, np.int64), np.zeros(0, np.float32), 0, np.zeros(0, np.float32))
 
 
-def literal_ids(embedder: Embedder, text: str, forms: str) -> list[int]:
+def literal_ids(embedder: TextTokens, text: str, forms: str) -> list[int]:
     """The query's own tokens. ``forms``: "space" (word-initial forms, ``Ġgame``), "bare"
     (each word tokenised alone, ``game``), or "both"."""
     if forms not in ("space", "bare", "both"):
@@ -59,7 +60,7 @@ def encode_queries(
     return queries_from_states(embedder, queries, embedder.embed(list(queries), role="query"), m, literal, "llm")
 
 
-def literal_queries(embedder: Embedder, queries: Sequence[str], literal: str = "both") -> list[EncodedQuery]:
+def literal_queries(embedder: TextTokens, queries: Sequence[str], literal: str = "both") -> list[EncodedQuery]:
     """Queries of their own tokens alone, no model run (``query_encoder="none"``): no expansion,
     no embedding (the dense channels cannot be searched with them)."""
     out = []

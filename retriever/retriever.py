@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from embedder.encoder import Embedder, EmbedderConfig
+from embedder.tokenization import TokenizerOnly
 from indexer.dense import DenseIndex
 from indexer.generations import Generation
 from indexer.inverted_index import InvertedIndex
@@ -103,7 +104,7 @@ class Retriever:
         self,
         index_dir: Path,
         manifest: Manifest,
-        embedder: Embedder,
+        embedder: Embedder | TokenizerOnly,
         expansion_m: int = DEFAULT_EXPANSION_M,
         literal: str = "both",
         query_weighting: str = DEFAULT_QUERY_WEIGHTING,
@@ -184,6 +185,8 @@ class Retriever:
         self.encoder = encoder
         self._explainer: TokenExplainer | None = None
         self.model_free = isinstance(query_encoder, str) and query_encoder == "none"
+        if isinstance(embedder, TokenizerOnly) and not self.model_free:
+            raise ValueError(f"query_encoder {query_encoder!r} needs the LLM: this embedder is its tokenizer alone (TokenizerOnly)")
         self.student, self._student_encoder = (None, None) if self.model_free else self._query_encoder(query_encoder)
         self.feedback = feedback
         self._document_tokens: DocumentTokens | None = None  # made on first use (feedback)
@@ -257,7 +260,7 @@ class Retriever:
         cls,
         index_dir: str | os.PathLike[str],
         model: str | None = None,
-        embedder: Embedder | None = None,
+        embedder: Embedder | TokenizerOnly | None = None,
         device: str | None = None,
         verify: bool = False,
         warm: bool = True,
@@ -280,7 +283,9 @@ class Retriever:
         chosen for this machine). They may differ from the documents' (the manifest's
         ``runtime``): BENCHMARKS.md measures what that costs.
         ``query_encoder``: "auto" (a distilled student where one is kept beside the index's
-        adapter, else the LLM), "llm", "distilled", or a student's directory (see ``__init__``).
+        adapter, else the LLM), "llm", "distilled", "none", or a student's directory (see ``__init__``).
+        With "none" only the LLM's tokenizer is loaded (embedder/tokenization.py: no weights, no
+        runtime; ``dtype`` and ``runtime`` are unused).
         """
         index_dir = Path(index_dir)
         # one generation of the index, held while this Retriever lives (indexer/reader.py), every
@@ -304,7 +309,11 @@ class Retriever:
             except (TypeError, ValueError) as exc:
                 raise IndexFormatError(f"{index_dir / MANIFEST}: field 'embedding': {exc}") from None
             adapter = (manifest.adapter or {}).get("path", "none")
-            embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device, dtype=dtype, runtime=runtime)
+            if kwargs.get("query_encoder") == "none":
+                # model-free queries read the LLM's tokenizer alone: its weights are never loaded
+                embedder = TokenizerOnly.load(model or manifest.model["name"], adapter, config)
+            else:
+                embedder = Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=device, dtype=dtype, runtime=runtime)
         manifest.check_model(embedder.identity, embedder.adapter)
         retriever = cls(index_dir, manifest, embedder, **kwargs)
         if warm:

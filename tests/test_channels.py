@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from embedder.embedfilter import embedfilter_projection
-from embedder.encoder import EmbedderConfig, is_all_caps
+from embedder.encoder import EmbedderConfig
+from embedder.tokenization import is_all_caps
 from indexer.build import build_index
 from indexer.lexical import LUCENE_STOPWORDS, BM25Index, WordAnalyzer, make_analyzer
 from retriever.fusion import fuse

@@ -163,3 +163,40 @@ def test_the_command_lines_take_feedback_and_the_model_free_query_encoder(module
     with pytest.raises(SystemExit) as exit_:
         make().parse_args([*first, "--feedback", "2,8"])
     assert exit_.value.code == 2 and "DOCS,TOKENS,WEIGHT" in capsys.readouterr().err
+
+
+def test_model_free_loading_reads_the_tokenizer_alone(toy_corpus, tiny_model_dir, tmp_path, monkeypatch):
+    """Retriever.load(query_encoder="none") never loads the LLM's weights, and searches as a
+    model-free Retriever over the full embedder does; the tokenizer-only embedder answers
+    what the full one answers and refuses a query encoder that needs the model."""
+    import transformers
+
+    from embedder.encoder import Embedder
+    from embedder.tokenization import TokenizerOnly
+    from indexer.build import build_index
+    from indexer.manifest import Manifest
+    from retriever.retriever import Retriever
+
+    full = Embedder.load(tiny_model_dir, adapter="none", device="cpu")
+    index = tmp_path / "index"
+    build_index(toy_corpus, index, full, top_k=8, lexical="words", progress=False)
+    expected = {mode: [(h.doc_id, h.score) for h in _retriever(index, full, None, query_encoder="none").search(QUERY, k=5, mode=mode)]
+                for mode in ("sparse", "hybrid")}
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("query_encoder 'none' loaded the LLM's weights")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    r = Retriever.load(index, query_encoder="none")
+    assert isinstance(r.embedder, TokenizerOnly) and r.query_encoder == "none"
+    for mode, hits in expected.items():
+        assert [(h.doc_id, h.score) for h in r.search(QUERY, k=5, mode=mode)] == hits
+    tokens = r.embedder
+    assert tokens.identity == full.identity and tokens.adapter == full.adapter and tokens.vocab_size == full.vocab_size
+    assert tokens.literal_token_ids("THE CAT sat") == full.literal_token_ids("THE CAT sat")
+    assert tokens.token_strings(range(full.vocab_size)) == full.token_strings(range(full.vocab_size))
+    assert tokens.runtime_info()["name"] == "none"
+    with pytest.raises(RuntimeError, match="no model loaded"):
+        tokens.embed([QUERY])
+    with pytest.raises(ValueError, match="query_encoder 'llm' needs the LLM"):
+        Retriever(index, Manifest.read(index), tokens, query_encoder="llm")
