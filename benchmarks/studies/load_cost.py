@@ -1,8 +1,9 @@
 """What validating an index costs beside loading it: ``python -m benchmarks.studies.load_cost --index DIR``.
 
 Times, best of ``--repeat`` runs with the files in the page cache:
-- *load*: ``Retriever.load(DIR, warm=False)`` end to end (manifest, checks, channels, the model;
-  not the warm-up query that a default load also runs);
+- *load*: ``Retriever.load(DIR, warm=False, query_encoder=Q)`` end to end (manifest, checks,
+  channels, the model; not the warm-up query that a default load also runs), for each query
+  encoder Q of ``--query-encoders`` (with "none" only the LLM's tokenizer is loaded);
 - *validation*: the checks that load always runs, timed alone on the loaded arrays (recorded
   sizes, doc ids, the CSR invariants of every posting file, FAISS count/dim/unit vectors,
   BM25 parameters and term ids);
@@ -50,29 +51,32 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.studies.load_cost", description=__doc__.split("\n")[0])
     p.add_argument("--index", required=True, type=Path)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--query-encoders", default="auto", help="comma-separated Retriever query encoders to time the load with (default auto)")
     args = p.parse_args(argv)
     from retriever.retriever import Retriever
 
     manifest = Manifest.read(args.index)
     channels = open_channels(args.index, manifest)
-    Retriever.load(args.index)  # warm-up: page cache, model files, imports, the runtime's export
-    # warm=False: the load itself, without the first query that Retriever.load runs by default
-    load = best_of(args.repeat, lambda: Retriever.load(args.index, warm=False))
     check = best_of(args.repeat, lambda: validation(args.index, manifest, channels))
     sums = best_of(args.repeat, lambda: check_files(args.index, manifest, checksums=True))
     size = sum(rec["size"] for rec in (manifest.files or {}).values())
-    row = {
-        "index": str(args.index),
-        "n_docs": manifest.n_docs,
-        "postings": int(channels["sparse"].docs.shape[0]),
-        "bytes": size,
-        "load_s": round(load, 4),
-        "validation_s": round(check, 5),
-        "validation_pct_of_load": round(100 * check / load, 2),
-        "checksums_s": round(sums, 5),
-        "checksums_pct_of_load": round(100 * sums / load, 2),
-    }
-    print(json.dumps(row))
+    for choice in args.query_encoders.split(","):
+        Retriever.load(args.index, query_encoder=choice)  # warm-up: page cache, model files, imports, the runtime's export
+        # warm=False: the load itself, without the first query that Retriever.load runs by default
+        load = best_of(args.repeat, lambda c=choice: Retriever.load(args.index, warm=False, query_encoder=c))
+        row = {
+            "index": str(args.index),
+            "query_encoder": choice,
+            "n_docs": manifest.n_docs,
+            "postings": int(channels["sparse"].docs.shape[0]),
+            "bytes": size,
+            "load_s": round(load, 4),
+            "validation_s": round(check, 5),
+            "validation_pct_of_load": round(100 * check / load, 2),
+            "checksums_s": round(sums, 5),
+            "checksums_pct_of_load": round(100 * sums / load, 2),
+        }
+        print(json.dumps(row), flush=True)
     return 0
 
 
