@@ -207,7 +207,8 @@ class DistilledQueryEncoder:
         self.check_teacher(embedder)
         if self.kind == "token-bag":
             self.teacher = embedder
-            self.table = embedder.causal_lm.get_input_embeddings().weight.detach()
+            # on the CPU, where a student answers, whichever device the teacher runs on (a no-op on a CPU teacher)
+            self.table = embedder.causal_lm.get_input_embeddings().weight.detach().cpu()
         return self
 
     @property

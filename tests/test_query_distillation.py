@@ -189,3 +189,40 @@ def test_distill_query_encoder_beside_adapter_needs_an_adapter(tiny_model_dir, t
     rc = main(["--model", str(tiny_model_dir), "--adapter", "none", "--encoder", str(tiny_encoder.identity["name"]),
                "--pairs", str(tmp_path), "--collections", str(tmp_path), "--beside-adapter", "--quiet"])
     assert rc == 2 and "--beside-adapter needs an adapter" in capsys.readouterr().err
+
+
+def test_inputs_exported_here_train_a_student_where_the_sentence_encoder_is_absent(tiny_model_dir, tiny_encoder, tmp_path, capsys):
+    """--export-inputs writes the drawn texts and their sentence embeddings (int8, one scale a row);
+    --inputs trains from that file alone (a GPU machine without the encoder), and the student records
+    the encoder the embeddings came from, so the Retriever pairs it with the right one."""
+    from embedder.query_encoder import DistilledQueryEncoder
+    from training.cli.distill_query import main
+    from training.query_encoder.data import load_inputs, training_texts
+
+    collection = _beir(tmp_path / "c", [t + "." for t in _toy_texts(60)], ["a query nobody trains on"])
+    pairs = _pairs(tmp_path / "pairs", _toy_texts(80)[20:])
+    draw = ["--pairs", str(pairs), "--collections", str(collection), "--cache", str(tmp_path / "cache")]
+    assert main(["--encoder", str(tiny_encoder.identity["name"]), *draw, "--export-inputs", str(tmp_path / "inputs.npz"), "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["texts"] > 20
+    texts, x, meta = load_inputs(tmp_path / "inputs.npz")
+    assert texts == training_texts(pairs, [collection], 2500, 1500)
+    exact = tiny_encoder.encode(texts)
+    cos = (x * exact).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(exact, axis=1)
+    assert cos.min() > 0.999 and abs(meta["fidelity"]["min_cosine"] - cos.min()) < 1e-5
+    assert meta["encoder"]["sha256"] == tiny_encoder.identity["sha256"] and meta["dim"] == tiny_encoder.dim
+
+    rc = main([
+        "--model", str(tiny_model_dir), "--adapter", "none", "--encoder", "no-such-encoder", "--inputs", str(tmp_path / "inputs.npz"),
+        "--device", "cpu", "--cache", str(tmp_path / "cache"), "--epochs", "3", "--hidden", "16", "--kl-weight", "0", "--expansion-m", "8",
+        "--dtype", "fp32", "--out", str(tmp_path / "student"), "--quiet",
+    ])
+    assert rc == 0
+    record = DistilledQueryEncoder.load(tmp_path / "student").record
+    assert record["encoder"] == meta["encoder"] and record["training"]["n_texts"] == len(texts) and record["training"]["device"] == "cpu"
+    # a file of another format is refused with its name
+    np.savez(tmp_path / "old.npz", meta=np.asarray(json.dumps({"format": 0})))
+    rc = main(["--model", str(tiny_model_dir), "--inputs", str(tmp_path / "old.npz"), "--out", str(tmp_path / "s2"), "--quiet"])
+    assert rc == 2 and "old.npz" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--inputs", str(tmp_path / "inputs.npz"), "--encoder-tokens", "--context-layers", "1", "--out", str(tmp_path / "p")])
+    assert exc.value.code == 2 and "--inputs" in capsys.readouterr().err

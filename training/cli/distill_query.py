@@ -3,6 +3,9 @@
 
 Re-run it when the default adapter changes: ``distill-query-encoder --beside-adapter`` writes the
 student into the adapter's folder, where ``Retriever.load(query_encoder="auto")`` finds it.
+
+On a GPU machine without the sentence encoder: ``--export-inputs FILE`` here (the texts and their
+sentence embeddings, no teacher loaded), then ``--inputs FILE --device cuda`` there.
 """
 from __future__ import annotations
 
@@ -51,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", type=Path, help="write the student into this folder")
     where.add_argument("--beside-adapter", action="store_true", help="write it into the adapter's folder (ADAPTER/query-encoder)")
+    where.add_argument("--export-inputs", type=Path, metavar="FILE",
+                       help="only write the drawn texts and their sentence embeddings to FILE (no teacher, no training), for --inputs elsewhere")
+    p.add_argument("--inputs", type=Path, metavar="FILE",
+                   help="read the texts and their sentence embeddings from FILE (--export-inputs) instead of drawing and encoding them")
+    p.add_argument("--device", help="where the teacher runs and the student trains (default: cuda if available, else cpu)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "int8"], default="auto", help="the teacher's precision (default auto)")
     p.add_argument("--weights", choices=["fp16", "fp32"], default="fp16",
                    help="how the student's weights are stored (default fp16: half the file; it computes in fp32 either way)")
@@ -64,33 +72,55 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--encoder-tokens: the sentence encoder's token states are read by the context blocks; give --context-layers too")
     if args.context_dim and not args.context_layers:
         p.error("--context-dim: the width of the context blocks; give --context-layers too")
+    if args.inputs and (args.export_inputs or args.encoder_tokens):
+        p.error("--inputs: the texts and embeddings come from the file; --export-inputs and --encoder-tokens need the sentence encoder")
     setup(args.threads, quiet=args.quiet)
 
     from embedder.encoder import Embedder
     from embedder.models import ModelNotAvailable
     from embedder.query_encoder import SHIPPED_SUBDIR
     from embedder.sentence_encoder import SentenceEncoder
-    from training.query_encoder.data import training_texts
+    from training.query_encoder.data import load_inputs, save_inputs, student_inputs, training_texts
     from training.query_encoder.trainer import distill
 
     collections = args.collections or [SHARED / c for c in COLLECTIONS]
+    if args.export_inputs:
+        texts = training_texts(args.pairs, collections, args.per_file, args.per_collection)[: args.max_texts]
+        try:
+            encoder = SentenceEncoder.load(args.encoder)
+        except (ModelNotAvailable, OSError, ValueError) as exc:
+            return fail("distill-query-encoder", f"error: {exc}")
+        x = student_inputs(encoder, texts, args.cache, progress=not args.quiet)
+        save_inputs(args.export_inputs, texts, x, {**encoder.identity, "dim": int(encoder.dim)})
+        print(json.dumps({"inputs": str(args.export_inputs), "texts": len(texts), "encoder": encoder.name}))
+        return 0
+    inputs = texts = None
+    if args.inputs:
+        try:
+            texts, x, meta = load_inputs(args.inputs)
+        except (OSError, ValueError, KeyError) as exc:
+            return fail("distill-query-encoder", f"error: {args.inputs}: {exc}")
+        texts, inputs = texts[: args.max_texts], (x[: args.max_texts], meta["encoder"])
     try:
-        embedder = Embedder.load(args.model, adapter=args.adapter, dtype=args.dtype)
+        embedder = Embedder.load(args.model, adapter=args.adapter, dtype=args.dtype, device=args.device)
         set_threads(args.threads)  # Embedder.load sized the pool for every core
-        encoder = SentenceEncoder.load(args.encoder)
+        encoder = None if inputs else SentenceEncoder.load(args.encoder)
     except (ModelNotAvailable, OSError, ValueError) as exc:
         return fail("distill-query-encoder", f"error: {exc}")
     adapter_path = (embedder.adapter or {}).get("path")
     if args.beside_adapter and not adapter_path:
         return fail("distill-query-encoder", "error: --beside-adapter needs an adapter (the raw backbone has no folder); use --out")
     out = Path(adapter_path) / SHIPPED_SUBDIR if args.beside_adapter else args.out
-    texts = training_texts(args.pairs, collections, args.per_file, args.per_collection)[: args.max_texts]
+    if texts is None:
+        texts = training_texts(args.pairs, collections, args.per_file, args.per_collection)[: args.max_texts]
     if len(texts) < 20:
         return fail("distill-query-encoder", f"error: only {len(texts)} training texts under {args.pairs} and the collections")
     recipe = DistillRecipe(**{f: getattr(args, f) for f in DistillRecipe.__dataclass_fields__})
     name = args.name or (Path(adapter_path).name if adapter_path else "raw")
-    print(f"{len(texts)} texts; teacher {embedder.runtime_summary()}; student head over {encoder.name}", file=sys.stderr)
-    student = distill(embedder, encoder, texts, args.cache, recipe, name, args.expansion_m, progress=not args.quiet)
+    reads = encoder.name if encoder else f"{inputs[1].get('name')} (precomputed: {args.inputs})"
+    print(f"{len(texts)} texts; teacher {embedder.runtime_summary()}; student head over {reads}", file=sys.stderr)
+    student = distill(embedder, encoder, texts, args.cache, recipe, name, args.expansion_m, progress=not args.quiet,
+                      inputs=inputs, device=embedder.device)  # fmt: skip
     student.save(out, weights=args.weights)
     print(json.dumps({"student": str(out), "faithfulness": student.record["faithfulness"], "seconds": student.record["training"]["seconds"]}))
     return 0

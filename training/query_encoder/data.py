@@ -107,6 +107,49 @@ def student_inputs(encoder, texts: Sequence[str], cache_root: Path, progress: bo
     return cached_arrays(cache, list(texts), lambda part: encoder.encode(list(part)), (encoder.dim,), desc="encoder inputs")
 
 
+INPUTS_FORMAT = 1
+
+
+def save_inputs(path: Path, texts: Sequence[str], x: np.ndarray, encoder_identity: dict) -> Path:
+    """Write the distillation's texts and their sentence embeddings ``x`` (n, d) to one file, for a
+    machine that has the teacher but not the sentence encoder (a GPU machine: ``--inputs``).
+
+    ``x`` is stored as int8 with one scale per row (a quarter of float32's bytes): the rows are
+    unit vectors, and each component's rounding error is at most half a step of 1/127 of the row's
+    largest one (:func:`load_inputs` gives the cosine to the original in its ``fidelity``).
+    Written to a temporary file, then renamed.
+    """
+    import os
+
+    x = np.asarray(x, np.float32)
+    if len(texts) != len(x):
+        raise ValueError(f"{len(texts)} texts but {len(x)} embeddings")
+    scale = np.maximum(np.abs(x).max(axis=1, keepdims=True), 1e-12) / 127.0
+    q = np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
+    back = q.astype(np.float32) * scale
+    cos = (back * x).sum(1) / np.maximum(np.linalg.norm(back, axis=1) * np.linalg.norm(x, axis=1), 1e-12)
+    meta = {"format": INPUTS_FORMAT, "encoder": encoder_identity, "n": len(texts), "dim": int(x.shape[1]),
+            "fidelity": {"min_cosine": float(cos.min()), "mean_cosine": float(cos.mean())}}  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
+    np.savez_compressed(tmp, meta=np.asarray(json.dumps(meta)), texts=np.asarray(json.dumps(list(texts))), q=q, scale=scale.astype(np.float32))
+    os.replace(tmp, path)
+    return path
+
+
+def load_inputs(path: Path) -> tuple[list[str], np.ndarray, dict]:
+    """The texts, their sentence embeddings (float32, de-quantised) and the file's record
+    (encoder identity, fidelity) written by :func:`save_inputs`."""
+    with np.load(Path(path)) as f:
+        meta = json.loads(str(f["meta"]))
+        if meta.get("format") != INPUTS_FORMAT:
+            raise ValueError(f"{path}: distillation inputs of format {meta.get('format')}, this code reads {INPUTS_FORMAT}")
+        texts = json.loads(str(f["texts"]))
+        x = f["q"].astype(np.float32) * f["scale"]
+    return texts, x, meta
+
+
 @dataclass
 class RaggedStates:
     """Each text's token states, concatenated: rows ``offsets[i]:offsets[i + 1]`` of ``flat`` are text i's."""
@@ -162,4 +205,7 @@ def encoder_token_states(encoder, texts: Sequence[str], cache_root: Path, max_to
     return RaggedStates(flat, offsets)
 
 
-__all__ = ["PAIR_FILES", "RaggedStates", "document_sentences", "encoder_token_states", "evaluation_queries", "pair_anchors", "student_inputs", "teacher_states", "training_texts"]
+__all__ = [
+    "PAIR_FILES", "RaggedStates", "document_sentences", "encoder_token_states", "evaluation_queries", "load_inputs", "pair_anchors",
+    "save_inputs", "student_inputs", "teacher_states", "training_texts",
+]
