@@ -424,23 +424,45 @@ class Retriever:
             if self.model_free:
                 encoded = literal_queries(self.embedder, queries, self.literal)
             elif self.student is not None:
-                h = self.student.states(sentence, queries, token_states)
-                if self._student_head is None:
-                    from embedder.query_encoder import LMHead
-
-                    self._student_head = LMHead.of(self.embedder)
-                encoded = queries_from_states(self.embedder, queries, h, self.expansion_m, self.literal, self.student.name,
-                                              top_tokens=self._student_head.top_tokens)  # fmt: skip
+                encoded = self._from_states(queries, self.student.states(sentence, queries, token_states), self.student.name)
             else:
                 encoded = encode_queries(self.embedder, queries, self.expansion_m, self.literal)
-            if self.query_weighting == "idf":
-                for q in encoded:
-                    q.weights = self.token_idf[np.clip(q.tokens, 0, len(self.token_idf) - 1)]
+            self._weigh(encoded)
         else:
             encoded = [EncodedQuery.text_only(q) for q in queries]
         if encoder:
             shared = sentence is not None and self._student_encoder is self.encoder
             for q, e in zip(encoded, sentence if shared else self.encoder.encode(list(queries))):
+                q.encoder_embedding = e
+        return encoded
+
+    def _from_states(self, queries: Sequence[str], h: np.ndarray, name: str) -> list[EncodedQuery]:
+        if self._student_head is None:
+            from embedder.query_encoder import LMHead
+
+            self._student_head = LMHead.of(self.embedder)
+        return queries_from_states(self.embedder, queries, h, self.expansion_m, self.literal, name, top_tokens=self._student_head.top_tokens)
+
+    def _weigh(self, encoded: list[EncodedQuery]) -> None:
+        if self.query_weighting == "idf":
+            for q in encoded:
+                q.weights = self.token_idf[np.clip(q.tokens, 0, len(self.token_idf) - 1)]
+
+    def encode_states(self, queries: Sequence[str], h: np.ndarray, name: str) -> list[EncodedQuery]:
+        """Queries whose pooled states ``h`` (n, d) were computed elsewhere, as a distilled query is
+        built from its student's h: the literal tokens plus the top-M of W_lm h, weighted as this
+        index weighs queries, with the encoder channel's embedding where the index has one. For
+        studies of what a query state is worth (benchmarks/studies/state_faithfulness.py); not cached.
+        ``name`` is what the queries' ``query_encoder`` says produced them."""
+        if self.model_free:
+            raise ValueError("this Retriever runs no query model (query_encoder='none'): it has no LM head to expand states with")
+        h = np.asarray(h, np.float32)
+        if h.shape != (len(queries), self.embedder.dim):
+            raise ValueError(f"states of shape {h.shape} for {len(queries)} queries; expected ({len(queries)}, {self.embedder.dim})")
+        encoded = self._from_states(list(queries), h, name)
+        self._weigh(encoded)
+        if self.encoder is not None:
+            for q, e in zip(encoded, self.encoder.encode(list(queries))):
                 q.encoder_embedding = e
         return encoded
 

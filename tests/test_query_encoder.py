@@ -454,6 +454,16 @@ def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embe
     top, _ = head.top_tokens(states, r.expansion_m)
     for q, ids in zip(got, top):
         assert q.tokens[q.n_literal:].tolist() == [t for t in ids.tolist() if t not in q.tokens[: q.n_literal].tolist()]
+    # states computed elsewhere become the same queries the student's own path builds (the studies' way in)
+    full = r.encode(QUERIES)
+    built = r.encode_states(QUERIES, np.stack([q.embedding for q in full]), r.query_encoder)
+    for a, b in zip(full, built):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.n_literal == b.n_literal and a.query_encoder == b.query_encoder
+        np.testing.assert_array_equal(a.weights, b.weights)
+        np.testing.assert_array_equal(a.embedding, b.embedding)
+        np.testing.assert_allclose(a.encoder_embedding, b.encoder_embedding, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="expected"):
+        r.encode_states(QUERIES, np.zeros((len(QUERIES), tiny_embedder.dim + 1), np.float32), "x")
 
 
 def test_auto_falls_back_to_the_llm_where_the_students_sentence_encoder_is_not_installed(encoder_index, tiny_embedder, tmp_path, monkeypatch, caplog):
