@@ -7,13 +7,18 @@ A student's pooled query state h_s approximates the LLM's h (cosine ~0.85 on the
 queries), and beside BM25 and MiniLM its expansion adds nothing measurable while the LLM's adds
 +0.007 nDCG@10 (training/README.md, "Query-encoder distillation"). Where between the two does the
 hybrid cross issue 28's bar (within 0.005 of LLM queries on the mean, 0.01 per collection)? This
-study moves the student's states towards the LLM's, h = (1 - a) h_s + a h_l for each query, builds
+study moves the student's states towards the LLM's along the great circle's chord between their
+directions, h = |h_l| ((1 - a) h_s / |h_s| + a h_l / |h_l|) / |...| for each query (directions, since
+the student is trained on the cosine alone and its norm is arbitrary: mixing raw states would let
+the larger one dominate), builds
 each query from h exactly as a distilled query is built (``Retriever.encode_states``: literal
 tokens plus W_lm h's top-M, IDF-weighted, h the dense query, MiniLM for the encoder channel), and
 scores the default hybrid. Each a gives a cosine to h_l (reported as a distribution) and an
 nDCG@10, so the table reads as the faithfulness a student would need. Mixing shrinks a student's
 error along its own direction; a better-trained student's errors may lie elsewhere, so the
-curve is a guide, not a guarantee.
+curve is a guide, not a guarantee. For scale, the table also gives the cosine of each query's
+h_l to the mean h_l of the collection's other queries: what a student that ignored its query
+would score.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     cosines: dict[float, list[np.ndarray]] = {a: [] for a in alphas}
     overlaps: dict[float, list[np.ndarray]] = {a: [] for a in alphas}
     embedder, student_name, m = None, "", 0
+    baseline: list[np.ndarray] = []  # cos(h_l, the mean h_l of the other queries)
     for ds in resolve(args.data):
         index = args.index_dir / "default" / ds.name / "aligned-tokens"
         if not index.exists():
@@ -82,8 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         student = Retriever.load(index, embedder=embedder, query_encoder=args.student, query_cache_size=0)
         student_name, m = student.query_encoder, student.expansion_m
         h_s = np.stack([q.embedding for q in student.encode(texts, "sparse")])
+        unit_s = h_s / np.linalg.norm(h_s, axis=1, keepdims=True)
+        norm_l = np.linalg.norm(h_llm, axis=1, keepdims=True)
+        others = (h_llm.sum(0, keepdims=True) - h_llm) / max(1, len(h_llm) - 1)  # the mean of the other queries' states
+        baseline.append(np.sum(others * h_llm, 1) / (np.linalg.norm(others, axis=1) * norm_l[:, 0]))
         for a in alphas:
-            h = ((1.0 - a) * h_s + a * h_llm).astype(np.float32)
+            mix = (1.0 - a) * unit_s + a * h_llm / norm_l
+            h = (norm_l * mix / np.linalg.norm(mix, axis=1, keepdims=True)).astype(np.float32)
             per_query[str(a)][ds.name] = _ndcg(student, student.encode_states(texts, h, f"mix:{a}"), ds.qrels, qids)
             cosines[a].append(np.sum(h * h_llm, 1) / (np.linalg.norm(h, axis=1) * np.linalg.norm(h_llm, axis=1)))
             overlaps[a].append(_overlap(student, h, h_llm, m))
@@ -102,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     ref = [mean("llm", n) for n in names]
     rows.append(["LLM queries", "1", "", "", *[round(v, 4) for v in ref], round(float(np.mean(ref)), 4), "", ""])
+    base = np.concatenate(baseline)
+    rows.append(["the mean of the other queries' h_LLM (not scored)", f"{base.mean():.4f} ({np.percentile(base, 5):.4f})", "", "", *[""] * len(names), "", "", ""])
     for a in alphas:
         scores = [mean(str(a), n) for n in names]
         cos, ov = np.concatenate(cosines[a]), np.concatenate(overlaps[a])
@@ -116,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         title=f"What a query state's faithfulness is worth: the default hybrid with {student_name}'s states moved towards the LLM's",
         command="python -m benchmarks.studies.state_faithfulness " + " ".join(sys.argv[1:] if argv is None else argv),
         description=(
-            "h = (1 - a) h_student + a h_LLM per query, built into a query as a distilled query is (literal tokens, top-M of W_lm h, "
+            "h: the direction (1 - a) h_student / |h_student| + a h_LLM / |h_LLM| at h_LLM's norm, per query, built into a query as a distilled query is (literal tokens, top-M of W_lm h, "
             f"M = {m}, IDF weights; h the dense query; MiniLM the encoder channel), scored by the default hybrid's nDCG@10. cosine: "
             "mean (q05) of cos(h, h_LLM) over the queries; overlap: mean share of the LLM's top-M tokens in h's; worst: the "
             "largest per-collection drop against LLM queries; p: paired t-test over the pooled queries against LLM queries."
@@ -126,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         details={
             "per_query_ndcg@10": per_query,
             "cosine": {str(a): quantiles(np.concatenate(cosines[a])) for a in alphas},
+            "cosine_of_the_other_queries_mean_state": quantiles(base),
             f"top{m}_overlap": {str(a): quantiles(np.concatenate(overlaps[a])) for a in alphas},
             "student": student_name,
         },
