@@ -213,16 +213,20 @@ def test_inputs_exported_here_train_a_student_where_the_sentence_encoder_is_abse
 
     rc = main([
         "--model", str(tiny_model_dir), "--adapter", "none", "--encoder", "no-such-encoder", "--inputs", str(tmp_path / "inputs.npz"),
-        "--device", "cpu", "--cache", str(tmp_path / "cache"), "--epochs", "3", "--hidden", "16", "--kl-weight", "0", "--expansion-m", "8",
+        "--device", "cpu", "--teacher-batch-size", "7", "--cache", str(tmp_path / "cache"), "--epochs", "3", "--hidden", "16", "--kl-weight", "0", "--expansion-m", "8",
         "--dtype", "fp32", "--out", str(tmp_path / "student"), "--quiet",
     ])
     assert rc == 0
     record = DistilledQueryEncoder.load(tmp_path / "student").record
     assert record["encoder"] == meta["encoder"] and record["training"]["n_texts"] == len(texts) and record["training"]["device"] == "cpu"
+    assert record["training"]["teacher_batch_size"] == 7
     # a file of another format is refused with its name
     np.savez(tmp_path / "old.npz", meta=np.asarray(json.dumps({"format": 0})))
     rc = main(["--model", str(tiny_model_dir), "--inputs", str(tmp_path / "old.npz"), "--out", str(tmp_path / "s2"), "--quiet"])
     assert rc == 2 and "old.npz" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--teacher-batch-size", "0", "--out", str(tmp_path / "p")])
+    assert exc.value.code == 2 and "--teacher-batch-size" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["--inputs", str(tmp_path / "inputs.npz"), "--encoder-tokens", "--context-layers", "1", "--out", str(tmp_path / "p")])
     assert exc.value.code == 2 and "--inputs" in capsys.readouterr().err

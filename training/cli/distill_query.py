@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inputs", type=Path, metavar="FILE",
                    help="read the texts and their sentence embeddings from FILE (--export-inputs) instead of drawing and encoding them")
     p.add_argument("--device", help="where the teacher runs and the student trains (default: cuda if available, else cpu)")
+    p.add_argument("--teacher-batch-size", type=int, metavar="N",
+                   help="texts per teacher forward (default: the embedder's, 16; on a GPU 256 keeps it busy; the states do not depend on it)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "int8"], default="auto", help="the teacher's precision (default auto)")
     p.add_argument("--weights", choices=["fp16", "fp32"], default="fp16",
                    help="how the student's weights are stored (default fp16: half the file; it computes in fp32 either way)")
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--encoder-tokens: the sentence encoder's token states are read by the context blocks; give --context-layers too")
     if args.context_dim and not args.context_layers:
         p.error("--context-dim: the width of the context blocks; give --context-layers too")
+    if args.teacher_batch_size is not None and args.teacher_batch_size < 1:
+        p.error("--teacher-batch-size: at least 1")
     if args.inputs and (args.export_inputs or args.encoder_tokens):
         p.error("--inputs: the texts and embeddings come from the file; --export-inputs and --encoder-tokens need the sentence encoder")
     setup(args.threads, quiet=args.quiet)
@@ -107,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         encoder = None if inputs else SentenceEncoder.load(args.encoder)
     except (ModelNotAvailable, OSError, ValueError) as exc:
         return fail("distill-query-encoder", f"error: {exc}")
+    if args.teacher_batch_size:
+        import dataclasses
+
+        embedder.config = dataclasses.replace(embedder.config, batch_size=args.teacher_batch_size)  # padding only: cache keys ignore it
     adapter_path = (embedder.adapter or {}).get("path")
     if args.beside_adapter and not adapter_path:
         return fail("distill-query-encoder", "error: --beside-adapter needs an adapter (the raw backbone has no folder); use --out")

@@ -183,7 +183,8 @@ def distill(
         "encoder": encoder_record,
         "head": shape,
         "recipe": recipe.to_dict(),
-        "training": {**record, "encode_seconds": round(encode_seconds, 1), "runtime": embedder.runtime_info()},
+        "training": {**record, "encode_seconds": round(encode_seconds, 1), "runtime": embedder.runtime_info(),
+                     "teacher_batch_size": embedder.config.batch_size},
         "faithfulness": faith,
     }
     return student
