@@ -206,6 +206,10 @@ def test_inputs_exported_here_train_a_student_where_the_sentence_encoder_is_abse
     assert json.loads(capsys.readouterr().out)["texts"] > 20
     texts, x, meta = load_inputs(tmp_path / "inputs.npz")
     assert texts == training_texts(pairs, [collection], 2500, 1500)
+    # a file holding an evaluation query (drawn elsewhere) trains without it
+    from training.query_encoder.data import save_inputs
+
+    save_inputs(tmp_path / "inputs.npz", [*texts, "A query nobody  trains on"], np.concatenate([x, x[:1]]), meta["encoder"])
     exact = tiny_encoder.encode(texts)
     cos = (x * exact).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(exact, axis=1)
     assert cos.min() > 0.999 and abs(meta["fidelity"]["min_cosine"] - cos.min()) < 1e-5
@@ -213,6 +217,7 @@ def test_inputs_exported_here_train_a_student_where_the_sentence_encoder_is_abse
 
     rc = main([
         "--model", str(tiny_model_dir), "--adapter", "none", "--encoder", "no-such-encoder", "--inputs", str(tmp_path / "inputs.npz"),
+        "--collections", str(collection),
         "--device", "cpu", "--teacher-batch-size", "7", "--cache", str(tmp_path / "cache"), "--epochs", "3", "--hidden", "16", "--kl-weight", "0", "--expansion-m", "8",
         "--dtype", "fp32", "--out", str(tmp_path / "student"), "--quiet",
     ])

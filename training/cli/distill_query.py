@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from embedder.models import ModelNotAvailable
     from embedder.query_encoder import SHIPPED_SUBDIR
     from embedder.sentence_encoder import SentenceEncoder
-    from training.query_encoder.data import load_inputs, save_inputs, student_inputs, training_texts
+    from training.query_encoder.data import load_inputs, save_inputs, student_inputs, training_texts, without_evaluation_queries
     from training.query_encoder.trainer import distill
 
     collections = args.collections or [SHARED / c for c in COLLECTIONS]
@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             texts, x, meta = load_inputs(args.inputs)
         except (OSError, ValueError, KeyError) as exc:
             return fail("distill-query-encoder", f"error: {args.inputs}: {exc}")
-        texts, inputs = texts[: args.max_texts], (x[: args.max_texts], meta["encoder"])
+        # the file was drawn without evaluation queries; drop any the collections here hold, in case it was not
+        keep = without_evaluation_queries(texts, collections)[: args.max_texts]
+        texts, inputs = [texts[i] for i in keep], (x[keep], meta["encoder"])
     try:
         embedder = Embedder.load(args.model, adapter=args.adapter, dtype=args.dtype, device=args.device)
         set_threads(args.threads)  # Embedder.load sized the pool for every core

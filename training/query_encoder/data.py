@@ -81,12 +81,18 @@ def document_sentences(collections: Sequence[Path], per_collection: int, rng: ra
     return texts
 
 
+def without_evaluation_queries(texts: Sequence[str], collections: Sequence[Path]) -> list[int]:
+    """Positions of ``texts`` that equal (normalised) no query of ``collections``."""
+    banned = evaluation_queries(collections)
+    return [i for i, t in enumerate(texts) if _norm(t) not in banned]
+
+
 def training_texts(pairs_dir: Path, collections: Sequence[Path], per_file: int, per_collection: int, seed: int = 0) -> list[str]:
     """The distillation texts: pair anchors and document sentences, minus any evaluation query, shuffled."""
     rng = random.Random(seed)
     texts = pair_anchors(pairs_dir, per_file, rng) + document_sentences(collections, per_collection, rng)
-    banned = evaluation_queries(collections)
-    texts = [t for t in dict.fromkeys(texts) if _norm(t) not in banned]
+    texts = list(dict.fromkeys(texts))
+    texts = [texts[i] for i in without_evaluation_queries(texts, collections)]
     rng.shuffle(texts)
     return texts
 
@@ -207,5 +213,5 @@ def encoder_token_states(encoder, texts: Sequence[str], cache_root: Path, max_to
 
 __all__ = [
     "PAIR_FILES", "RaggedStates", "document_sentences", "encoder_token_states", "evaluation_queries", "load_inputs", "pair_anchors",
-    "save_inputs", "student_inputs", "teacher_states", "training_texts",
+    "save_inputs", "student_inputs", "teacher_states", "training_texts", "without_evaluation_queries",
 ]
