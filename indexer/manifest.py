@@ -13,6 +13,8 @@ from pathlib import Path
 
 from embedder.util import write_json_atomic
 from indexer.checksums import json_checksum
+from indexer.errors import IndexFormatError  # also imported from here (its first home)
+from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
 
 FORMAT_VERSION = 1
 # Multi-vector documents (indexer/segments.py) are written as format 2, so that a reader that
@@ -22,11 +24,6 @@ SEGMENTS_FORMAT_VERSION = 2
 READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION)
 MANIFEST = "manifest.json"
 DOC_IDS = "doc_ids.json"  # document ids in doc-number order (a JSON list)
-
-
-class IndexFormatError(RuntimeError):
-    """An index directory that cannot be used as asked (wrong format, other model, a damaged
-    file...). The message starts with the file concerned and says what is wrong."""
 
 
 @dataclass
@@ -60,8 +57,6 @@ class Manifest:
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
-        from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
-
         path = Path(directory) / MANIFEST
         if not os.path.lexists(path):
             raise IndexFormatError(f"{directory}: not an index (no {MANIFEST})")

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from indexer.manifest import IndexFormatError
+from indexer.errors import IndexFormatError
 
 # A manifest is a few kilobytes; this bound only stops a replaced or runaway file being read whole.
 MAX_MANIFEST_BYTES = 16 << 20
