@@ -123,7 +123,7 @@ def _field_problem(data: dict) -> str | None:
     for key in ("model", "embedding", "sparse"):
         if not isinstance(data[key], dict):
             return f"field {key!r}: not an object"
-    for key in ("adapter", "dense", "embedfilter", "lexical", "files"):
+    for key in ("adapter", "dense", "embedfilter", "lexical", "encoder", "files"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f"field {key!r}: neither an object nor null"
     problem = _embedding_problem(data["embedding"])
@@ -136,9 +136,13 @@ def _field_problem(data: dict) -> str | None:
     for key in ("top_k", "vocab_size"):
         if not _positive_int(data["sparse"].get(key)):
             return f"field 'sparse.{key}': {data['sparse'].get(key)!r} is not a positive integer"
-    for channel in ("dense", "embedfilter"):
+    for channel in ("dense", "embedfilter", "encoder"):
         if data.get(channel) is not None and not _positive_int(data[channel].get("dim")):
             return f"field '{channel}.dim': {data[channel].get('dim')!r} is not a positive integer"
+    if data.get("encoder") is not None:  # the sentence encoder's identity, checked against the one loaded
+        for key in ("name", "sha256"):
+            if not isinstance(data["encoder"].get(key), str):
+                return f"field 'encoder.{key}': {data['encoder'].get(key)!r} is not a string"
     if data.get("lexical") is not None and not isinstance(data["lexical"].get("n_terms"), int):
         return f"field 'lexical.n_terms': {data['lexical'].get('n_terms')!r} is not an integer"
     for rel, rec in (data.get("files") or {}).items():

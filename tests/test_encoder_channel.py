@@ -9,6 +9,7 @@ saved with ``save()``, like the tiny Llama of conftest.py.
 from __future__ import annotations
 
 import json
+import shutil
 from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +19,8 @@ import pytest
 from conftest import save_tiny_sentence_encoder
 
 from indexer.build import build_index
-from indexer.manifest import IndexFormatError, Manifest
+from indexer.checksums import json_checksum
+from indexer.manifest import MANIFEST, IndexFormatError, Manifest
 from retriever.retriever import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Retriever
 
 pytest.importorskip("sentence_transformers")
@@ -189,6 +191,62 @@ def test_fusion_over_a_missing_channel_uses_the_channels_there(toy_corpus, tiny_
     nothing = Retriever.load(tmp_path / "index", embedder=tiny_embedder, fusion={"method": "minmax", "weights": {"bm25": 1.0, "dense": 1.0}})
     with pytest.raises(ValueError, match="none of the fusion's channels"):
         nothing.search("cat", mode="hybrid")
+
+
+def _reseal(index: Path, change) -> None:
+    """Change the manifest's fields and record its checksum again (as a buggy builder would): the
+    field checks alone stand between the damage and the loaders."""
+    data = json.loads((index / MANIFEST).read_text())
+    change(data)
+    data.pop("checksum", None)
+    data["checksum"] = json_checksum(data)
+    (index / MANIFEST).write_text(json.dumps(data))
+
+
+DAMAGED_ENCODER_FIELDS = {
+    "dim-a-string": ("encoder.dim", lambda e: e.update(dim="32")),
+    "dim-a-list": ("encoder.dim", lambda e: e.update(dim=[32])),
+    "dim-missing": ("encoder.dim", lambda e: e.pop("dim")),
+    "dim-negative": ("encoder.dim", lambda e: e.update(dim=-32)),
+    "dim-a-bool": ("encoder.dim", lambda e: e.update(dim=True)),
+    "name-missing": ("encoder.name", lambda e: e.pop("name")),
+    "sha256-null": ("encoder.sha256", lambda e: e.update(sha256=None)),
+}
+
+
+def test_damaged_encoder_fields_are_one_line_never_a_traceback(encoder_index, tiny_embedder, tmp_path, capsys):
+    """The encoder's manifest fields are validated like the other channels' (issue 49): a bad
+    ``encoder.dim`` is an IndexFormatError naming the field from the loader, one problem line from
+    verify-index (exit 1: damaged) and one error line from search-index (exit 2), never a raw
+    TypeError / KeyError out of ``int(m.encoder["dim"])``."""
+    from indexer import verify_cli
+    from retriever import cli as search_cli
+
+    for case, (field, change) in DAMAGED_ENCODER_FIELDS.items():
+        index = tmp_path / case
+        shutil.copytree(encoder_index, index)
+        _reseal(index, lambda m, change=change: change(m["encoder"]))
+        expected = rf"manifest\.json: field '{field}': "
+        with pytest.raises(IndexFormatError, match=expected):
+            Manifest.read(index)
+        with pytest.raises(IndexFormatError, match=expected):
+            Retriever.load(index, embedder=tiny_embedder)
+        capsys.readouterr()
+        assert verify_cli.main([str(index)]) == 1, case
+        out, err = capsys.readouterr()
+        (line,) = out.splitlines()
+        assert line.startswith(f"{index / MANIFEST}: field '{field}': "), (case, line)
+        assert err.splitlines() == [f"{index}: 1 problem(s)"], (case, err)
+        assert search_cli.main(["--index", str(index), "cat and dog"]) == 2, case
+        out, err = capsys.readouterr()
+        (line,) = err.splitlines()
+        assert line.startswith("search-index: error: ") and f"field '{field}'" in line and not out, (case, err, out)
+    # an encoder that is not an object at all
+    index = tmp_path / "not-an-object"
+    shutil.copytree(encoder_index, index)
+    _reseal(index, lambda m: m.update(encoder=32))
+    with pytest.raises(IndexFormatError, match="field 'encoder': neither an object nor null"):
+        Manifest.read(index)
 
 
 # ======================================================================= CLI
