@@ -17,6 +17,12 @@ reader checks after loading that ``NAME`` is still the directory it read.
 
 One build per target (:func:`build_lock`): an exclusive ``flock`` on ``.NAME.lock`` from the
 first byte a build writes to its publish; a second build of the same target is refused.
+
+Ownership: a build of ``NAME`` only ever removes what ``NAME`` created, the directories named
+``.NAME.gen-*`` beside it, and never one that another link in the same directory points at.
+So a copied (``cp -a``), linked (``ln -s``) or moved index rebuilt in place gets a generation of
+its own and leaves the one it pointed at alone. Generation numbers are never reused while any
+trace of them (a directory, the link's text, a trash directory) is left.
 """
 from __future__ import annotations
 
@@ -65,9 +71,50 @@ def current_generation(target: Path) -> Path | None:
     return Path(os.path.realpath(target))
 
 
+# a generation's number at the end of its directory, its trash, a link's text or a legacy link
+_TRACE = re.compile(r"gen-(?:legacy-\d+-)?(\d{6})$")
+
+
 def _next_number(target: Path) -> int:
-    numbers = [int(m.group(1)) for p in _prefixed(target, "gen") if (m := _GEN.match(p.name.split(".")[-1]))]
+    """One more than any generation number ``target`` has left a trace of: generation
+    directories, what its link names (even a missing generation's), legacy links and trash
+    of interrupted removals. A number in use anywhere is never handed out again."""
+    target = Path(target)
+    names = [p.name for p in _prefixed(target, "gen") + _prefixed(target, "trash")]
+    if target.is_symlink():
+        names.append(os.readlink(target))
+    numbers = [int(m.group(1)) for name in names if (m := _TRACE.search(name))]
     return max(numbers, default=0) + 1
+
+
+def owns(target: Path, path: Path) -> bool:
+    """Did ``target``'s builds create ``path``? Only its own ``.NAME.gen-*`` siblings count:
+    what a copied or linked ``target`` points at belongs to another index."""
+    target, path = Path(target), Path(path)
+    prefix = f".{target.name}.gen-"
+    return path.name.startswith(prefix) and os.path.realpath(path.parent) == os.path.realpath(target.parent)
+
+
+def pointed_at_by_others(target: Path, path: Path) -> list[Path]:
+    """The other links beside ``target`` that resolve to ``path`` (copies of the index made
+    with ``cp -a`` or ``ln -s`` in the same directory): while any exists, ``path`` stays."""
+    target, real = Path(target), os.path.realpath(path)
+    others = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(target.parent):
+            if entry.name == target.name or not entry.is_symlink() or entry.name.startswith(f".{target.name}.gen-"):
+                continue
+            if os.path.realpath(entry.path) == real:
+                others.append(Path(entry.path))
+    return others
+
+
+def dangling(target: Path) -> str | None:
+    """What ``target``'s link names when that is missing (a generation removed by hand), else None."""
+    target = Path(target)
+    if target.is_symlink() and not os.path.exists(target):
+        return os.readlink(target)
+    return None
 
 
 # ------------------------------------------------------------------ readers
@@ -116,9 +163,14 @@ def open_generation(index_dir: str | os.PathLike[str], attempts: int = 50) -> Ge
         try:
             fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
-            if os.path.lexists(index_dir):
-                continue  # a generation retired between resolving and opening: resolve again
-            raise
+            if not os.path.lexists(index_dir):
+                raise
+            if Path(os.path.realpath(index_dir)) == real and (missing := dangling(index_dir)) is not None:
+                # the link still names what is not there: not a race with a publish, a lost generation
+                raise FileNotFoundError(
+                    errno.ENOENT, f"the index is dangling: its generation {missing} is missing; rebuild it with --overwrite", str(index_dir)
+                ) from None
+            continue  # a generation retired between resolving and opening: resolve again
         # blocks only while a build is retiring this very generation (then it has moved)
         fcntl.flock(fd, fcntl.LOCK_SH)
         gen = Generation(real, fd)
@@ -231,7 +283,8 @@ def _point(target: Path, link: Path, overwrite: bool) -> Path | None:
     if target.is_symlink():
         old = current_generation(target)
         os.replace(link, target)  # one rename: readers see the old link or the new one
-        return old
+        # a copied or linked index points at another index's generation: never ours to remove
+        return old if old is not None and owns(target, old) else None
     # an old-layout directory or a file: swap it with the link, then it is at the link's name
     try:
         rename_exchange(link, target)
@@ -286,7 +339,7 @@ def publish_staged(gen: Path, target: Path, overwrite: bool) -> Path:
         _remove(gen)
         raise
     _fsync_dir(target.parent)
-    if old is not None:
+    if old is not None and os.path.realpath(old) != os.path.realpath(gen):
         retire(old, target)
     sweep(target)
     return gen
@@ -301,8 +354,13 @@ def _remove(path: Path) -> None:
 
 def retire(path: Path, target: Path) -> bool:
     """Remove an unpublished generation (or replaced old-layout index) unless a reader holds
-    it; returns whether it was removed. Held ones stay for a later build's :func:`sweep`."""
+    it; returns whether it was removed. Held ones stay for a later build's :func:`sweep`, and
+    so do generations that another link beside ``target`` points at (a copy of the index)."""
     path = Path(path)
+    if not owns(target, path):
+        raise ValueError(f"{path} was not created by builds of {target}; refusing to remove it")
+    if pointed_at_by_others(target, path):
+        return False
     if not path.is_dir() or path.is_symlink():
         if os.path.lexists(path):
             path.unlink()

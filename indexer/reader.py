@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from indexer.generations import Generation, open_generation
+from indexer.generations import Generation, dangling, open_generation
 from indexer.integrity import check_doc_ids, check_files
 from indexer.manifest import DOC_IDS, IndexFormatError, Manifest
 from indexer.verify import open_channels
@@ -42,7 +42,9 @@ def hold(index_dir: str | os.PathLike[str]) -> Generation:
     """:func:`open_generation`, with a path that is no index directory as an IndexFormatError."""
     try:
         return open_generation(index_dir)
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if dangling(index_dir) is not None:  # the link is there, what it names is not
+            raise IndexFormatError(f"{index_dir}: {exc.strerror}") from None
         raise IndexFormatError(f"{index_dir}: not an index (no such directory)") from None
     except NotADirectoryError:
         raise IndexFormatError(f"{index_dir}: not an index (not a directory)") from None

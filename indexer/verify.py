@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
-from indexer.generations import open_generation
+from indexer.generations import dangling, open_generation
 from indexer.integrity import (
     check_doc_ids,
     checksum_problems,
@@ -100,6 +100,8 @@ def verify(path: str | Path) -> Report:
     for the whole check, so that a build publishing meanwhile does not make a healthy index
     look damaged."""
     path = Path(path)
+    if (missing := dangling(path)) is not None:
+        raise NotAnIndex(f"{path}: the index is dangling: its generation {missing} is missing; rebuild it with --overwrite")
     if not path.is_dir():
         raise NotAnIndex(f"{path}: not a directory")
     try:
