@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import os
 
-    from embedder.encoder import EmbedderConfig
+    from embedder.config import EmbedderConfig
 
 
 def is_all_caps(text: str) -> bool:
@@ -24,7 +24,7 @@ def is_all_caps(text: str) -> bool:
 
 class TextTokens:
     """Tokenising texts as the embedder reads them. Subclasses set ``tokenizer``, ``config``
-    (an :class:`~embedder.encoder.EmbedderConfig`) and ``vocab_size``, and call :meth:`_init_tokens`."""
+    (an :class:`~embedder.config.EmbedderConfig`) and ``vocab_size``, and call :meth:`_init_tokens`."""
 
     tokenizer: Any
     config: EmbedderConfig
