@@ -1,4 +1,5 @@
-"""Effectiveness with ranx: metrics and paired significance tests (TREC run files: benchmarks/runs.py).
+"""Effectiveness with ranx: metrics and paired significance tests (TREC run files: benchmarks/runs.py);
+and :func:`quantiles`, how the studies summarise a per-query distribution.
 
 ranx compiles its metrics with Numba on first call (40-60 s cold on 2 cores); with
 ``NUMBA_CACHE_DIR`` persistent (see :mod:`benchmarks`) later runs only load the cache.
@@ -10,6 +11,8 @@ import math
 import time
 import warnings
 from collections.abc import Mapping
+
+import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations before ranx / ir_datasets / numba load)
 from benchmarks.runs import Qrels, Run
@@ -97,3 +100,8 @@ def _complete(run: Run, qrels: Qrels) -> Run:
         # changes no metric (it is not relevant) and keeps the all-zero answer computable.
         out[next(iter(out))] = {NO_HIT: 0.0}
     return out
+
+
+def quantiles(v: np.ndarray) -> dict[str, float]:
+    """q05 / q25 / q50 / q75 / q95 and the mean, rounded."""
+    return {**{f"q{q:02d}": round(float(np.percentile(v, q)), 4) for q in (5, 25, 50, 75, 95)}, "mean": round(float(np.mean(v)), 4)}

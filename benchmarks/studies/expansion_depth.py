@@ -26,7 +26,7 @@ import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations before ranx / numba load)
 from benchmarks.datasets import resolve
-from benchmarks.metrics import per_query_ndcg
+from benchmarks.metrics import per_query_ndcg, quantiles
 from benchmarks.tables import write_table
 from embedder.util import set_threads
 from retriever.retriever import Retriever
@@ -59,11 +59,6 @@ def agreement(student: np.ndarray, llm: np.ndarray, embedder, ms: list[int]) -> 
     for m in ms:
         out[f"top{m}_overlap"] = quantiles(np.array([len(set(a[:m].tolist()) & set(b[:m].tolist())) / m for a, b in zip(top_s, top_l)]))
     return out
-
-
-def quantiles(v: np.ndarray) -> dict[str, float]:
-    """q05 / q25 / q50 / q75 / q95 and the mean, rounded."""
-    return {**{f"q{q:02d}": round(float(np.percentile(v, q)), 4) for q in (5, 25, 50, 75, 95)}, "mean": round(float(np.mean(v)), 4)}
 
 
 def leave_one_out(means: dict[str, dict[int, float]]) -> dict[str, tuple[int, float]]:

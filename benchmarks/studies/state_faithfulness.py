@@ -32,8 +32,7 @@ import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations before ranx / numba load)
 from benchmarks.datasets import resolve
-from benchmarks.metrics import per_query_ndcg
-from benchmarks.studies.expansion_depth import quantiles
+from benchmarks.metrics import per_query_ndcg, quantiles
 from benchmarks.tables import write_table
 from embedder.util import set_threads
 from retriever.retriever import Retriever
