@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,12 +58,14 @@ class CorpusSpec:
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+        check_regular(self.path, folder_ok=True)  # before the name is read: a pipe's name says nothing
         if self.fmt is None:
             self.fmt = guess_format(self.path)
         if self.fmt not in ("beir", "jsonl", "tsv"):
             raise ValueError(f"unknown corpus format {self.fmt!r} (beir, jsonl, tsv)")
         if self.on_empty not in ("skip", "error"):
             raise ValueError("on_empty must be 'skip' or 'error'")
+        check_regular(self.file)
 
     @property
     def file(self) -> Path:
@@ -107,7 +111,8 @@ def _parse_line(file: Path, lineno: int, line: str) -> dict:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise CorpusError(file, lineno, None, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+        # some of json's messages end in "at" already ("Invalid control character at")
+        raise CorpusError(file, lineno, None, f"malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})") from None
     except RecursionError:
         raise CorpusError(file, lineno, None, "JSON nested too deeply") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts (sys.int_info.default_max_str_digits)
@@ -124,6 +129,49 @@ def _check_encodable(value: str, file: Path, lineno: int, name: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise CorpusError(file, lineno, name, f"lone surrogate U+{ord(value[exc.start]):04X} at character {exc.start + 1} (not valid Unicode text)") from None
+
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO or pipe",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def check_regular(path: Path, folder_ok: bool = False) -> None:
+    """Refuse a corpus that is not a regular file (after links), or a folder where ``folder_ok``.
+
+    A corpus is read more than once (hashed for the resume key, counted for the progress bar,
+    then indexed; the server reads it twice), so a pipe (``--corpus <(cat docs.jsonl)``,
+    ``/dev/stdin``) would be used up by the first read, and a FIFO with no writer would hang the
+    reader. A path that does not exist is left to the reader's own error."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) or (folder_ok and stat.S_ISDIR(mode)):
+        return
+    kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+    raise CorpusError(path, None, None, f"not a regular file ({kind}): a corpus is read more than once (hashed to resume a build, "
+                                        "then indexed), which a stream cannot be; write it to a file first")
+
+
+def open_corpus_file(path: Path):
+    """``path`` opened for reading in binary, only if it is a regular file: opened non-blocking
+    (a FIFO with no writer does not hang the open) and checked on the descriptor that is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            check_regular(path)  # the message (the path may have changed since; then say it here)
+            raise CorpusError(path, None, None, f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'a special file')})")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def guess_format(path: Path) -> str:
@@ -143,7 +191,7 @@ def guess_format(path: Path) -> str:
 
 def _lines(file: Path) -> Iterator[tuple[int, str]]:
     # Decoded line by line so that a bad byte is reported with its line number.
-    with open(file, "rb") as f:
+    with open_corpus_file(file) as f:
         for lineno, raw in enumerate(f, start=1):
             try:
                 yield lineno, raw.decode("utf-8")

@@ -6,13 +6,14 @@ and /info says why there are no snippets.
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from indexer.corpus import CorpusError, CorpusSpec
+from indexer.corpus import CorpusError, CorpusSpec, open_corpus_file
 from indexer.manifest import Manifest
 
 SNIPPET_CHARS = 280
@@ -36,7 +37,7 @@ class Documents:
         texts = {d.doc_id: d.text for d in spec if d.doc_id in wanted}
         titles: dict[str, str | None] = dict.fromkeys(texts)
         if spec.fmt in ("beir", "jsonl"):  # CorpusSpec joins title and text; the title alone is read here
-            with open(spec.file, encoding="utf-8") as f:
+            with io.TextIOWrapper(open_corpus_file(spec.file), encoding="utf-8") as f:
                 for line in f:
                     obj = json.loads(line) if line.strip() else None
                     if isinstance(obj, dict):
