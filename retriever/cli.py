@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     # a query with undecodable bytes (kept as lone surrogates) is echoed escaped, not a traceback
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
+    # queries on standard input: in its encoding, bytes it cannot decode kept as lone surrogates
+    # (whatever PYTHONIOENCODING says), as Python keeps them in command-line arguments
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")
     queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
     try:
         check_k(args.k)  # before seconds of model loading
