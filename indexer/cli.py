@@ -13,7 +13,7 @@ from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
 from indexer.corpus import CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
-from indexer.ray_workers import RayOptions, RayUnavailable, import_ray
+from indexer.ray_workers import DEFAULT_CONNECT_TIMEOUT_S, RayOptions, RayUnavailable, import_ray
 from indexer.shards import BuildInProgress
 from indexer.workers import WorkerFailed
 
@@ -82,6 +82,11 @@ def parser() -> argparse.ArgumentParser:
         "Needs the ray extra (pip install -e '.[ray]')",
     )
     p.add_argument("--cpus-per-worker", type=int, default=1, help="with --ray: CPUs each Ray worker reserves (and its threads)")
+    p.add_argument(
+        "--ray-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="SECONDS",
+        help=f"with --ray: give up when the cluster cannot be reached within this many seconds (default {DEFAULT_CONNECT_TIMEOUT_S:g}); "
+        "checked before the model loads or anything is written",
+    )
     p.add_argument("--export-pyserini", type=Path, metavar="DIR", help="also export a Pyserini impact index (JsonVectorCollection + Lucene) to DIR")
     p.add_argument("--export-milvus", metavar="URI", help="also export to a Milvus collection: a Milvus Lite file path or a server address (http://host:19530)")
     p.add_argument("--milvus-collection", help="collection name for --export-milvus (default: at_<index directory name>)")
@@ -111,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         channels, options, default = channel_set.resolve(args.channels, args.dense, args.embedfilter, args.lexical, args.encoder)
         ray = None
         if args.ray:
+            if not 0 < args.ray_timeout <= 3600:
+                raise ValueError(f"--ray-timeout must be between 0 and 3600 seconds, not {args.ray_timeout:g}")
             import_ray()  # says how to install it before the model loads
-            ray = RayOptions(args.ray, args.workers, args.cpus_per_worker)
+            ray = RayOptions(args.ray, args.workers, args.cpus_per_worker, args.ray_timeout)
+            _connect_within(ray)  # before the model loads and before anything is written
         embedder = Embedder.load(args.model, adapter=args.adapter, device=args.device, dtype=args.dtype, runtime=args.runtime, settings=settings)
         # --workers load the same embedder again, with the settings resolved here
         embedder_spec = EmbedderSpec(
@@ -171,6 +179,32 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(describe_milvus(info, args.export_milvus))
     return 0
+
+
+def _connect_within(options: RayOptions) -> None:
+    """Connect to the Ray cluster before the model loads, or fail with one line and status 2
+    within about ``options.timeout_s``: nothing answering at the address is found by a TCP probe
+    (indexer/ray_workers.py, RayUnavailable); ``ray.init`` itself, which cannot be interrupted,
+    then gets the same time before the process stops. Nothing has been written by then."""
+    import os
+    import threading
+
+    from indexer.ray_workers import connect, wait_for_cluster
+
+    wait_for_cluster(options)
+
+    def give_up() -> None:
+        print(f"build-index: error: cannot reach the Ray cluster at {options.address!r}: it did not accept this driver within "
+              f"{options.timeout_s:g} s (--ray-timeout sets the wait)", file=sys.stderr, flush=True)
+        os._exit(2)
+
+    watchdog = threading.Timer(options.timeout_s, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        connect(options)
+    finally:
+        watchdog.cancel()
 
 
 if __name__ == "__main__":

@@ -61,6 +61,10 @@ class RayOptions:
     address: str = "auto"
     workers: int | None = None
     cpus_per_worker: int = 1
+    timeout_s: float = 30.0  # how long to try reaching the cluster before giving up
+
+
+DEFAULT_CONNECT_TIMEOUT_S = RayOptions.timeout_s
 
 
 def import_ray() -> Any:
@@ -96,10 +100,63 @@ class ShardEncoderActor:
         return number, arrays, meta
 
 
+def bootstrap_address(address: str) -> tuple[str, int] | None:
+    """The host and port that ``ray.init(address)`` dials, where they can be told (``auto`` is
+    looked up as Ray does: ``RAY_ADDRESS``, then the last ``ray start`` on this machine)."""
+    if address.startswith("ray://"):
+        hostport = address[len("ray://"):]
+    else:
+        try:
+            from ray._private.services import canonicalize_bootstrap_address_or_die
+        except ImportError:  # another Ray: let ray.init say it
+            return None
+        try:
+            hostport = canonicalize_bootstrap_address_or_die(address)
+        except ConnectionError as exc:
+            raise RayUnavailable(f"cannot reach the Ray cluster at {address!r}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+        except Exception:  # noqa: BLE001 - a form only ray.init understands
+            return None
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def wait_for_cluster(options: RayOptions) -> None:
+    """Give up with :class:`RayUnavailable` when nothing answers at the cluster's address within
+    ``options.timeout_s`` (Ray itself retries for minutes, printing its errors, where nothing
+    listens)."""
+    where = bootstrap_address(options.address)
+    if where is None:
+        return
+    shown = f"{where[0]}:{where[1]}"
+    dialled = "" if options.address.removeprefix("ray://") == shown else f" on {shown}"  # Ray may dial this host's outward address
+    given = options.address.removeprefix("ray://").rpartition(":")
+    targets = [where] + ([(given[0].strip("[]"), int(given[2]))] if given[2].isdigit() and given[0] and dialled else [])
+    deadline = time.monotonic() + options.timeout_s
+    while True:
+        error: OSError | None = None
+        for target in targets:  # what Ray dials, and the address as given (a head listening on loopback only)
+            try:
+                with socket.create_connection(target, timeout=max(0.1, min(2.0, deadline - time.monotonic()))):
+                    return
+            except OSError as exc:
+                error = exc
+        if time.monotonic() + 0.5 >= deadline:
+            raise RayUnavailable(
+                f"cannot reach the Ray cluster at {options.address!r}: nothing answered{dialled} within "
+                f"{options.timeout_s:g} s ({getattr(error, 'strerror', None) or error}); is `ray start --head` running there? "
+                "(--ray-timeout sets the wait)"
+            ) from None
+        time.sleep(0.5)
+
+
 def connect(options: RayOptions) -> Any:
-    """Connect this process to the cluster as a driver; the ``ray`` module."""
+    """Connect this process to the cluster as a driver; the ``ray`` module. Nothing answering at
+    the address within ``options.timeout_s`` is :class:`RayUnavailable`."""
     ray = import_ray()
     if not ray.is_initialized():
+        wait_for_cluster(options)
         try:
             # the driver's own logs only: a worker's progress or warnings are not the build's
             ray.init(address=options.address, log_to_driver=False, logging_level="WARNING", configure_logging=True)
@@ -253,4 +310,5 @@ def local_head(cpus: int, timeout_s: float = 120.0, env: dict[str, str] | None =
             shutil.rmtree(temp, ignore_errors=True)
 
 
-__all__ = ["LOOPBACK_ENV", "MAX_RETRIES", "RAY_MISSING", "RayOptions", "RayUnavailable", "ShardEncoderActor", "connect", "encode_on_ray", "import_ray", "local_head"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "LOOPBACK_ENV", "MAX_RETRIES", "RAY_MISSING", "RayOptions", "RayUnavailable", "ShardEncoderActor", "connect", "encode_on_ray", "import_ray", "local_head",
+           "wait_for_cluster"]
