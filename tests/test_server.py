@@ -172,8 +172,9 @@ def test_a_request_queued_past_the_timeout_gets_503_and_retry_after(served, monk
     assert retriever.manifest.n_docs == 40
 
 
+ODD_TEXT = st.text(st.sampled_from(["a", " ", "é", "\ud800", "\udfff", "\x00"]), max_size=8)  # lone surrogates too (issue 48)
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers() | st.integers(-10**400, 10**400) | st.floats(allow_nan=False) | st.text(max_size=20) | ODD_TEXT,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
@@ -191,6 +192,10 @@ FIELDS = st.fixed_dictionaries({}, optional={
 @example(body={"query": "cat", "mode": "nonsense"}, path="/search")
 @example(body=None, path="/search")
 @example(body={"queries": ["x" * 5000]}, path="/search/batch")
+@example(body={"query": "x \ud800 y"}, path="/search")
+@example(body={"queries": ["cat", "\udfff"]}, path="/search/batch")
+@example(body={"query": "cat", "fusion": {"weights": {"sparse": 10**400}}}, path="/search")
+@example(body={"queries": ["cat"], "fusion": {"weights": {"\ud800": 1, "bm25": -10**400}}}, path="/search/batch")
 def test_fuzzed_bodies_get_an_answer_or_a_4xx_with_a_message_and_the_server_keeps_answering(client, body, path):
     res = client.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
     assert res.status_code == 200 or 400 <= res.status_code < 500, (res.status_code, res.text)

@@ -3,7 +3,10 @@
 Routes: ``POST /search``, ``POST /search/batch``, ``GET /info``, ``GET /healthz``, the page at
 ``/`` (static files of this package) and the OpenAPI docs at ``/docs``. Every error is JSON
 ``{"detail": message}`` with a 4xx status: the search contract's errors (bad k, unknown mode, a
-mode the index lacks) keep the Retriever's own message. The server never writes the index.
+mode the index lacks) keep the Retriever's own message. A query must be valid Unicode text (a
+lone surrogate, which JSON's ``\\ud800`` escapes can spell, is refused with 422 naming the field),
+and every JSON answer escapes what cannot be written as UTF-8. The server never writes the index.
+The connection layer (deadlines, the bound on connections): retriever/server/protocol.py.
 """
 from __future__ import annotations
 
@@ -13,14 +16,14 @@ import secrets
 import time
 from collections import OrderedDict
 from importlib import resources
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,18 +36,53 @@ STATIC_PREFIX = "/static/"
 FUSION_CACHE = 16  # Retriever views with a request's own fusion, kept for reuse
 
 
+class SafeJSONResponse(JSONResponse):
+    """JSON in UTF-8; with ``\\uXXXX`` escapes instead where a string holds a lone surrogate
+    (an echo of a client's text: Starlette's own render fails on one, answering 500)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def finite_weight(value: float) -> float:
+    """A fusion weight as a float: refused (422 naming it) where it is beyond float's range."""
+    try:
+        weight = float(value)
+    except OverflowError:
+        raise ValueError("number out of range (a weight must be a finite number >= 0)") from None
+    if not (weight >= 0 and weight < float("inf")):
+        raise ValueError("a weight must be a finite number >= 0")
+    return weight
+
+
+def unicode_text(value: str) -> str:
+    """Refuse a lone surrogate (no tokenizer encodes one, and no UTF-8 answer could echo it)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"lone surrogate U+{ord(value[exc.start]):04X} at character {exc.start + 1} (not valid Unicode text)") from None
+    return value
+
+
+Weight = Annotated[StrictFloat | StrictInt, AfterValidator(finite_weight)]
+Text = Annotated[StrictStr, AfterValidator(unicode_text)]
+
+
 class Fusion(BaseModel):
     """A hybrid setting for one request (default: the index's)."""
 
     model_config = ConfigDict(extra="forbid")
     method: Literal["minmax", "rrf"] = "minmax"
-    weights: dict[StrictStr, StrictFloat | StrictInt] = Field(description="channel -> weight (>= 0)")
+    weights: dict[StrictStr, Weight] = Field(description="channel -> weight (>= 0)")
     rrf_k: StrictInt = Field(60, ge=1, le=10_000)
 
 
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    query: StrictStr = Field(description="the query text (blank: no hits)")
+    query: Text = Field(description="the query text (blank: no hits)")
     k: StrictInt = Field(10, description="hits wanted, 1..max_k (see /info)")
     mode: StrictStr | None = Field(None, description=f"one of {', '.join(MODES)} the index has; default hybrid (see /info)")
     fusion: Fusion | None = None
@@ -52,7 +90,7 @@ class SearchRequest(BaseModel):
 
 class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    queries: list[StrictStr] = Field(description="queries, at most max_batch (see /info)")
+    queries: list[Text] = Field(description="queries, at most max_batch (see /info)")
     k: StrictInt = 10
     mode: StrictStr | None = None
     fusion: Fusion | None = None
@@ -71,7 +109,7 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
     """The application over ``retriever`` (loaded and warm), within ``config``'s limits."""
     config = config or ServerConfig()
     app = FastAPI(
-        title="aligned-tokens search", version="1",
+        title="aligned-tokens search", version="1", default_response_class=SafeJSONResponse,
         description="Hybrid search over one index: aligned tokens, BM25, dense and encoder channels, fused; every hit explained.",
     )
     gate = anyio.Semaphore(config.max_concurrency)
@@ -80,28 +118,34 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=exc.headers)
+        return SafeJSONResponse({"detail": exc.message}, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": validation_message(exc.errors())}, status_code=422)
+        return SafeJSONResponse({"detail": validation_message(exc.errors())}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return SafeJSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:  # logged by the server; the client gets JSON too
+        return SafeJSONResponse({"detail": f"internal error ({type(exc).__name__}); the server log has the details"}, status_code=500)
 
     @app.middleware("http")
     async def _limits_and_access(request: Request, call_next):
         length = request.headers.get("content-length")
         if length is None and request.method == "POST":  # a chunked body could not be bounded before reading it
-            return JSONResponse({"detail": "a POST needs a Content-Length header"}, status_code=411)
-        if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
-            return JSONResponse({"detail": f"request body larger than {config.max_body_bytes} bytes"}, status_code=413)
+            return SafeJSONResponse({"detail": "a POST needs a Content-Length header"}, status_code=411)
+        if length is not None and not (length.isascii() and length.isdigit()):  # (uvicorn's h11 refuses it first: 400)
+            return SafeJSONResponse({"detail": f"malformed Content-Length {length[:40]!r}"}, status_code=400)
+        if length is not None and (len(length.lstrip("0")) > 18 or int(length) > config.max_body_bytes):
+            return SafeJSONResponse({"detail": f"request body larger than {config.max_body_bytes} bytes"}, status_code=413)
         path = request.url.path
         if config.api_key is not None and path not in PUBLIC_PATHS and not path.startswith(STATIC_PREFIX):
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), config.api_key.encode()):
-                return JSONResponse({"detail": "missing or wrong API key (Authorization: Bearer KEY)"}, status_code=401,
+                return SafeJSONResponse({"detail": "missing or wrong API key (Authorization: Bearer KEY)"}, status_code=401,
                                     headers={"WWW-Authenticate": "Bearer"})
         return await call_next(request)
 
@@ -113,8 +157,7 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
         unknown = sorted(set(fusion.weights) - set(channels))
         if unknown:
             raise ApiError(422, f"fusion.weights: channel(s) {', '.join(unknown)} not in this index (channels: {', '.join(channels)})")
-        bad = {c: w for c, w in fusion.weights.items() if not (w >= 0 and w < float("inf"))}
-        if bad or not any(w > 0 for w in fusion.weights.values()):
+        if not any(w > 0 for w in fusion.weights.values()):  # each is finite and >= 0 (Weight)
             raise ApiError(422, "fusion.weights: each weight must be a finite number >= 0, at least one > 0")
         setting = {"method": fusion.method, "weights": {c: float(w) for c, w in fusion.weights.items()}, "rrf_k": fusion.rrf_k}
         key = json.dumps(setting, sort_keys=True)
@@ -131,7 +174,8 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
         """The mode to search in, after the limits: the request's, hybrid when it gives a fusion,
         else the index's default."""
         if not 1 <= k <= config.max_k:
-            raise ApiError(422, f"k must be between 1 and {config.max_k}, got {k}")
+            got = str(k) if abs(k) < 10**20 else f"a number of {len(str(abs(k)))} digits"
+            raise ApiError(422, f"k must be between 1 and {config.max_k}, got {got}")
         for i, q in enumerate(queries):
             if len(q) > config.max_query_chars:
                 where = "query" if len(queries) == 1 else f"queries[{i}]"
@@ -228,6 +272,6 @@ def validation_message(errors: list[dict]) -> str:
     parts = []
     for e in errors[:5]:
         where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+        parts.append(f"{where}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "; ".join(parts) + more

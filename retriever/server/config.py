@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 API_KEY_ENV = "ALIGNED_TOKENS_API_KEY"  # the bearer token, when not given with --api-key
+DEFAULT_MAX_CONNECTIONS = 512  # lowered by serve to fit the open-files limit (ulimit -n)
+MAX_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -16,6 +18,11 @@ class ServerConfig:
     they are parsed. ``max_query_chars``, ``max_k``, ``max_batch``: larger values are refused
     (422) with a message. ``api_key``: when set, every route but ``/healthz`` and the page's
     static files needs ``Authorization: Bearer <api_key>``.
+
+    Connections (retriever/server/protocol.py): at most ``max_connections`` open (a request on
+    one beyond gets 503); a request head must arrive within ``header_timeout_s`` and its body
+    within ``body_timeout_s`` (else 408 and the connection is closed); an idle keep-alive
+    connection is closed after ``keep_alive_timeout_s``.
     """
 
     max_concurrency: int = 1
@@ -25,13 +32,19 @@ class ServerConfig:
     max_k: int = 100
     max_batch: int = 32
     api_key: str | None = None
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    keep_alive_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrency", "max_body_bytes", "max_query_chars", "max_k", "max_batch"):
+        for name in ("max_concurrency", "max_body_bytes", "max_query_chars", "max_k", "max_batch", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.queue_timeout_s <= 0:
-            raise ValueError(f"queue_timeout_s must be positive, got {self.queue_timeout_s}")
+        for name in ("queue_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value <= MAX_TIMEOUT_S:  # also refuses NaN
+                raise ValueError(f"{name} must be a number of seconds in (0, {MAX_TIMEOUT_S}], got {value}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key is empty")
 
@@ -40,4 +53,6 @@ class ServerConfig:
         return {
             "max_concurrency": self.max_concurrency, "queue_timeout_s": self.queue_timeout_s, "max_body_bytes": self.max_body_bytes,
             "max_query_chars": self.max_query_chars, "max_k": self.max_k, "max_batch": self.max_batch, "auth": self.api_key is not None,
+            "max_connections": self.max_connections, "header_timeout_s": self.header_timeout_s, "body_timeout_s": self.body_timeout_s,
+            "keep_alive_timeout_s": self.keep_alive_timeout_s,
         }
