@@ -13,10 +13,10 @@ from indexer.corpus import CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
 from retriever.options import add_query_side_arguments
 from retriever.quiet import quiet_libraries
-from retriever.server.config import API_KEY_ENV, DEFAULT_MAX_CONNECTIONS, ServerConfig
+from retriever.server.config import API_KEY_ENV, BACKLOG, DEFAULT_MAX_CONNECTIONS, ServerConfig
 
 DEFAULT_PORT = 8000
-RESERVED_FILES = 64  # open files kept beside the connections (index, model, corpus, logs)
+RESERVED_FILES = 64 + 2 * BACKLOG  # open files beside the bound: accepted or closing at once, the index, model and corpus
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,8 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-query-chars", type=int, default=d.max_query_chars)
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="queries per /search/batch request")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    p.add_argument("--max-connections", type=int, help=f"open connections; a request on one beyond gets 503 (default {d.max_connections}, "
-                   f"or fewer where the open-files limit, ulimit -n, allows fewer)")
+    p.add_argument("--max-connections", type=int, help="open connections; beyond, the one waiting longest for a request is closed, "
+                   f"or where all are inside a request the new one gets 503 (default {d.max_connections}, fewer where ulimit -n allows fewer)")
     p.add_argument("--header-timeout", type=float, default=d.header_timeout_s, metavar="SECONDS",
                    help="a request's head (request line and headers) must arrive within this; else 408 and the connection is closed")
     p.add_argument("--body-timeout", type=float, default=d.body_timeout_s, metavar="SECONDS",
@@ -98,7 +98,8 @@ def api_key(given: str | None) -> str | None:
     or blank one is refused (ValueError): it would read as "no authentication"."""
     key, source = (given, "--api-key") if given is not None else (os.environ.get(API_KEY_ENV), f"${API_KEY_ENV}")
     if key is not None and not key.strip():
-        raise ValueError(f"{source} is empty: give a key, or leave {source} out to serve without one (127.0.0.1 only)")
+        leave = "leave --api-key out" if given is not None else f"unset {API_KEY_ENV}"
+        raise ValueError(f"{source} is empty: give a key, or {leave} to serve without one (keep it on 127.0.0.1 then)")
     return key
 
 

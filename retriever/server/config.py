@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 API_KEY_ENV = "ALIGNED_TOKENS_API_KEY"  # the bearer token, when not given with --api-key
 DEFAULT_MAX_CONNECTIONS = 512  # lowered by serve to fit the open-files limit (ulimit -n)
+BACKLOG = 128  # the listen queue, and the most connections asyncio accepts in one go
 MAX_TIMEOUT_S = 3600.0
 
 

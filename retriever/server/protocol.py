@@ -17,9 +17,11 @@ protocol adds, per connection:
 - a **bound on open connections** (``max_connections``): a connection opened beyond it first
   closes the open connection that has waited longest for a request head (an idle keep-alive
   one, or a slow one: 408 where part of a head came), so that slow clients cannot crowd out
-  the others; only where every open connection is inside a request is there none to close,
-  and then the new connection's request is answered ``503`` (JSON, ``Retry-After: 1``) and
-  the connection closed, before the application runs.
+  the others; only where more than ``max_connections`` connections are inside a request is
+  there none to close, and then the new request is answered ``503`` (JSON,
+  ``Retry-After: 1``) and its connection closed, before the application runs. The listen
+  backlog is ``BACKLOG``: asyncio accepts up to that many connections at once before any is
+  seen here, so open files stay within the bound + twice the backlog.
 
 and answers malformed requests (bad request line, headers or ``Content-Length``; a head still
 incomplete past ``MAX_HEAD_BYTES``, h11's bound) with ``400`` in JSON where uvicorn answers plain
@@ -32,13 +34,14 @@ import asyncio
 import json
 import logging
 import socket
+from collections import OrderedDict
 from typing import Any
 
 import h11
 from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from retriever.server.config import ServerConfig
+from retriever.server.config import BACKLOG, ServerConfig
 
 log = logging.getLogger("uvicorn.error")
 
@@ -62,6 +65,25 @@ def raw_response(status: int, reason: str, detail: str, extra: tuple[tuple[str, 
     return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
 
 
+class _Connections:
+    """A server's open connections by what they do: waiting for a request head (oldest first,
+    with the time it began waiting) or inside a request. Closing ones are in neither."""
+
+    def __init__(self) -> None:
+        self.waiting: OrderedDict[GuardedH11Protocol, float] = OrderedDict()
+        self.busy: set[GuardedH11Protocol] = set()
+
+    @classmethod
+    def of(cls, server_state: Any) -> _Connections:
+        found = getattr(server_state, "_guarded_connections", None)
+        if found is None:
+            found = server_state._guarded_connections = cls()
+        return found
+
+    def open(self) -> int:
+        return len(self.waiting) + len(self.busy)
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the deadlines and the bound of ``limits`` (a ServerConfig,
     set on the subclass made by :func:`guarded_protocol`)."""
@@ -73,11 +95,11 @@ class GuardedH11Protocol(H11Protocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._head_bytes = False  # part of a request head has arrived
-        self._awaiting_head_since: float | None = None  # when it began waiting for a head (None: inside a request)
+        self._registry = _Connections.of(server_state)
         app = self.app
 
         async def bounded(scope, receive, send) -> None:
-            if len(self.connections) > self.limits.max_connections:
+            if len(self._registry.busy) > self.limits.max_connections:  # none left to make room from
                 await self._refuse_over_limit(send)
                 return
             await app(scope, receive, send)
@@ -87,13 +109,14 @@ class GuardedH11Protocol(H11Protocol):
     # ---------------------------------------------------------------- connection events
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._awaiting_head_since = self.loop.time()
+        self._registry.waiting[self] = self.loop.time()
         self._arm_header_deadline()
-        if len(self.connections) > self.limits.max_connections:
+        if self._registry.open() > self.limits.max_connections:
             self._make_room()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        self._forget()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -126,12 +149,17 @@ class GuardedH11Protocol(H11Protocol):
     def _follow_state(self) -> None:
         """Header deadline while a head is awaited; body deadline while a body is; none after."""
         state = self.conn.their_state
+        if self.transport.is_closing() or state in (h11.CLOSED, h11.ERROR):
+            self._forget()
+            return
         if state is h11.IDLE:
             self._cancel(body=True)
-            if self._awaiting_head_since is None:
-                self._awaiting_head_since = self.loop.time()
+            if self not in self._registry.waiting:
+                self._registry.busy.discard(self)
+                self._registry.waiting[self] = self.loop.time()
             return
-        self._awaiting_head_since = None
+        self._registry.waiting.pop(self, None)
+        self._registry.busy.add(self)
         self._cancel(header=True)
         self._head_bytes = False
         if state is h11.SEND_BODY:
@@ -154,26 +182,31 @@ class GuardedH11Protocol(H11Protocol):
     def _close_waiting(self, why: str) -> None:
         """Close this connection, which waits for a request head: with 408 where part of one came."""
         self._cancel_timers()
+        self._forget()
         if self._head_bytes:
             self.transport.write(raw_response(408, "Request Timeout", why))
         self.transport.close()
 
     def _make_room(self) -> None:
         """Over the bound: close the connection that has waited longest for a request head."""
-        waiting = [c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol)
-                   and c._awaiting_head_since is not None and not c.transport.is_closing()]
-        if waiting:
-            oldest = min(waiting, key=lambda c: c._awaiting_head_since)
-            log.info("%d connections open, at most %d: closing one that waited %.1f s for a request head", len(self.connections),
-                     self.limits.max_connections, self.loop.time() - oldest._awaiting_head_since)
-            oldest._close_waiting(f"closed to make room: more than {self.limits.max_connections} connections open, and this one "
-                                  "had not sent a whole request")
+        for oldest, since in self._registry.waiting.items():  # oldest first
+            if oldest is not self:
+                log.info("%d connections open, at most %d: closing one that waited %.1f s for a request head",
+                         self._registry.open(), self.limits.max_connections, self.loop.time() - since)
+                oldest._close_waiting(f"closed to make room: more than {self.limits.max_connections} connections open, "
+                                      "and this one had not sent a whole request")
+                return
+
+    def _forget(self) -> None:
+        self._registry.waiting.pop(self, None)
+        self._registry.busy.discard(self)
 
     def _body_timeout(self) -> None:
         self._body_timer = None
         if self.transport.is_closing() or self.conn.their_state is not h11.SEND_BODY:
             return
         log.info("closing a connection whose request body took over %g s", self.limits.body_timeout_s)
+        self._forget()
         cycle = self.cycle
         if cycle is not None and not cycle.response_started:
             cycle.response_started = True  # the application's own answer, if any, is dropped
@@ -195,9 +228,10 @@ class GuardedH11Protocol(H11Protocol):
         self._cancel(header=True, body=True)
 
     async def _refuse_over_limit(self, send) -> None:
-        open_now, limit = len(self.connections), self.limits.max_connections
-        log.info("503: %d connections open, at most %d", open_now, limit)
-        body = json_bytes({"detail": f"too many connections: {open_now} open, at most {limit} (serve --max-connections); retry later"})
+        busy, limit = len(self._registry.busy), self.limits.max_connections
+        log.info("503: %d connections inside a request, at most %d", busy, limit)
+        body = json_bytes({"detail": f"too many connections: {busy} inside a request, at most {limit} (serve --max-connections); "
+                                     "retry later"})
         await send({"type": "http.response.start", "status": 503, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"retry-after", b"1"), (b"connection", b"close")]})
@@ -213,7 +247,7 @@ def uvicorn_config(app, limits: ServerConfig, host: str = "127.0.0.1", port: int
     """uvicorn's settings for ``app`` within ``limits`` (what ``serve`` runs)."""
     return Config(
         app, host=host, port=port, log_level=log_level, http=guarded_protocol(limits), ws="none",
-        timeout_keep_alive=limits.keep_alive_timeout_s, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        timeout_keep_alive=limits.keep_alive_timeout_s, h11_max_incomplete_event_size=MAX_HEAD_BYTES, backlog=BACKLOG,
         limit_concurrency=None,  # the bound is the protocol's, answered in JSON
     )
 
