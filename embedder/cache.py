@@ -35,13 +35,17 @@ def embedder_key(embedder: Embedder, role: str = "document") -> str:
     """
     config = {k: v for k, v in embedder.config.to_dict().items() if k not in ("batch_size", "query_prompt")}
     config["prompt"] = embedder.config.template(role)
+    embedder.resolve_runtime()  # dtype "auto": the runtime the speed probe measured (documents and queries may differ)
+    runtime, dtype = embedder.runtime_name or "torch-plain", embedder.dtype
+    if role == "query" and embedder.query_runtime:
+        runtime, dtype = embedder.query_runtime
     what = {
         "model": (embedder.identity or {}).get("sha256") or (embedder.identity or {}).get("name"),
         "adapter": (embedder.adapter or {}).get("sha256"),
         "config": config,
         # the precision the network ran in: fp32 and int8 embeddings differ (BENCHMARKS.md, faithfulness)
-        "runtime": embedder.runtime_name or "torch-plain",
-        "dtype": embedder.dtype,
+        "runtime": runtime,
+        "dtype": dtype,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 

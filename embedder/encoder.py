@@ -16,10 +16,11 @@ import torch
 
 from embedder.adapters import adapter_embedding, adapter_identity, resolve_adapter
 from embedder.config import PLACEHOLDER, POOLINGS, PROMPT_EOL, ROLES, EmbedderConfig, check_role  # noqa: F401  (re-exported)
-from embedder.hardware import Capability, Precision, choose_precision, device_capability, openvino_available
+from embedder.hardware import Capability, Precision, choose_precision, device_capability, openvino_available, speed_candidates
 from embedder.memory import MemoryBody, MemoryTokens, memory_ids, pool_memory
 from embedder.models import DEFAULT_MODEL, ResolvedModel, resolve_model
-from embedder.runtime import Runtime, make_runtime
+from embedder.runtime import Runtime, cacheable_prefix, make_runtime
+from embedder.speed_probe import PROBE_DOCUMENTS, PROBE_QUERIES, ProbeSetup, SpeedVerdict, probe_speed
 from embedder.tokenization import TextTokens
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,13 @@ class Embedder(TextTokens):
         self.capability = capability
         self.prefix_cache = prefix_cache  # False: the runtime recomputes the template prefix (for measuring it)
         self._runtime: Runtime | None = None
-        self._runtime_lock = threading.Lock()
+        self._runtimes: dict[tuple[str, str], Runtime] = {}  # by (name, dtype): documents and queries may share one
+        # dtype "auto" (or runtime "auto"): measured on first use (embedder/speed_probe.py), for
+        # documents and for queries apart; until then the query plan is the document plan
+        self.query_runtime: tuple[str, str] | None = None
+        self.query_precision: Precision | None = None
+        self.speed_verdict: SpeedVerdict | None = None
+        self._runtime_lock = threading.RLock()
         set_bidirectional(self.causal_lm, self.config.attention == "bidirectional")
         self._pad_id = self._pick_pad_id()
         self._prefix, self._suffix = self._template_ids(self.config.template("document"))
@@ -253,29 +260,92 @@ class Embedder(TextTokens):
             shared.append(doc_id)
         return shared
 
-    def runtime(self) -> Runtime | None:
-        """The inference runtime (built on first use; None for the plain torch path)."""
+    def _runtime_prefix(self) -> list[int] | None:
+        # The prefix is computed once only where it cannot depend on the text:
+        # causal attention, and last-token pooling (mean pooling needs its states;
+        # memory pooling runs the whole prompt, which keeps one path to test).
+        prefix = self.shared_prefix()
+        cacheable = self.prefix_cache and self.config.attention == "causal" and self.config.pooling == "last" and prefix
+        return prefix if cacheable else None
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the runtime is still to be measured on this machine (``auto``, not yet resolved)."""
+        return self.runtime_name is not None and "auto" in (self.runtime_name, self.dtype)
+
+    def resolve_runtime(self) -> None:
+        """Decide ``auto`` now: time the candidate runtimes on this machine the first time (a few
+        seconds, kept beside the exported graph: embedder/speed_probe.py), else read that verdict.
+        Documents run in :attr:`runtime_name` / :attr:`dtype`, queries in :attr:`query_runtime`."""
+        with self._runtime_lock:
+            if not self.measuring:
+                return
+            cap = self.capability or device_capability(self.device)
+            self.capability = cap
+            forced = self.runtime_name if self.runtime_name != "auto" else "auto"
+            have_openvino = openvino_available()
+            if cap.device != "cpu":
+                p = choose_precision("auto", forced, cap, have_openvino)
+                self.runtime_name, self.dtype, self.precision = p.runtime, p.dtype, p
+                return
+            candidates, skipped = speed_candidates(cap, forced, have_openvino)
+            if len(candidates) == 1:
+                p = Precision(*candidates[0], "the only candidate on this CPU (" + "; ".join(skipped) + ")")
+                self.runtime_name, self.dtype, self.precision = p.runtime, p.dtype, p
+                return
+            verdict = probe_speed(self._probe_setup(cap), candidates, skipped)
+            self.speed_verdict = verdict
+            (self.runtime_name, self.dtype), self.query_runtime = verdict.documents, verdict.queries
+            how = "speed probe, kept from an earlier run" if verdict.cached else "speed probe, run now"
+            self.precision = Precision(*verdict.documents, f"{verdict.documents_reason} [{how}]")
+            self.query_precision = Precision(*verdict.queries, f"{verdict.queries_reason} [{how}]")
+            log.info("encoder runtime measured: documents %s %s, queries %s %s", *verdict.documents, *verdict.queries)
+
+    def _probe_setup(self, cap: Capability) -> ProbeSetup:
+        """The speed probe's inputs: its fixed texts through this embedder's templates, as :meth:`embed` pads them."""
+        prefix = cacheable_prefix(self.body(), self._runtime_prefix())
+        skip = len(prefix or [])
+        doc_rows = self.prompt_ids(list(PROBE_DOCUMENTS)[: self.config.batch_size])
+        doc_rows.sort(key=len, reverse=True)  # longest first, as iter_batches orders a batch
+        docs = self._pad([r[skip:] for r in doc_rows])
+        queries = [self._pad([r[skip:]]) for r in self.prompt_ids(list(PROBE_QUERIES), role="query")]
+        fingerprint = {"pooling": self.config.pooling, "attention": self.config.attention, "memory": self.memory.n if self.memory else 0}
+        return ProbeSetup(
+            self.body(), self.identity, self.adapter, prefix, docs, queries, self._pool, self.top_tokens, int(torch.get_num_threads()), cap,
+            fingerprint,
+        )
+
+    def runtime(self, role: str = "document") -> Runtime | None:
+        """The inference runtime that encodes ``role``'s texts (built on first use; None for the
+        plain torch path). Documents and queries share one unless the speed probe chose two."""
         if self.runtime_name is None:
             return None
         with self._runtime_lock:  # two threads' first queries must not export twice
+            self.resolve_runtime()
+            if role == "query" and self.query_runtime and self.query_runtime != (self.runtime_name, self.dtype):
+                return self._query_runtime()
             if self._runtime is None:
-                # The prefix is computed once only where it cannot depend on the text:
-                # causal attention, and last-token pooling (mean pooling needs its states;
-                # memory pooling runs the whole prompt, which keeps one path to test).
-                prefix = self.shared_prefix()
-                cacheable = self.prefix_cache and self.config.attention == "causal" and self.config.pooling == "last" and prefix
-                rt = make_runtime(
-                    self.runtime_name, self.dtype, self.body(), self.identity, self.adapter,
-                    prefix if cacheable else None, self.device,
-                )
+                rt = self._build(self.runtime_name, self.dtype)
                 if rt.fallback:  # the asked-for setting cannot run here: record what runs, and why
                     self.runtime_name, self.dtype = rt.name, rt.dtype
                     self.precision = Precision(rt.name, rt.dtype, f"fallback: {rt.fallback}")
                 self._runtime = rt
         return self._runtime
 
-    def _runtime_pooled(self, batch_ids: list[list[int]]) -> torch.Tensor:
-        rt = self.runtime()
+    def _build(self, name: str, dtype: str) -> Runtime:
+        if (name, dtype) not in self._runtimes:
+            self._runtimes[(name, dtype)] = make_runtime(name, dtype, self.body(), self.identity, self.adapter, self._runtime_prefix(), self.device)
+        return self._runtimes[(name, dtype)]
+
+    def _query_runtime(self) -> Runtime:
+        rt = self._build(*self.query_runtime)
+        if rt.fallback and (rt.name, rt.dtype) != self.query_runtime:
+            self.query_runtime = (rt.name, rt.dtype)
+            self.query_precision = Precision(rt.name, rt.dtype, f"fallback: {rt.fallback}")
+        return rt
+
+    def _runtime_pooled(self, batch_ids: list[list[int]], role: str = "document") -> torch.Tensor:
+        rt = self.runtime(role)
         skip = rt.prefix_len
         ids, mask, lengths = self._pad([row[skip:] for row in batch_ids])
         return self._pool(rt.hidden(ids, mask), mask, lengths)
@@ -300,7 +370,7 @@ class Embedder(TextTokens):
         for start in range(0, len(order), bs):
             pos = order[start : start + bs]
             batch = [all_ids[i] for i in pos]
-            h = self._runtime_pooled(batch) if self.runtime_name else self._forward_pooled(batch)
+            h = self._runtime_pooled(batch, role) if self.runtime_name else self._forward_pooled(batch)
             yield pos, h, sum(len(x) for x in batch)
 
     @torch.inference_mode()
@@ -335,17 +405,29 @@ class Embedder(TextTokens):
         return {"model": self.identity, "adapter": self.adapter, "embedding": self.config.to_dict(), "runtime": self.runtime_info()}
 
     def runtime_summary(self) -> str:
-        """One line for people: the runtime and dtype, why, and the hardware they were chosen for."""
+        """One line for people: the runtime and dtype, why, and the hardware they were chosen for
+        (``auto`` is measured first, the first time on this machine)."""
+        self.resolve_runtime()
         if self.precision is None or self.capability is None:
             return f"encoder: {self.runtime_info()['name']} {self.dtype}"
         p = self.precision
-        return f"encoder: {p.runtime} {p.dtype} ({p.reason}); {self.capability.describe()}"
+        line = f"encoder: {p.runtime} {p.dtype} ({p.reason})"
+        q = self.query_precision
+        if q is not None and (q.runtime, q.dtype) != (p.runtime, p.dtype):
+            line += f"; queries: {q.runtime} {q.dtype} ({q.reason})"
+        return f"{line}; {self.capability.describe()}"
 
     def runtime_info(self) -> dict:
-        """How the network runs (recorded in manifests): runtime, dtype, why, and the hardware."""
+        """How the network runs (recorded in manifests): runtime, dtype, why, and the hardware;
+        where ``auto`` was measured, the queries' runtime and the speed probe's verdict. Says
+        ``auto`` while that is still to be measured (on first use)."""
         info: dict = {"name": self.runtime_name or "torch-plain", "dtype": self.dtype}
         if self.precision is not None:
             info["reason"] = self.precision.reason
+        if self.query_runtime is not None and self.query_precision is not None:
+            info["queries"] = {"name": self.query_runtime[0], "dtype": self.query_runtime[1], "reason": self.query_precision.reason}
+        if self.speed_verdict is not None:
+            info["speed_probe"] = self.speed_verdict.record()
         if self.capability is not None:
             info["capability"] = self.capability.to_dict()
         return info

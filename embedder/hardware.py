@@ -1,11 +1,12 @@
 """What the machine can do natively, and the precision the encoder runs in because of it.
 
 Machines differ in ways that change the fastest precision by 5x or more: a CPU with native
-bfloat16 (AVX512-BF16 or AMX) runs bf16 matrix products ~2-3x faster than fp32, while a CPU
-with only AVX2 emulates bf16 and runs it ~5x *slower* than fp32. So the precision is chosen
-from the detected capability (never assumed), printed by ``build-index`` and recorded in the
-manifest. The choice is a pure function of the capability so that it can be tested with the
-capability mocked.
+bfloat16 (AVX512-BF16 or AMX) may run bf16 matrix products ~2-3x faster than fp32 (AMX) or
+no faster (an AVX512-BF16 Xeon without AMX: 1.0x), while a CPU with only AVX2 emulates bf16
+and runs it ~5x *slower* than fp32. So the flags only say which settings are worth timing
+(:func:`speed_candidates`); which one runs is measured on the machine (embedder/speed_probe.py),
+printed by ``build-index`` and recorded in the manifest. The candidates are a pure function of
+the capability so that they can be tested with the capability mocked.
 """
 from __future__ import annotations
 
@@ -131,16 +132,49 @@ class Precision:
         return asdict(self)
 
 
+# Flags whose int8 dot products run in hardware (VNNI, AMX): without them OpenVINO's int8 was slower
+# than its fp32 (2-core AVX2: 1.55x against 1.7x the naive loop for documents).
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def speed_candidates(cap: Capability, runtime: str, have_openvino: bool) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (runtime, dtype) settings the speed probe (embedder/speed_probe.py) times on a CPU for
+    ``dtype="auto"`` and ``runtime`` (auto|torch|openvino), and why the others are not timed.
+
+    torch fp32 (the reference) and OpenVINO fp32 always; bf16 (torch, OpenVINO) only where the CPU
+    has it in hardware: emulated bf16 is ~5x slower than fp32 on AVX2, and is not worth a timing;
+    OpenVINO int8 only where the CPU has VNNI or AMX (its int8 products in hardware)."""
+    out: list[tuple[str, str]] = []
+    skipped: list[str] = []
+    torch_ok, ov_ok = runtime in ("auto", "torch"), runtime in ("auto", "openvino") and have_openvino
+    if runtime in ("auto", "openvino") and not have_openvino:
+        skipped.append("openvino: not installed")
+    if torch_ok:
+        out.append(("torch", "fp32"))
+    if ov_ok:
+        out.append(("openvino", "fp32"))
+    if cap.native_bf16:
+        out += ([("torch", "bf16")] if torch_ok else []) + ([("openvino", "bf16")] if ov_ok else [])
+    elif torch_ok or ov_ok:
+        skipped.append("bf16: emulated on this CPU (no avx512_bf16 / amx_bf16; ~5x slower than fp32 on AVX2), not timed")
+    if ov_ok and set(INT8_FLAGS) & set(cap.flags):
+        out.append(("openvino", "int8"))
+    elif ov_ok:
+        skipped.append("int8: no VNNI / AMX on this CPU (OpenVINO int8 measured slower than its fp32 there), not timed")
+    return out, skipped
+
+
 def choose_precision(requested: str, runtime: str, cap: Capability, have_openvino: bool) -> Precision:
     """Resolve ``requested`` (auto|fp32|bf16|int8) and ``runtime`` (auto|torch|openvino).
 
-    ``auto`` takes bf16 only where the hardware has it natively (emulated bf16 is ~5x slower
-    than fp32 on AVX2); elsewhere fp32, in OpenVINO where it is installed. Measured on a 2-core
-    AVX2 CPU (BENCHMARKS.md, "Encoder runtimes"): OpenVINO fp32 encoded documents 1.7x and
-    queries 1.75x faster than a naive transformers loop at cosine 1.0; OpenVINO int8 (per-channel
-    weights, dynamic int8 activations) was *slower* than OpenVINO fp32 there (1.55x / 1.68x) and
-    less faithful (cosine 0.9992, top-64 tokens 90.6% at worst), so int8 is only taken when
-    asked. torch has no faithful int8 path (per-tensor dynamic quantisation: cosine 0.77).
+    On a CPU, ``auto`` is measured, not read from the CPU flags: where more than one setting is
+    a candidate (:func:`speed_candidates`), the answer has dtype "auto" (and runtime "auto" unless
+    one was asked for), and the embedder times the candidates the first time it needs its runtime
+    on this machine (embedder/speed_probe.py), then takes the fastest faithful one, for documents
+    and for queries apart. The flags only rule out what cannot pay: emulated bf16 (~5x slower than
+    fp32 on AVX2) and int8 without VNNI/AMX. An asked-for dtype is taken as asked (OpenVINO where
+    installed, unless ``runtime`` says otherwise). torch has no faithful int8 path (per-tensor
+    dynamic quantisation: cosine 0.77). A GPU runs torch, bf16 where it has it.
     """
     if requested not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {requested!r}")
@@ -165,12 +199,10 @@ def choose_precision(requested: str, runtime: str, cap: Capability, have_openvin
         chosen = runtime if runtime != "auto" else ("openvino" if have_openvino else "torch")
         why = "requested" if requested == "fp32" or cap.native_bf16 else "requested (emulated on this CPU: slow)"
         return Precision(chosen, requested, why)
-    if cap.native_bf16:
-        chosen = runtime if runtime != "auto" else ("openvino" if have_openvino else "torch")
-        return Precision(chosen, "bf16", "native bf16 on this CPU")
-    if runtime == "torch" or not have_openvino:
-        return Precision("torch", "fp32", "no native bf16" + ("" if have_openvino else "; openvino not installed"))
-    return Precision("openvino", "fp32", "no native bf16: fp32, the fastest faithful precision measured there")
+    candidates, skipped = speed_candidates(cap, runtime, have_openvino)
+    if len(candidates) == 1:
+        return Precision(*candidates[0], "the only candidate on this CPU (" + "; ".join(skipped) + ")")
+    return Precision(runtime, "auto", "to be measured on this machine at first use (speed probe: " + ", ".join(" ".join(c) for c in candidates) + ")")
 
 
-__all__ = ["DTYPES", "Capability", "Precision", "choose_precision", "cpu_capability", "device_capability", "lm_head_dtype", "openvino_available", "student_precision"]
+__all__ = ["DTYPES", "INT8_FLAGS", "Capability", "Precision", "choose_precision", "cpu_capability", "device_capability", "lm_head_dtype", "openvino_available", "speed_candidates", "student_precision"]

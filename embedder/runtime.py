@@ -169,6 +169,24 @@ def graph_directory(
     return (cache_root or cache_dir() / "runtimes") / key
 
 
+def exported_graph(
+    body: torch.nn.Module, dtype: str, identity: dict, adapter: dict | None, prefix_ids: list[int] | None, cache_root: Path | None = None
+) -> Path:
+    """The directory of ``body``'s OpenVINO graph for ``dtype``, exported there first if it is not yet."""
+    directory = graph_directory(body, dtype, identity, adapter, prefix_ids, cache_root)
+    if not (directory / "model.xml").exists():
+        log.info("exporting the encoder to OpenVINO (%s, once) into %s", dtype, directory)
+        _export_openvino(_module(body, prefix_ids).eval(), dtype, directory)
+    return directory
+
+
+def crash_fields(config: dict, cpu: Capability) -> dict:
+    """What decides whether an OpenVINO compile survives (the key of its crash verdict)."""
+    import openvino as ov
+
+    return {"runtime": "openvino", "openvino": ov.__version__, "config": config, "cpu": cpu.name, "flags": list(cpu.flags)}
+
+
 def compile_openvino(xml: str, config: dict) -> None:
     """Compile an exported graph with ``config`` and run one tiny batch: what a probe child does."""
     import openvino as ov
@@ -202,15 +220,11 @@ class OpenVINORuntime:
             raise ValueError(f"the openvino runtime runs fp32, bf16 or int8, not {dtype!r}")
         self.dtype = dtype
         self.prefix_len = len(prefix_ids or [])
-        self.directory = graph_directory(body, dtype, identity, adapter, prefix_ids, cache_root)
-        if not (self.directory / "model.xml").exists():
-            log.info("exporting the encoder to OpenVINO (%s, once) into %s", dtype, self.directory)
-            _export_openvino(_module(body, prefix_ids).eval(), dtype, self.directory)
+        self.directory = exported_graph(body, dtype, identity, adapter, prefix_ids, cache_root)
         cpu = cpu_capability()
         config = openvino_config(dtype, int(threads or torch.get_num_threads()), cpu)
         xml = str(self.directory / "model.xml")
-        fields = {"runtime": "openvino", "openvino": ov.__version__, "config": config, "cpu": cpu.name, "flags": list(cpu.flags)}
-        self.verdict = probe(self.directory, fields, self.probe_target, {"xml": xml, "config": config})
+        self.verdict = probe(self.directory, crash_fields(config, cpu), self.probe_target, {"xml": xml, "config": config})
         if not self.verdict.ok:
             raise RuntimeUnusable(
                 f"openvino {dtype} on {config['INFERENCE_NUM_THREADS']} thread(s): {self.verdict.reason} at its first compile "
@@ -253,6 +267,7 @@ def make_runtime(
     adapter: dict | None,
     prefix_ids: list[int] | None,
     device: str = "cpu",
+    cache_root: Path | None = None,
 ) -> Runtime:
     """Build the runtime ``name`` ("torch" or "openvino") in ``dtype`` for a decoder body.
 
@@ -268,7 +283,7 @@ def make_runtime(
     failures: list[str] = []
     for candidate in [dtype] + (["fp32"] if dtype != "fp32" else []):
         try:
-            runtime: Runtime = OpenVINORuntime(body, candidate, identity, adapter, prefix_ids)
+            runtime: Runtime = OpenVINORuntime(body, candidate, identity, adapter, prefix_ids, cache_root=cache_root)
         except RuntimeUnusable as exc:
             log.warning("%s; trying the next runtime", exc)
             failures.append(str(exc))
@@ -281,4 +296,7 @@ def make_runtime(
     return runtime
 
 
-__all__ = ["EXPORT_VERSION", "OpenVINORuntime", "Runtime", "RuntimeUnusable", "TorchRuntime", "compile_openvino", "graph_directory", "make_runtime", "runtime_key", "save_graph"]
+__all__ = [
+    "EXPORT_VERSION", "OpenVINORuntime", "Runtime", "RuntimeUnusable", "TorchRuntime", "compile_openvino", "crash_fields", "exported_graph",
+    "graph_directory", "make_runtime", "openvino_config", "runtime_key", "save_graph",
+]

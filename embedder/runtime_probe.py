@@ -117,22 +117,51 @@ def probe(directory: Path, fields: dict, target: str, kwargs: dict, timeout: flo
     Processes that start together (``--workers N``) wait on one lock, so that one child
     probes and the others read its verdict.
     """
+
+    def run() -> dict:
+        log.info("trying %s in a child process once on this machine (%s)", target, fields)
+        return run_in_child(target, kwargs, timeout).to_dict()
+
+    known, cached = remember(directory, fields, run, valid=lambda v: isinstance(v.get("ok"), bool))
+    return ProbeVerdict(known["ok"], str(known.get("reason", "")), float(known.get("seconds", 0.0)), cached=cached)
+
+
+def remember(directory: Path, fields: dict, compute, valid=lambda verdict: True) -> tuple[dict, bool]:
+    """The verdict (a JSON object) kept in ``directory``'s ``probes.json`` for ``fields``, or
+    ``compute()``'s, then kept there; and whether it was read rather than computed. One lock per
+    directory: processes that start together compute it once. ``valid``: whether a kept verdict
+    can be trusted (else it is computed again)."""
     from filelock import FileLock
 
     directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     path = directory / VERDICTS_FILE
     key = probe_key(fields)
     with FileLock(str(directory / f".{VERDICTS_FILE}.lock")):
         known = _read_verdicts(path).get(key)
-        if isinstance(known, dict) and isinstance(known.get("ok"), bool):
-            return ProbeVerdict(known["ok"], str(known.get("reason", "")), float(known.get("seconds", 0.0)), cached=True)
-        log.info("trying %s in a child process once on this machine (%s)", target, fields)
-        verdict = run_in_child(target, kwargs, timeout)
-        verdicts = _read_verdicts(path)
-        verdicts[key] = {**verdict.to_dict(), "fields": fields, "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        verdicts[key].pop("cached", None)
-        _write_atomic(path, verdicts)
-    return verdict
+        if isinstance(known, dict) and valid(known):
+            return {k: v for k, v in known.items() if k not in ("fields", "date")}, True
+        verdict = {k: v for k, v in compute().items() if k != "cached"}
+        _store(path, key, fields, verdict)
+    return verdict, False
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "VERDICTS_FILE", "ProbeVerdict", "probe", "probe_key", "run_in_child"]
+def record(directory: Path, fields: dict, verdict: ProbeVerdict) -> None:
+    """Keep ``verdict`` for ``fields`` as :func:`probe` would have (a child that already tried the
+    setting, such as the speed probe's, spares the next load its own child)."""
+    from filelock import FileLock
+
+    directory = Path(directory)
+    with FileLock(str(directory / f".{VERDICTS_FILE}.lock")):
+        verdict_dict = verdict.to_dict()
+        verdict_dict.pop("cached", None)
+        _store(directory / VERDICTS_FILE, probe_key(fields), fields, verdict_dict)
+
+
+def _store(path: Path, key: str, fields: dict, verdict: dict) -> None:
+    verdicts = _read_verdicts(path)
+    verdicts[key] = {**verdict, "fields": fields, "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    _write_atomic(path, verdicts)
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "VERDICTS_FILE", "ProbeVerdict", "probe", "probe_key", "record", "remember", "run_in_child"]

@@ -90,3 +90,12 @@ class DyingSpec:
 def sentence_compile_that_crashes(xml: str, config: dict, inputs: dict) -> None:
     """A sentence encoder's probe compile that kills its process, as a native crash would."""
     die("SIGFPE")
+
+
+def time_that_crashes_in_bf16(xml: str, config: dict, **kwargs) -> None:
+    """The speed probe's child (compile, then time), except that bf16 kills the process at its compile."""
+    if config["INFERENCE_PRECISION_HINT"] == "bf16":
+        die("SIGFPE")
+    from embedder.speed_probe import time_openvino
+
+    time_openvino(xml, config, **kwargs)

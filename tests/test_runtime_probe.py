@@ -90,24 +90,38 @@ def test_openvino_that_always_crashes_falls_back_to_torch(make_embedder, monkeyp
 
 
 def test_auto_on_a_mocked_amx_cpu_ends_on_what_survives_its_probe(tiny_model_dir, monkeypatch, tmp_path):
-    """``--dtype auto`` on an AMX CPU picks OpenVINO bf16; where that crashes, a build still works and its manifest says why."""
+    """``--dtype auto`` on an AMX CPU measures the candidates; where OpenVINO bf16 crashes in its
+    probe child (timings mocked so that it would have been the fastest), it is never chosen, a
+    build still works, and its manifest says what ran and why (issue 54)."""
     import embedder.encoder as encoder_module
+    import embedder.runtime as runtime_module
+    from embedder import speed_probe
     from embedder.encoder import Embedder
     from embedder.hardware import Capability
-    from embedder.runtime import OpenVINORuntime
     from indexer.build import build_index
 
-    amx = Capability("cpu", "Intel Xeon (mocked AMX)", ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8"), native_bf16=True)
+    amx = Capability("cpu", "Intel Xeon (mocked AMX)", ("avx2", "avx512f", "avx512_bf16", "amx_bf16"), native_bf16=True)
     monkeypatch.setattr(encoder_module, "device_capability", lambda device: amx)
+    monkeypatch.setattr(runtime_module, "cpu_capability", lambda: amx)
     monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(OpenVINORuntime, "probe_target", f"{CRASHES}:compile_that_crashes_in_bf16")
+    monkeypatch.setattr(speed_probe, "OPENVINO_TARGET", f"{CRASHES}:time_that_crashes_in_bf16")
+    real, seconds = speed_probe.measure, {"torch fp32": 1.0, "torch bf16": 0.6, "openvino fp32": 0.5, "openvino bf16": 0.1}
+
+    def timed(candidate, setup, crashes):
+        got = real(candidate, setup, crashes)
+        if got.ok:
+            got.doc_seconds, got.query_seconds = seconds[" ".join(candidate)], [seconds[" ".join(candidate)]] * len(setup.queries)
+        return got
+
+    monkeypatch.setattr(speed_probe, "measure", timed)
     embedder = Embedder.load(str(tiny_model_dir), adapter="none", dtype="auto", runtime="auto")
-    assert (embedder.precision.runtime, embedder.precision.dtype) == ("openvino", "bf16")  # the plan
+    assert (embedder.precision.runtime, embedder.precision.dtype) == ("auto", "auto")  # measured at first use, not read off the flags
     corpus = tmp_path / "docs.tsv"
     corpus.write_text("".join(f"d{i}\t{t}\n" for i, t in enumerate(_texts())), encoding="utf-8")
     manifest = build_index(corpus, tmp_path / "index", embedder, top_k=8, progress=False)
     assert (manifest.runtime["name"], manifest.runtime["dtype"]) == ("openvino", "fp32")
-    assert "SIGFPE" in manifest.runtime["reason"]
+    assert manifest.runtime["speed_probe"]["documents"] == "openvino fp32"
+    assert any(line.startswith("openvino bf16") and "SIGFPE" in line for line in manifest.runtime["speed_probe"]["candidates"])
     assert manifest.build["encoded_with"] == {"openvino fp32": 1}
 
 
