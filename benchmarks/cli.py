@@ -176,10 +176,11 @@ def _run(args: argparse.Namespace, command: str) -> int:
         fusions=fusions,
         segments=args.segments,
         query_encoder=args.query_encoder,
+        profile=args.profile,
         feedback=args.feedback,
     )
     extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names, "segments": args.segments,
-             "query_encoder": args.query_encoder, "feedback": args.feedback.to_dict() if args.feedback else None}
+             "query_encoder": args.query_encoder, "profile": args.profile, "feedback": args.feedback.to_dict() if args.feedback else None}
     if args.fusion_from:
         extra["fusion_from"] = str(args.fusion_from)
     try:

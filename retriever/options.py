@@ -5,15 +5,23 @@ from __future__ import annotations
 import argparse
 
 from retriever.feedback import feedback_arg
+from retriever.profiles import profile_arg
 
 
 def add_query_side_arguments(p: argparse.ArgumentParser) -> None:
-    """``--query-encoder`` and ``--feedback`` (Retriever.load's ``query_encoder`` and ``feedback``)."""
+    """``--profile``, ``--query-encoder`` and ``--feedback`` (Retriever.load's ``profile``,
+    ``query_encoder`` and ``feedback``)."""
     p.add_argument(
-        "--query-encoder", default="auto", metavar="auto|llm|distilled|none|DIR",
-        help="what encodes queries for the LLM channels: auto (the default: a distilled student kept beside the index's adapter, "
-        "else the LLM), llm, distilled, none (no model: the sparse channel searches the query's own tokens), "
-        "or a student's directory (distill-query-encoder)",
+        "--profile", type=profile_arg, default="auto", metavar="fast|best",
+        help="operating point (retriever/profiles.py): fast (no LLM forward per query: BM25 + MiniLM + the query's own "
+        "tokens) or best (the LLM encodes the query; its dense channel joins the hybrid). Default: fast where the index "
+        "has its channels (build-index's default), else the index searched as it was built",
+    )
+    p.add_argument(
+        "--query-encoder", default=None, metavar="auto|llm|distilled|none|DIR",
+        help="what encodes queries for the LLM channels (overrides the profile's): auto (a distilled student kept beside "
+        "the index's adapter, else the LLM), llm, distilled, none (no model: the sparse channel searches the query's own "
+        "tokens), or a student's directory (distill-query-encoder). Default: the profile's (fast: none, best: llm)",
     )
     p.add_argument(
         "--feedback", type=feedback_arg, default=None, metavar="DOCS,TOKENS,WEIGHT",

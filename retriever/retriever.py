@@ -33,6 +33,7 @@ from retriever.backends import Backend, open_backend
 from retriever.explain import TokenExplainer, merge, term_words
 from retriever.feedback import DocumentTokens, Feedback
 from retriever.fusion import check_fusion, fuse
+from retriever.profiles import DEFAULT_PROFILE, Profile, get_profile
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, literal_queries, queries_from_states
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
 
@@ -119,9 +120,10 @@ class Retriever:
         doc_ids: list[str] | None = None,
         channels: dict[str, Any] | None = None,
         generation: Generation | None = None,
-        query_encoder: str | os.PathLike[str] | DistilledQueryEncoder = "llm",
+        query_encoder: str | os.PathLike[str] | DistilledQueryEncoder | None = None,
         query_cache_size: int = DEFAULT_QUERY_CACHE_SIZE,
         feedback: Feedback | None = None,
+        profile: str | Profile | None = None,
     ) -> None:
         """``backend``: who answers the channels (retriever/backends/__init__.py): "numba" (this
         index's own files), "lucene" (sparse search goes to the Pyserini/Lucene impact export at
@@ -147,7 +149,10 @@ class Retriever:
         dense channels then have no query, so a fusion that weighs them is refused.
         ``query_cache_size``: encoded queries kept (LRU, thread-safe; 0: none).
         ``feedback``: in hybrid searches, expand the sparse query from the top documents of the
-        other channels (retriever/feedback.py); None: no feedback."""
+        other channels (retriever/feedback.py); None: no feedback.
+        ``profile``: an operating point (retriever/profiles.py: "fast" or "best"); it gives
+        ``query_encoder`` and ``fusion`` where they are not given. None: ``query_encoder`` "llm"
+        and the fusion above."""
         if query_weighting not in QUERY_WEIGHTINGS:
             raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}")
         if channels is None or doc_ids is None:
@@ -160,6 +165,11 @@ class Retriever:
         self.expansion_m = expansion_m
         self.literal = literal
         self.query_weighting = query_weighting
+        self.profile = get_profile(profile) if profile is not None else None
+        if query_encoder is None:
+            query_encoder = self.profile.query_encoder if self.profile is not None else "llm"
+        if fusion is None and self.profile is not None:
+            fusion = self.profile.fusion
         self.fusion = check_fusion(fusion) if fusion is not None else (DEFAULT_FUSION_WITH_ENCODER if manifest.encoder else DEFAULT_FUSION)
         # every channel is checked against the manifest on opening, before any array reaches a kernel
         self.doc_ids: list[str] = doc_ids
@@ -266,7 +276,8 @@ class Retriever:
         warm: bool = True,
         dtype: str = "auto",
         runtime: str = "auto",
-        query_encoder: str | os.PathLike[str] | DistilledQueryEncoder = "auto",
+        query_encoder: str | os.PathLike[str] | DistilledQueryEncoder | None = None,
+        profile: str | Profile | None = "auto",
         **kwargs,
     ) -> Retriever:
         """Open an index and load the embedder its manifest names (or check the given one).
@@ -282,6 +293,12 @@ class Retriever:
         ``dtype`` / ``runtime``: how queries are encoded (embedder/hardware.py; ``auto`` is
         chosen for this machine). They may differ from the documents' (the manifest's
         ``runtime``): BENCHMARKS.md measures what that costs.
+        ``profile``: the operating point (retriever/profiles.py): "fast" (no LLM forward per
+        query) or "best" (the LLM encodes the query, and the hybrid adds the LLM's dense
+        channel); it sets ``query_encoder`` and ``fusion`` unless they are given. "auto" (the
+        default): "fast" where the index holds fast's channels (what ``build-index`` builds by
+        default), else no profile: an index built before, or with other channels, is searched as
+        it was then. None: no profile (``query_encoder`` "auto", the fusion of its channels).
         ``query_encoder``: "auto" (a distilled student where one is kept beside the index's
         adapter, else the LLM), "llm", "distilled", "none", or a student's directory (see ``__init__``).
         With "none" only the LLM's tokenizer is loaded (embedder/tokenization.py: no weights, no
@@ -291,8 +308,19 @@ class Retriever:
         # one generation of the index, held while this Retriever lives (indexer/reader.py), every
         # file opened and checked before spending seconds on the model
         opened = open_index(index_dir, verify=verify, mmap=kwargs.get("mmap", True))
+        if profile == "auto":
+            fits = set(get_profile(DEFAULT_PROFILE).channels) <= set(opened.channels)
+            profile = DEFAULT_PROFILE if fits else None  # else an index of an earlier default, searched as it was built to be
+        elif profile is not None:
+            lacking = sorted(set(get_profile(profile).channels) - set(opened.channels))
+            if lacking:
+                log.warning("%s: profile %r weighs channel(s) %s this index lacks; rebuild with build-index's default channels to have them",
+                            index_dir, get_profile(profile).name, ", ".join(lacking))
+        if profile is None and query_encoder is None:
+            query_encoder = "auto"
         try:
-            return cls._load_opened(opened, index_dir, model, embedder, device, warm, dtype, runtime, {**kwargs, "query_encoder": query_encoder})
+            kwargs = {**kwargs, "query_encoder": query_encoder, "profile": profile}
+            return cls._load_opened(opened, index_dir, model, embedder, device, warm, dtype, runtime, kwargs)
         except BaseException:
             opened.close()
             raise
@@ -309,7 +337,9 @@ class Retriever:
             except (TypeError, ValueError) as exc:
                 raise IndexFormatError(f"{index_dir / MANIFEST}: field 'embedding': {exc}") from None
             adapter = (manifest.adapter or {}).get("path", "none")
-            if kwargs.get("query_encoder") == "none":
+            profile = kwargs.get("profile")
+            encoder_choice = kwargs.get("query_encoder") or (get_profile(profile).query_encoder if profile is not None else "llm")
+            if encoder_choice == "none":
                 # model-free queries read the LLM's tokenizer alone: its weights are never loaded
                 embedder = TokenizerOnly.load(model or manifest.model["name"], adapter, config)
             else:
@@ -377,7 +407,8 @@ class Retriever:
         parts = ", ".join(f"{c} {weights[c]:g}" for c in self.channels_of("hybrid"))
         fb = self.feedback
         more = f"; sparse query fed back from the first {fb.docs} documents ({fb.tokens} tokens x {fb.weight:g})" if fb is not None else ""
-        return f"mode hybrid: {self.fusion.get('method', 'minmax')}({parts}){more}"
+        point = f"profile {self.profile.name}, " if self.profile is not None else ""
+        return f"{point}mode hybrid: {self.fusion.get('method', 'minmax')}({parts}), queries encoded by {self.query_encoder}{more}"
 
     # ------------------------------------------------------------------ search
     def channels_of(self, mode: str | None = None) -> list[str]:
@@ -517,7 +548,10 @@ class Retriever:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if mode not in self.modes:
             if self.model_free and {"dense": self.dense, "dense-ef": self.dense_ef}.get(mode) is not None:
-                raise ValueError(f"mode {mode!r}: query_encoder 'none' gives queries no embedding to search it with; use another query encoder")
+                raise ValueError(
+                    f"mode {mode!r}: query_encoder 'none' gives queries no embedding to search it with; use another query encoder "
+                    "(profile 'best', or query_encoder 'llm' / 'auto')"
+                )
             flag = {"dense": "--dense", "dense-ef": "--embedfilter TAU", "bm25": "--lexical words", "encoder": "--encoder NAME"}[mode]
             raise ValueError(f"{self.index_dir}: mode {mode!r} needs an index built with {flag}")
 

@@ -36,7 +36,7 @@ def test_build_index_reports_what_it_did(toy_corpus, tiny_model_dir, tmp_path, c
     out = capsys.readouterr().out
     assert f"indexed 40 documents into {tmp_path / 'index'}" in out and "skipped 0 empty" in out
     m = Manifest.read(tmp_path / "index")
-    assert m.n_docs == 40 and m.sparse["top_k"] == 16 and m.dense is None
+    assert m.n_docs == 40 and m.sparse["top_k"] == 16 and m.dense is not None  # the best profile's dense channel is a default
     assert m.model["name"] == str(tiny_model_dir.resolve())
     assert (m.embedding["pooling"], m.embedding["max_length"], m.embedding["batch_size"]) == ("mean", 32, 8)
     assert m.embedding["fold_all_caps"] is True
@@ -58,10 +58,17 @@ def test_build_index_without_channel_flags_builds_the_best_measured_set(toy_corp
     out = capsys.readouterr().out
     want = WITH_ENCODER if encoder_available() else WITHOUT_ENCODER
     assert out.startswith("channels: sparse, ") and "(the default" in out
-    r = Retriever.load(tmp_path / "i")
+    r = Retriever.load(tmp_path / "i", profile="best")  # the LLM encodes queries: every channel can be searched
     assert [m for m in r.modes if m != "hybrid"] == list(want)
+    r = Retriever.load(tmp_path / "i")
     assert r.default_mode == "hybrid"
-    assert set(r.channels_of("hybrid")) == set(want)  # every channel built is fused
+    if "encoder" in want:  # the fast profile: its channels fused, no LLM per query
+        from retriever.profiles import PROFILES
+
+        assert r.profile is PROFILES["fast"] and set(r.channels_of("hybrid")) == set(PROFILES["fast"].channels)
+        assert set(Retriever.load(tmp_path / "i", profile="best").channels_of("hybrid")) == set(PROFILES["best"].channels)
+    else:  # no profile fits an index without the encoder: every channel built is fused
+        assert r.profile is None and set(r.channels_of("hybrid")) == set(want)
     assert search_cli.main(["--index", str(tmp_path / "i"), "--json", "-k", "2", "cat"]) == 0
     (row,) = json_lines(capsys.readouterr().out)
     assert row["mode"] == "hybrid" and row["hits"] and set(row["hits"][0]["channels"]) <= set(want)

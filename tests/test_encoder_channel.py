@@ -140,7 +140,8 @@ def test_hybrid_of_bm25_and_encoder_never_runs_the_llm(encoder_index, tiny_embed
     default = Retriever.load(encoder_index, embedder=tiny_embedder)
     assert default.fusion == DEFAULT_FUSION_WITH_ENCODER  # the measured default adds the aligned tokens
     assert default.channels_of("hybrid") == ["sparse", "bm25", "encoder"]
-    r = Retriever.load(encoder_index, embedder=tiny_embedder, fusion={"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}})
+    # the LLM encodes the sparse query here (the fast profile would give it the query's own tokens, with no LLM at all)
+    r = Retriever.load(encoder_index, embedder=tiny_embedder, fusion={"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}}, query_encoder="llm")
     assert r.channels_of("hybrid") == ["bm25", "encoder"]
     full = r.batch_search(QUERIES, k=10, mode="hybrid")
 
@@ -163,7 +164,7 @@ def test_hybrid_of_bm25_and_encoder_never_runs_the_llm(encoder_index, tiny_embed
 
 def test_hybrid_with_every_channel_runs_llm_and_encoder_once(encoder_index, tiny_embedder):
     fusion = {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.3, "sparse": 0.2}}
-    r = Retriever.load(encoder_index, embedder=tiny_embedder, fusion=fusion)
+    r = Retriever.load(encoder_index, embedder=tiny_embedder, fusion=fusion, query_encoder="llm")
     (enc,) = r.encode(QUERIES[:1], mode="hybrid")
     assert enc.embedding.size and enc.tokens.size and enc.encoder_embedding is not None
     (text_only,) = r.encode(QUERIES[:1], mode="encoder")

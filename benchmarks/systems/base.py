@@ -48,8 +48,10 @@ class Settings:
     # hybrid-* systems and bm25+minilm use them instead of their untuned fallbacks
     fusions: dict = field(default_factory=dict)
     segments: bool = False  # multi-vector documents (indexer/segments.py): whole documents, max/best over windows
-    # what encodes queries for the LLM channels (Retriever query_encoder): auto, llm, distilled, none or a student's folder
-    query_encoder: str = "auto"
+    # what encodes queries for the LLM channels (Retriever query_encoder): auto, llm, distilled, none or a student's folder;
+    # None: "auto" for the single modes and hybrid-*, the profile's for default and default-best
+    query_encoder: str | None = None
+    profile: str = "auto"  # the operating point of the `default` system (retriever/profiles.py; auto = fast)
     feedback: Any = None  # the hybrid's first-pass feedback (retriever.feedback.Feedback; None: none)
 
 

@@ -120,7 +120,7 @@ class AlignedTokensEngine:
         )
         extra = {"encoder": self.encoder} if self.encoder is not None else {}
         # no query cache: every query is encoded (and timed) as a first query would be
-        self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, query_encoder=self.settings.query_encoder,
+        self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, query_encoder=self.settings.query_encoder or "auto",
                                    query_cache_size=0, feedback=self.settings.feedback, **extra)
         self.dataset = ds.name
         self._encoded.clear()
@@ -137,18 +137,20 @@ class AlignedTokensEngine:
         }
         return self.build_stats
 
-    def retriever_for(self, fusion: dict | None):
-        """The index's Retriever with ``fusion`` as its hybrid setting (None: its default)."""
-        if fusion is None:
+    def retriever_for(self, fusion: dict | None, query_encoder: str | None = None):
+        """The index's Retriever with ``fusion`` as its hybrid setting and ``query_encoder`` encoding
+        its queries (None: the run's)."""
+        if fusion is None and query_encoder is None:
             return self.retriever
-        key = json.dumps(fusion, sort_keys=True)
+        key = json.dumps([fusion, query_encoder], sort_keys=True)
         if key not in self._retrievers:
             from retriever.retriever import Retriever
 
             r = self.retriever
             extra = {"encoder": self.encoder} if self.encoder is not None else {}
+            run_encoder = r.student or ("none" if r.model_free else "llm")
             self._retrievers[key] = Retriever(r.index_dir, r.manifest, self.embedder, expansion_m=self.expansion_m, fusion=fusion,
-                                              query_encoder=r.student or ("none" if r.model_free else "llm"), query_cache_size=0,
+                                              query_encoder=query_encoder or run_encoder, query_cache_size=0,
                                               feedback=r.feedback, **extra)
         return self._retrievers[key]
 
@@ -159,7 +161,8 @@ class AlignedTokensEngine:
         r = retriever or self.retriever
         channels = r.channels_of(mode) if hasattr(r, "channels_of") else []
         needs = (any(c in ("sparse", "dense", "dense-ef") for c in channels), "encoder" in channels)
-        key = (needs, tuple(queries)) if hasattr(r, "channels_of") else tuple(queries)
+        # who encoded is part of the key: systems of one run may encode with different query encoders
+        key = (needs, r.query_encoder, tuple(queries)) if hasattr(r, "channels_of") else tuple(queries)
         if key not in self._encoded:
             encs, secs = [], []
             for q in queries:
@@ -228,6 +231,7 @@ class AlignedTokensSystem(System):
     mode = "sparse"
     build_options: Mapping[str, Any] = {}  # read-only: index_options copies it per instance
     fusion: dict | None = None  # hybrid: None = the Retriever's default for the index's channels
+    query_encoder: str | None = None  # None: the run's (beir-eval --query-encoder)
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         super().__init__(settings, shared)
@@ -241,7 +245,7 @@ class AlignedTokensSystem(System):
 
     @property
     def retriever(self):
-        return self.engine.retriever_for(self.fusion) if self.engine.retriever is not None else None
+        return self.engine.retriever_for(self.fusion, self.query_encoder) if self.engine.retriever is not None else None
 
     def load(self) -> None:
         self.engine.load()
@@ -387,7 +391,7 @@ ENCODER_SUBSET_FALLBACKS: dict[str, dict] = {
 }
 
 
-@register("default", "this project as a user gets it: build-index + search-index with no flags (default channels, Retriever default mode and fusion)")
+@register("default", "this project as a user gets it: build-index + search-index with no flags (default channels, the fast profile)")
 class UserDefault(AlignedTokensSystem):
     """Exactly what ``build-index`` and ``search-index`` give with no flags: the channels of
     ``indexer.channel_set.default_channels`` with their default options, the engine's default
@@ -395,12 +399,24 @@ class UserDefault(AlignedTokensSystem):
     fusion. Run settings that would change that (``--top-k``, ``--adapter``, ``--lexical``...)
     are ignored; how the encoder runs (dtype, runtime, device, threads, embedding cache) is the
     machine's, not the system's, and is kept. Its index is its own (under ``WORK/default``),
-    since other systems of a run may ask the shared index for other channels."""
+    since other systems of a run may ask the shared index for other channels.
+
+    Searched at an operating point (retriever/profiles.py): ``beir-eval --profile`` (auto: fast,
+    what ``search-index`` gives); ``default-best`` searches the same index at ``best``. The
+    profile's query encoder, unless ``--query-encoder`` names another."""
+
+    profile_name: str | None = None  # None: the run's --profile
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         from dataclasses import replace
 
         from indexer import channel_set
+        from retriever.profiles import DEFAULT_PROFILE, get_profile
+
+        name = self.profile_name or (DEFAULT_PROFILE if settings.profile == "auto" else settings.profile)
+        self.profile = get_profile(name)
+        self.fusion = self.profile.fusion
+        self.query_encoder = settings.query_encoder or self.profile.query_encoder
 
         System.__init__(self, settings, shared)
         own = replace(settings, work_dir=settings.work_dir / "default", top_k=None, expansion_m=None, adapter="default",
@@ -418,8 +434,20 @@ class UserDefault(AlignedTokensSystem):
     def params(self) -> dict:
         p = super().params()
         p["channels"] = list(self.channels)
-        p["definition"] = "build-index CORPUS + search-index with no flags"
+        p["definition"] = "build-index CORPUS + search-index" + (" with no flags" if self.profile.name == "fast" else f" --profile {self.profile.name}")
+        p["profile"] = self.profile.name
+        p["fusion_source"] = f"retriever.profiles.PROFILES[{self.profile.name!r}]"
+        r = self.retriever
+        if r is not None:
+            p["query_encoder"] = r.query_encoder
         return p
+
+
+@register("default-best", "this project at its best operating point: the default index, search-index --profile best (LLM queries, + dense)")
+class UserDefaultBest(UserDefault):
+    """The index ``default`` builds, searched at the ``best`` operating point."""
+
+    profile_name = "best"
 
 
 class EncoderHybrid(AlignedTokensSystem):

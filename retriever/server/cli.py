@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         from retriever.server.protocol import uvicorn_config
 
         with quiet_libraries():
-            retriever = Retriever.load(args.index, dtype=args.dtype, runtime=args.runtime, query_encoder=args.query_encoder, feedback=args.feedback)
+            retriever = Retriever.load(args.index, dtype=args.dtype, runtime=args.runtime, query_encoder=args.query_encoder, profile=args.profile, feedback=args.feedback)
         documents, note = Documents.for_index(args.index, retriever.manifest, retriever.doc_ids, args.corpus)
     except (IndexFormatError, ModelNotAvailable, CorpusError, ValueError, OSError, ImportError) as exc:
         if sock is not None:

@@ -1,0 +1,160 @@
+"""Operating points (issue 50): ``fast`` and ``best`` on one index, chosen at load time.
+
+- Retriever.load: "auto" is fast where the index has fast's channels, an older index is searched
+  as it was built; "best" encodes queries with the LLM and fuses the dense channel too; an
+  explicit query encoder or fusion overrides the profile's;
+- search-index --profile, beir-eval systems default / default-best on one shared index;
+- the fusion rules of benchmarks/studies/operating_points.py on toy matrices.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import save_tiny_sentence_encoder
+
+from indexer.build import build_index
+from retriever.profiles import PROFILES, get_profile
+from retriever.retriever import DEFAULT_FUSION_WITH_ENCODER, Retriever
+
+pytest.importorskip("sentence_transformers")
+
+
+@pytest.fixture(scope="module")
+def st_dir(tmp_path_factory) -> Path:
+    return save_tiny_sentence_encoder(tmp_path_factory.mktemp("tiny-st"), seed=0)
+
+
+@pytest.fixture
+def full_index(toy_corpus, tiny_embedder, st_dir, tmp_path) -> Path:
+    """Every channel build-index builds by default: sparse, dense, bm25, encoder."""
+    from embedder.sentence_encoder import SentenceEncoder
+
+    build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=16, progress=False, dense=True, lexical="words",
+                encoder=SentenceEncoder.load(st_dir))  # fmt: skip
+    return tmp_path / "index"
+
+
+def test_the_default_index_is_searched_fast_without_the_llm(full_index, tiny_embedder, monkeypatch):
+    r = Retriever.load(full_index, embedder=tiny_embedder, warm=False)
+    assert r.profile is PROFILES["fast"] and r.query_encoder == "none" and r.fusion == PROFILES["fast"].fusion
+    assert r.channels_of("hybrid") == ["sparse", "bm25", "encoder"]
+
+    def no_llm(*args, **kwargs):
+        raise AssertionError("the fast profile ran the LLM on a query")
+
+    monkeypatch.setattr("retriever.retriever.encode_queries", no_llm)
+    hits = r.search("cat and dog near the river", k=3)
+    assert len(hits) == 3 and all(h.query_encoder == "none" for h in hits)
+    assert set().union(*(h.channels for h in hits)) <= {"sparse", "bm25", "encoder"}
+    assert r.describe_mode().startswith("profile fast, mode hybrid")
+    with pytest.raises(ValueError, match="profile 'best'"):
+        r.search("cat", mode="dense")  # the error names the way to get it
+
+
+def test_best_encodes_with_the_llm_and_fuses_dense(full_index, tiny_embedder):
+    r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="best")
+    assert r.profile.name == "best" and r.query_encoder == "llm"
+    assert set(r.channels_of("hybrid")) == set(PROFILES["best"].channels) and "dense" in r.channels_of("hybrid")
+    hits = r.search("cat and dog near the river", k=5)
+    assert len(hits) == 5 and "dense" in set().union(*(h.channels for h in hits))
+    # the same index, the other point: no rebuild, other results
+    fast = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="fast")
+    assert fast.generation.path == r.generation.path
+
+
+def test_explicit_settings_override_the_profile(full_index, tiny_embedder):
+    fusion = {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.5}}
+    r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="best", query_encoder="none", fusion=fusion)
+    assert r.query_encoder == "none" and r.fusion == fusion and r.profile.name == "best"
+    r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile=None)
+    assert r.profile is None and r.query_encoder == "llm"  # "auto" without a student beside the adapter
+    assert r.fusion == DEFAULT_FUSION_WITH_ENCODER
+    with pytest.raises(ValueError, match="profile must be one of fast, best"):
+        Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="fastest")
+    with pytest.raises(ValueError, match="profile must be one of"):
+        get_profile("")
+
+
+def test_an_index_without_the_profiles_channels_is_searched_as_built(toy_corpus, tiny_embedder, tmp_path, caplog):
+    build_index(toy_corpus, tmp_path / "old", tiny_embedder, top_k=16, progress=False, dense=True, lexical="words")
+    r = Retriever.load(tmp_path / "old", embedder=tiny_embedder, warm=False)
+    assert r.profile is None and r.query_encoder == "llm" and r.channels_of("hybrid") == ["sparse", "dense", "bm25"]
+    with caplog.at_level("WARNING"):
+        best = Retriever.load(tmp_path / "old", embedder=tiny_embedder, warm=False, profile="best")
+    assert "lacks" in caplog.text and "encoder" in caplog.text
+    # what is there, weighed as best weighs it
+    assert best.channels_of("hybrid") == [c for c in ("sparse", "dense", "bm25") if c in PROFILES["best"].channels]
+
+
+def test_build_index_defaults_hold_both_profiles_channels():
+    from indexer.channel_set import WITH_ENCODER
+
+    for profile in PROFILES.values():
+        assert set(profile.channels) <= set(WITH_ENCODER)
+
+
+def test_search_index_cli_profile(toy_corpus, tiny_model_dir, st_dir, tmp_path, capsys):
+    from indexer import cli as build_cli
+    from retriever import cli as search_cli
+
+    index = tmp_path / "index"
+    assert build_cli.main(["--corpus", str(toy_corpus), "--index", str(index), "--model", str(tiny_model_dir), "--adapter", "none",
+                           "--top-k", "16", "--quiet", "--channels", "sparse,dense,bm25,encoder", "--encoder", str(st_dir)]) == 0  # fmt: skip
+    capsys.readouterr()
+    for profile, encoder in (("fast", "none"), ("best", "llm")):
+        assert search_cli.main(["--index", str(index), "--profile", profile, "--json", "-k", "3", "cat and dog"]) == 0
+        (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert len(row["hits"]) == 3 and {h["query_encoder"] for h in row["hits"]} == {encoder}
+    with pytest.raises(SystemExit):
+        search_cli.main(["--index", str(index), "--profile", "fastest", "cat"])
+    assert "profile must be one of" in capsys.readouterr().err
+
+
+def test_beir_eval_default_and_default_best_share_one_index(tmp_path, docs_factory, tiny_model_dir, st_dir, monkeypatch):
+    from test_encoder_channel import write_beir
+
+    from benchmarks import datasets, systems
+    from benchmarks.suite import run_suite
+    from indexer import channel_set
+
+    monkeypatch.setattr(channel_set, "DEFAULT_ENCODER", str(st_dir))
+    docs = docs_factory(30)
+    queries = [{"_id": f"q{i}", "text": d["title"]} for i, d in enumerate(docs[:4])]
+    ds = datasets.load_beir_folder(write_beir(tmp_path / "toyq", docs, queries))
+    settings = systems.Settings(work_dir=tmp_path / "work", progress=False, model=str(tiny_model_dir), adapter="none", device="cpu")
+    results = run_suite([ds], ["default", "default-best"], settings, tmp_path / "out", depth=10, command="test")
+    params = results["systems"]
+    assert params["default"]["params"]["profile"] == "fast" and params["default"]["params"]["query_encoder"] == "none"
+    assert params["default-best"]["params"]["profile"] == "best" and params["default-best"]["params"]["query_encoder"] == "llm"
+    assert params["default-best"]["params"]["fusion"] == PROFILES["best"].fusion
+    (entry,) = results["datasets"]
+    assert len({res["index"]["seconds"] for res in entry["results"].values()}) == 1  # one build serves both
+
+
+# ------------------------------------------------------------------ the fusion rules
+def test_rules_on_a_toy_matrix():
+    from benchmarks.studies.operating_points import choose, loco
+
+    # settings x collections: s0 wins the mean on one collection's strength and is far off on
+    # another; s2 is never far from each collection's best
+    means = np.array([
+        [0.90, 0.50, 0.20],
+        [0.60, 0.45, 0.45],
+        [0.75, 0.45, 0.35],
+    ])  # fmt: skip
+    assert choose(means, "mean") == 0  # means 0.533 / 0.500 / 0.517
+    assert choose(means, "regret") == 2  # worst regrets 0.25 / 0.30 / 0.15
+    assert choose(means, "rank") == 0  # mean ranks 0.67 / 1.00 / 1.33
+    assert loco(means, "mean") == [1, 0, 0]
+    assert loco(means, "regret") == [1, 2, 0]
+    assert choose(np.array([[0.5, 0.8], [0.6, 0.75]]), "rank") == 1  # ranks (1, 0) and (0, 1) tie: the higher mean (0.675)
+    reference = np.array([0.70, 0.45, 0.40])  # the baseline the margin rule guards
+    assert choose(means, "margin", reference) == 2  # worst margins -0.20 / -0.10 / -0.05
+    assert loco(means, "margin", reference) == [1, 2, 0]
+    with pytest.raises(ValueError, match="needs the reference"):
+        choose(means, "margin")
+    with pytest.raises(ValueError, match="rule must be one of"):
+        choose(means, "median")
