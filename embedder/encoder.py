@@ -273,10 +273,11 @@ class Embedder(TextTokens):
         """Whether the runtime is still to be measured on this machine (``auto``, not yet resolved)."""
         return self.runtime_name is not None and "auto" in (self.runtime_name, self.dtype)
 
-    def resolve_runtime(self) -> None:
+    def resolve_runtime(self, refresh: bool = False) -> None:
         """Decide ``auto`` now: time the candidate runtimes on this machine the first time (a few
-        seconds, kept beside the exported graph: embedder/speed_probe.py), else read that verdict.
-        Documents run in :attr:`runtime_name` / :attr:`dtype`, queries in :attr:`query_runtime`."""
+        seconds, kept beside the exported graph: embedder/speed_probe.py), else read that verdict
+        (``refresh``: time them again, and keep the new verdict). Documents run in
+        :attr:`runtime_name` / :attr:`dtype`, queries in :attr:`query_runtime`."""
         with self._runtime_lock:
             if not self.measuring:
                 return
@@ -293,13 +294,14 @@ class Embedder(TextTokens):
                 p = Precision(*candidates[0], "the only candidate on this CPU (" + "; ".join(skipped) + ")")
                 self.runtime_name, self.dtype, self.precision = p.runtime, p.dtype, p
                 return
-            verdict = probe_speed(self._probe_setup(cap), candidates, skipped)
+            verdict = probe_speed(self._probe_setup(cap), candidates, skipped, refresh=refresh)
             self.speed_verdict = verdict
             (self.runtime_name, self.dtype), self.query_runtime = verdict.documents, verdict.queries
-            how = "speed probe, kept from an earlier run" if verdict.cached else "speed probe, run now"
-            self.precision = Precision(*verdict.documents, f"{verdict.documents_reason} [{how}]")
-            self.query_precision = Precision(*verdict.queries, f"{verdict.queries_reason} [{how}]")
-            log.info("encoder runtime measured: documents %s %s, queries %s %s", *verdict.documents, *verdict.queries)
+            # the reasons (and so manifests) are the same whether the verdict was measured now or read
+            self.precision = Precision(*verdict.documents, verdict.documents_reason)
+            self.query_precision = Precision(*verdict.queries, verdict.queries_reason)
+            how = "a verdict kept from an earlier run" if verdict.cached else f"measured now, {verdict.seconds:.1f} s"
+            log.info("encoder runtime: documents %s %s, queries %s %s (speed probe: %s)", *verdict.documents, *verdict.queries, how)
 
     def _probe_setup(self, cap: Capability) -> ProbeSetup:
         """The speed probe's inputs: its fixed texts through this embedder's templates, as :meth:`embed` pads them."""
@@ -415,12 +417,16 @@ class Embedder(TextTokens):
         q = self.query_precision
         if q is not None and (q.runtime, q.dtype) != (p.runtime, p.dtype):
             line += f"; queries: {q.runtime} {q.dtype} ({q.reason})"
+        if self.speed_verdict is not None:
+            v = self.speed_verdict
+            line += " [speed probe: kept from an earlier run]" if v.cached else f" [speed probe: measured now, {v.seconds:.1f} s]"
         return f"{line}; {self.capability.describe()}"
 
     def runtime_info(self) -> dict:
         """How the network runs (recorded in manifests): runtime, dtype, why, and the hardware;
-        where ``auto`` was measured, the queries' runtime and the speed probe's verdict. Says
-        ``auto`` while that is still to be measured (on first use)."""
+        where ``auto`` was measured, the queries' runtime and the speed probe's verdict (``auto``
+        is resolved first: a manifest never says "auto", even where only build workers encoded)."""
+        self.resolve_runtime()
         info: dict = {"name": self.runtime_name or "torch-plain", "dtype": self.dtype}
         if self.precision is not None:
             info["reason"] = self.precision.reason

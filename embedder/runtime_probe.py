@@ -126,11 +126,11 @@ def probe(directory: Path, fields: dict, target: str, kwargs: dict, timeout: flo
     return ProbeVerdict(known["ok"], str(known.get("reason", "")), float(known.get("seconds", 0.0)), cached=cached)
 
 
-def remember(directory: Path, fields: dict, compute, valid=lambda verdict: True) -> tuple[dict, bool]:
+def remember(directory: Path, fields: dict, compute, valid=lambda verdict: True, refresh: bool = False) -> tuple[dict, bool]:
     """The verdict (a JSON object) kept in ``directory``'s ``probes.json`` for ``fields``, or
     ``compute()``'s, then kept there; and whether it was read rather than computed. One lock per
     directory: processes that start together compute it once. ``valid``: whether a kept verdict
-    can be trusted (else it is computed again)."""
+    can be trusted (else it is computed again); ``refresh``: compute it again anyway (and keep the new one)."""
     from filelock import FileLock
 
     directory = Path(directory)
@@ -139,7 +139,7 @@ def remember(directory: Path, fields: dict, compute, valid=lambda verdict: True)
     key = probe_key(fields)
     with FileLock(str(directory / f".{VERDICTS_FILE}.lock")):
         known = _read_verdicts(path).get(key)
-        if isinstance(known, dict) and valid(known):
+        if isinstance(known, dict) and valid(known) and not refresh:
             return {k: v for k, v in known.items() if k not in ("fields", "date")}, True
         verdict = {k: v for k, v in compute().items() if k != "cached"}
         _store(path, key, fields, verdict)

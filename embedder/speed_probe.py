@@ -156,8 +156,8 @@ class SpeedVerdict:
                 lines.append(f"{t.label}: {t.reason}")
         return {
             "documents": " ".join(self.documents), "queries": " ".join(self.queries), "candidates": lines, "not timed": self.skipped,
-            "threads": self.threads, "seconds": round(self.seconds, 1), "cached": self.cached,
-        }
+            "threads": self.threads, "seconds": round(self.seconds, 1),
+        }  # not whether it was read or measured now: a manifest must not change with that
 
 
 @dataclass
@@ -375,8 +375,9 @@ def verdict_directory(setup: ProbeSetup, have_openvino: bool) -> Path:
     return (setup.cache_root or cache_dir() / "runtimes") / ("torch-" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20])
 
 
-def probe_speed(setup: ProbeSetup, candidates: list[tuple[str, str]], skipped: list[str]) -> SpeedVerdict:
-    """The verdict for ``candidates`` on this machine: read from ``probes.json``, or measured once and kept there."""
+def probe_speed(setup: ProbeSetup, candidates: list[tuple[str, str]], skipped: list[str], refresh: bool = False) -> SpeedVerdict:
+    """The verdict for ``candidates`` on this machine: read from ``probes.json``, or measured once and
+    kept there (``refresh``: measured again, and the new verdict kept)."""
     import torch
 
     int8_ok = recorded_int8_verdict(setup.adapter)
@@ -407,7 +408,7 @@ def probe_speed(setup: ProbeSetup, candidates: list[tuple[str, str]], skipped: l
             trials.append(judge(candidate, got, reference, setup.top_tokens, int8_ok))
         return choose(trials, skipped, time.perf_counter() - t0, setup.threads).to_dict()
 
-    data, cached = remember(directory, fields, run, valid=lambda v: "documents" in v and "trials" in v)
+    data, cached = remember(directory, fields, run, valid=lambda v: "documents" in v and "trials" in v, refresh=refresh)
     for where, crash_key, verdict in crashes:  # after the lock above is let go: the same folder's
         record(where, crash_key, verdict)
     verdict = SpeedVerdict.from_dict(data, cached=cached)

@@ -166,29 +166,33 @@ def test_auto_takes_the_measured_fastest_apart_and_a_second_load_reads_the_verdi
     monkeypatch.setattr(speed_probe, "measure", _fake_measure(docs_s, query_s, calls, unfaithful={"openvino bf16"}, crashed={"openvino int8"}))
     make = _auto(make_embedder, monkeypatch, tmp_path, XEON_BF16)
     embedder = make()
-    assert embedder.measuring and embedder.runtime_info()["dtype"] == "auto"  # nothing measured at construction
+    assert embedder.measuring and embedder.precision is None and not calls  # nothing measured at construction
     got_docs, got_query = embedder.embed(TEXTS), embedder.embed(TEXTS[:1], role="query")
     assert (embedder.runtime_name, embedder.dtype) == ("torch", "bf16")  # the fastest faithful for documents
     assert embedder.query_runtime == ("torch", "bf16")
     assert got_docs.shape == (3, embedder.dim) and got_query.shape == (1, embedder.dim)
     info = embedder.runtime_info()
-    assert info["speed_probe"]["documents"] == "torch bf16" and not info["speed_probe"]["cached"]
+    assert info["speed_probe"]["documents"] == "torch bf16" and "measured now" in embedder.runtime_summary()
     assert any(line.startswith("openvino bf16") and "unfaithful" in line for line in info["speed_probe"]["candidates"])
     assert any(line.startswith("openvino int8") and "SIGFPE" in line for line in info["speed_probe"]["candidates"])
-    assert "speed probe" in info["reason"] and "[speed probe, run now]" in info["reason"]
+    assert "speed probe" in info["reason"]
     n_calls = len(calls)
     assert n_calls == 5  # each candidate once (torch fp32, the reference, among them)
     # a second load (another process would do the same): the kept verdict, no timing
     again = make()
     again.embed(TEXTS)
     assert len(calls) == n_calls and again.speed_verdict.cached
-    assert (again.runtime_name, again.dtype) == ("torch", "bf16") and "kept from an earlier run" in again.runtime_info()["reason"]
+    assert (again.runtime_name, again.dtype) == ("torch", "bf16") and "kept from an earlier run" in again.runtime_summary()
+    assert again.runtime_info() == info  # the same record (so the same manifest) whether measured now or read
     kept = [v for f in tmp_path.rglob(VERDICTS_FILE) for v in json.loads(f.read_text()).values() if v["fields"].get("kind") == "speed"]
     assert len(kept) == 1 and {t["runtime"] + " " + t["dtype"]: t["docs_per_s"] for t in kept[0]["trials"] if t["ran"]}["torch bf16"] > 0
     # another thread count is another setting: measured again
     monkeypatch.setattr("torch.get_num_threads", lambda: 3)
     make().resolve_runtime()
     assert len(calls) == 2 * n_calls
+    fresh = make()  # asked to measure again (benchmarks.studies.encoder_speed --reprobe)
+    fresh.resolve_runtime(refresh=True)
+    assert len(calls) == 3 * n_calls and not fresh.speed_verdict.cached
 
 
 def test_documents_and_queries_may_run_in_different_runtimes(make_embedder, monkeypatch, tmp_path):
