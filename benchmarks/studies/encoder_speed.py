@@ -12,6 +12,13 @@ one at a time, as ``Retriever.search`` does. Reported per runtime:
 - faithfulness to the naive fp32 embeddings: cosine of the pooled embeddings (min, mean) and
   overlap of the top-64 aligned tokens (min, mean).
 
+The last row is the engine as a user gets it: ``dtype="auto"``, which times the candidate runtimes
+on this machine the first time (embedder/speed_probe.py) and takes the fastest faithful one for
+documents and for queries apart; its choice, its reasons and the probe's own table go into the
+results' details. Its warm-up column includes the probe (0 work when a verdict was already kept).
+``--auto-only`` times the naive loop and that row alone (the bars/10 comparison). The load average
+is recorded before and after: on a shared CPU it says how much to trust the timings.
+
     python -m benchmarks.studies.encoder_speed --corpus ../shared/data/cisi --docs 128 \\
         --out benchmarks/results/encoder-speed-avx2.json
 
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from functools import partial
@@ -149,6 +157,41 @@ def variants(cap, include_emulated: bool, prefix_ablation: bool) -> list[tuple[s
     return out
 
 
+def _auto_row(
+    reference: Embedder, cap, docs, queries, ref_docs, ref_queries, naive_doc_s, naive_q_stats, n_doc_tokens, reprobe: bool
+) -> tuple[dict, list]:
+    """The engine as loaded by default (``dtype="auto"``: the speed probe decides), documents and queries."""
+    engine = Embedder(reference.model, reference.tokenizer, reference.config, reference.identity, reference.adapter,
+                      runtime="auto", dtype="auto", capability=cap)
+    t0 = time.perf_counter()
+    engine.resolve_runtime(refresh=reprobe)
+    engine.embed(docs[:2])
+    engine.embed(queries[:1], role="query")  # the probe, then export/compile of both roles' runtimes, timed apart
+    warm = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out_docs = engine.embed(docs)
+    doc_s = time.perf_counter() - t0
+    out_q, q_s = time_queries(partial(engine.embed, role="query"), queries)
+    q = latency_stats(q_s)
+    cos = np.concatenate([cosines(out_docs, ref_docs), cosines(out_q, ref_queries)])
+    overlap = np.concatenate([token_overlap(reference, out_docs, ref_docs), token_overlap(reference, out_q, ref_queries)])
+    info = engine.runtime_info()
+    queries_rt = (info.get("queries") or {"name": info["name"], "dtype": info["dtype"]})
+    auto = {
+        "documents": [info["name"], info["dtype"]], "queries": [queries_rt["name"], queries_rt["dtype"]],
+        "documents_reason": info.get("reason"), "queries_reason": queries_rt.get("reason", info.get("reason")),
+        "speed_probe": info.get("speed_probe"),
+    }
+    label = f"engine: auto (documents {info['name']} {info['dtype']}, queries {queries_rt['name']} {queries_rt['dtype']})"
+    row = [
+        label, "auto", "yes", round(len(docs) / doc_s, 2), round(n_doc_tokens / doc_s, 1), round(naive_doc_s / doc_s, 2), q["p50_ms"], q["p95_ms"],
+        round(naive_q_stats["p50_ms"] / q["p50_ms"], 2), round(float(cos.min()), 5), round(float(cos.mean()), 5),
+        round(float(overlap.min()), 3), round(float(overlap.mean()), 3), round(warm, 1),
+    ]
+    print(f"{label}: {row[3]} docs/s (x{row[5]}), query p50 {q['p50_ms']:.1f} ms (x{row[8]}); {auto['documents_reason']}")
+    return auto, row
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", type=Path, required=True, help="BEIR folder: documents from corpus.jsonl, queries from queries.jsonl")
@@ -160,11 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--include-emulated", action="store_true", help="also time bf16 where the CPU only emulates it (slow)")
     p.add_argument("--no-prefix-ablation", action="store_true", help="skip the runs without the prefix cache")
     p.add_argument("--candidates", action="store_true", help="also time runtimes the engine does not ship (torch dynamic int8, ONNX Runtime)")
+    p.add_argument("--auto-only", action="store_true", help="time the naive loop and the engine's auto choice only")
+    p.add_argument("--reprobe", action="store_true", help="run the speed probe again even where a verdict is kept (and keep the new one)")
     p.add_argument("--out", type=Path, required=True, help="table results JSON (read by beir-eval report)")
     args = p.parse_args(argv)
 
     cap = cpu_capability()
     print(cap.describe())
+    load_before = os.getloadavg()
     reference = Embedder.load(args.model, adapter=args.adapter, runtime=None)  # fp32 weights, adapter merged
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -188,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ]]
     print(f"naive: {rows[0][3]} docs/s, query p50 {naive_q_stats['p50_ms']:.1f} ms")
     todo = [(f"engine: {rt}", dt, prefix, None) for rt, dt, prefix in variants(cap, args.include_emulated, not args.no_prefix_ablation)]
+    todo = [] if args.auto_only else todo
     if args.candidates:
         work = Path(tempfile.mkdtemp(prefix="encoder-speed-"))
         todo += [(label, dt, False, make) for label, dt, make in candidate_runtimes(reference, work)]
@@ -217,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         ])
         print(f"{label} {dtype} prefix={prefix}: {rows[-1][3]} docs/s (x{rows[-1][5]}), query p50 {q['p50_ms']:.1f} ms (x{rows[-1][8]}), "
               f"cos min {rows[-1][9]}, top-{TOP_TOKENS} overlap min {rows[-1][11]}")
+    auto, auto_row = _auto_row(reference, cap, docs, queries, ref_docs, ref_queries, naive_doc_s, naive_q_stats, n_doc_tokens, args.reprobe)
+    rows.append(auto_row)
+    load_after = os.getloadavg()
     columns = [
         "runtime", "dtype", "prefix cache", "docs/s", "tokens/s", "docs speed-up", "query p50 ms", "query p95 ms",
         "query speed-up", "cos min", "cos mean", f"top-{TOP_TOKENS} overlap min", f"top-{TOP_TOKENS} overlap mean", "warm-up s",
@@ -229,10 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(docs)} {args.corpus.name} documents ({n_doc_tokens} prompt tokens, batches of 16) and {len(queries)} {args.corpus.name} "
         f"queries one at a time, {threads} threads. Naive loop: fp32 transformers, adapter merged, input order, padded batches of 16. "
         f"Speed-ups are over the naive loop in the same run; cosine and top-{TOP_TOKENS} aligned-token overlap are against its "
-        "fp32 embeddings (documents and queries together). Warm-up (export, compilation) is timed apart.",
+        "fp32 embeddings (documents and queries together). Warm-up (export, compilation) is timed apart. Last row: "
+        f"dtype auto, measured by the speed probe: documents {' '.join(auto['documents'])}, queries {' '.join(auto['queries'])}. "
+        f"Load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} cores"
+        + (": the CPU was shared with other jobs, timings are noisy." if max(load_before[0], load_after[0]) > 0.5 * (os.cpu_count() or 1) else "."),
         columns,
         rows,
-        details={"capability": cap.to_dict(), "threads": threads, "n_docs": len(docs), "n_queries": len(queries), "doc_tokens": n_doc_tokens},
+        details={"capability": cap.to_dict(), "threads": threads, "n_docs": len(docs), "n_queries": len(queries), "doc_tokens": n_doc_tokens,
+                 "auto": auto, "load_average": {"before": list(load_before), "after": list(load_after)}},
     )
     print(f"wrote {args.out}")
     return 0
