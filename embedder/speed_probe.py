@@ -254,7 +254,11 @@ def _measure_torch(dtype: str, setup: ProbeSetup) -> Measurement:
 def _measure_openvino(dtype: str, setup: ProbeSetup, crashes: list) -> Measurement:
     from embedder.runtime import crash_fields, exported_graph, openvino_config
 
-    directory = exported_graph(setup.body, dtype, setup.identity, setup.adapter, setup.prefix_ids, setup.cache_root)
+    try:
+        directory = exported_graph(setup.body, dtype, setup.identity, setup.adapter, setup.prefix_ids, setup.cache_root)
+    except Exception as exc:  # noqa: BLE001 - e.g. int8 without NNCF: that candidate is out, the others stand
+        log.warning("openvino %s: its export failed (%s); not a candidate", dtype, exc)
+        return Measurement(False, f"export failed: {type(exc).__name__}: {exc}"[:300])
     config = openvino_config(dtype, setup.threads, setup.cpu)
     with tempfile.TemporaryDirectory(prefix="speed-probe-") as work:
         inputs, out = str(Path(work) / "inputs.npz"), str(Path(work) / "out")

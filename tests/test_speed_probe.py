@@ -250,3 +250,15 @@ def test_a_candidate_killed_in_its_child_is_never_chosen(make_embedder, monkeypa
     assert embedder.runtime().verdict.cached and embedder.runtime().verdict.ok
     crash = [v for f in tmp_path.rglob(VERDICTS_FILE) for v in json.loads(f.read_text()).values() if "config" in v["fields"]]
     assert sorted((v["fields"]["config"]["INFERENCE_PRECISION_HINT"], v["ok"]) for v in crash) == [("bf16", False), ("f32", True)]
+
+
+def test_a_candidate_whose_export_fails_is_out_not_the_probe(make_embedder, monkeypatch):
+    """int8 without NNCF (or any export that fails): that candidate does not run; nothing is raised."""
+    import embedder.runtime as runtime_module
+
+    def no_export(*args, **kwargs):
+        raise ImportError("No module named 'nncf'")
+
+    monkeypatch.setattr(runtime_module, "exported_graph", no_export)
+    got = speed_probe._measure_openvino("int8", make_embedder()._probe_setup(VNNI), crashes := [])
+    assert not got.ok and "export failed" in got.reason and "nncf" in got.reason and crashes == []
