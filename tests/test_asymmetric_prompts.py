@@ -135,13 +135,13 @@ def test_build_index_query_prompt_is_recorded_and_reloaded(toy_corpus, tiny_mode
     args = ["--corpus", str(toy_corpus), "--model", str(tiny_model_dir), "--adapter", "none", "--top-k", "16", "--quiet"]
     assert build_cli.main([*args, "--index", str(tmp_path / "a"), "--query-prompt", QUERY_PROMPT]) == 0
     assert Manifest.read(tmp_path / "a").embedding["query_prompt"] == QUERY_PROMPT
-    r = Retriever.load(tmp_path / "a", warm=False)
+    r = Retriever.load(tmp_path / "a", warm=False, query_encoder="llm")  # the fast profile loads no LLM
     assert r.embedder.config.query_prompt == QUERY_PROMPT
     np.testing.assert_allclose(r.encode(["cat"])[0].embedding, r.embedder.embed(["cat"], role="query")[0], atol=1e-5)
     # an index without the field (every index built before it) reads queries as documents
     assert build_cli.main([*args, "--index", str(tmp_path / "b"), "--query-prompt", "none"]) == 0
     assert "query_prompt" not in Manifest.read(tmp_path / "b").embedding
-    assert Retriever.load(tmp_path / "b", warm=False).embedder.config.query_prompt is None
+    assert Retriever.load(tmp_path / "b", warm=False, query_encoder="llm").embedder.config.query_prompt is None
     capsys.readouterr()
     assert build_cli.main([*args, "--index", str(tmp_path / "c"), "--query-prompt", "Query:"]) == 2
     assert "query_prompt must contain the placeholder" in capsys.readouterr().err

@@ -34,7 +34,7 @@ def retriever(tmp_path_factory, tiny_tokenizer) -> Retriever:
 
     encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st"))
     build_index(corpus, root / "index", embedder, top_k=16, dense=True, embedfilter_tau=2, lexical="words", encoder=encoder, progress=False)
-    return Retriever.load(root / "index", embedder=embedder, encoder=encoder)
+    return Retriever.load(root / "index", embedder=embedder, encoder=encoder, profile="best")  # LLM queries: every mode can be searched
 
 
 def test_every_mode_is_present(retriever):
