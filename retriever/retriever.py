@@ -212,6 +212,30 @@ class Retriever:
             return "none"
         return self.student.name if self.student is not None else "llm"
 
+    @property
+    def student_encoder(self):
+        """The sentence encoder the distilled student reads (None without a student)."""
+        return self._student_encoder
+
+    @property
+    def student_head(self):
+        """The LM head that expands distilled query states (embedder.query_encoder.LMHead), made on first use."""
+        if self._student_head is None:
+            from embedder.query_encoder import LMHead
+
+            self._student_head = LMHead.of(self.embedder)
+        return self._student_head
+
+    def with_fusion(self, fusion: dict) -> Retriever:
+        """This Retriever with another hybrid ``fusion`` (checked as ``Retriever(fusion=...)`` checks
+        it): a shallow view sharing the index, the models and the query cache."""
+        import copy
+
+        other = copy.copy(self)
+        other.fusion = check_fusion(fusion)
+        other._check_query_side()
+        return other
+
     def _check_query_side(self) -> None:
         """Refuse, when the Retriever is made, what a search would fail on later: a fusion that
         weighs a dense channel the model-free query cannot search, feedback where the engine fuses."""
@@ -468,11 +492,7 @@ class Retriever:
         return encoded
 
     def _from_states(self, queries: Sequence[str], h: np.ndarray, name: str) -> list[EncodedQuery]:
-        if self._student_head is None:
-            from embedder.query_encoder import LMHead
-
-            self._student_head = LMHead.of(self.embedder)
-        return queries_from_states(self.embedder, queries, h, self.expansion_m, self.literal, name, top_tokens=self._student_head.top_tokens)
+        return queries_from_states(self.embedder, queries, h, self.expansion_m, self.literal, name, top_tokens=self.student_head.top_tokens)
 
     def _weigh(self, encoded: list[EncodedQuery]) -> None:
         if self.query_weighting == "idf":
@@ -554,6 +574,14 @@ class Retriever:
                 )
             flag = {"dense": "--dense", "dense-ef": "--embedfilter TAU", "bm25": "--lexical words", "encoder": "--encoder NAME"}[mode]
             raise ValueError(f"{self.index_dir}: mode {mode!r} needs an index built with {flag}")
+
+    def search_channel(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """One channel's top-``k`` for an encoded query (:meth:`encode` with that ``mode``): document
+        numbers (into :attr:`doc_ids`) and scores, best first, -1 padded; no explanations."""
+        if mode == "hybrid":
+            raise ValueError("search_channel searches one channel; for hybrid use search_encoded")
+        self._check_mode(mode)
+        return self._channel(q, mode, check_k(k))
 
     def _channel(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
         """One channel's (doc numbers, scores), best first, -1 padded."""

@@ -158,3 +158,23 @@ def test_rules_on_a_toy_matrix():
         choose(means, "margin")
     with pytest.raises(ValueError, match="rule must be one of"):
         choose(means, "median")
+
+
+def test_public_channel_search_and_fusion_view(full_index, tiny_embedder):
+    """What benchmarks and the server use instead of the Retriever's privates (issue 49)."""
+    r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="best")
+    (q,) = r.encode(["cat and dog near the river"], mode="dense")
+    docs, scores = r.search_channel(q, "dense", 5)
+    hits = r.search_encoded([q], k=5, mode="dense", explain=False)[0]
+    assert [r.doc_ids[d] for d in docs if d >= 0] == [h.doc_id for h in hits]
+    assert np.allclose(scores[: len(hits)], [h.score for h in hits])
+    with pytest.raises(ValueError, match="one channel"):
+        r.search_channel(q, "hybrid", 5)
+    view = r.with_fusion({"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.5}})
+    assert view.channels_of("hybrid") == ["bm25", "encoder"] and view.doc_ids is r.doc_ids
+    assert r.fusion == PROFILES["best"].fusion  # the original is untouched
+    with pytest.raises(ValueError, match="weights.bm25"):
+        r.with_fusion({"method": "minmax", "weights": {"bm25": -1}})
+    fast = Retriever.load(full_index, embedder=tiny_embedder, warm=False)
+    with pytest.raises(ValueError, match="gives the dense channel no query"):
+        fast.with_fusion({"method": "minmax", "weights": {"bm25": 0.5, "dense": 0.5}})

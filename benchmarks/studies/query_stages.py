@@ -40,14 +40,14 @@ def stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
         out[name] = now - t
         t = now
 
-    x = r._student_encoder.encode([query])
+    x = r.student_encoder.encode([query])
     lap("sentence encoder")
     ids, mask = llm_token_ids(student.teacher, [query], student.max_tokens)
     tokens = np.take(student.table.numpy(), ids, axis=0)  # as DistilledQueryEncoder.states gathers them
     lap("student tokens")
     h = student._compiled(np.ascontiguousarray(x, np.float32), tokens, mask)
     lap("student head")
-    top, _ = r._student_head.top_tokens(h, r.expansion_m)
+    top, _ = r.student_head.top_tokens(h, r.expansion_m)
     lap("LM head top-M")
     lit = literal_ids(r.embedder, query, r.literal)
     toks = np.asarray(list(dict.fromkeys(lit + top[0].tolist())), np.int64)
@@ -58,7 +58,7 @@ def stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
     q = EncodedQuery(query, toks, weights, len(lit), h[0], encoder_embedding=x[0], query_encoder=student.name)
     channels = {}
     for m in r.channels_of("hybrid"):
-        channels[m] = r._channel(q, m, FUSION_DEPTH)
+        channels[m] = r.search_channel(q, m, FUSION_DEPTH)
         lap(f"search {m}")
     fused = fuse(channels, r.fusion["weights"], k, r.fusion.get("method", "minmax"), r.fusion.get("rrf_k", 60))
     [r.doc_ids[f.doc] for f in fused]
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         "n_queries": len(queries),
         "query_encoder": r.query_encoder,
         "student_runtime": r.student.runtime_reason,
-        "lm_head": r._student_head.dtype,
+        "lm_head": r.student_head.dtype,
         "fusion": r.fusion,
         "whole_query": latency_stats(whole),
         "sum_of_stages": latency_stats(total),

@@ -182,11 +182,11 @@ class AlignedTokensEngine:
         ``search_encoded`` is timed with ``explain=False``, for the same reason.
         """
         r = retriever or self.retriever
-        if mode != "hybrid" and hasattr(r, "_channel"):
-            docs, scores = r._channel(enc, mode, k)
-        elif mode == "sparse" and not hasattr(r, "_channel"):
+        if mode != "hybrid" and hasattr(r, "search_channel"):
+            docs, scores = r.search_channel(enc, mode, k)
+        elif mode == "sparse" and not hasattr(r, "search_channel"):
             docs, scores = r.sparse.search(enc.tokens, enc.weights, k)
-        elif mode == "dense" and not hasattr(r, "_channel"):
+        elif mode == "dense" and not hasattr(r, "search_channel"):
             d, s = r.dense.search(enc.embedding[None, :], k)
             docs, scores = d[0], s[0]
         else:
@@ -196,7 +196,7 @@ class AlignedTokensEngine:
 
     def timed_call(self, mode: str) -> str:
         r = self.retriever
-        if mode != "hybrid" and (r is None or hasattr(r, "_channel") or mode in ("sparse", "dense")):
+        if mode != "hybrid" and (r is None or hasattr(r, "search_channel") or mode in ("sparse", "dense")):
             return "index-level top-k (ids and scores; no matched-token explanations)"
         return "Retriever.search_encoded(explain=False): every channel, then fusion (ids, scores, per-channel shares)"
 

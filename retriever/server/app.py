@@ -10,7 +10,6 @@ The connection layer (deadlines, the bound on connections): retriever/server/pro
 """
 from __future__ import annotations
 
-import copy
 import json
 import secrets
 import time
@@ -162,9 +161,10 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
         setting = {"method": fusion.method, "weights": {c: float(w) for c, w in fusion.weights.items()}, "rrf_k": fusion.rrf_k}
         key = json.dumps(setting, sort_keys=True)
         if key not in views:
-            other = copy.copy(retriever)  # shares channels, model and caches; only the fusion differs
-            other.fusion = setting
-            views[key] = other
+            try:  # shares channels, model and caches; only the fusion differs, checked as the Retriever checks it
+                views[key] = retriever.with_fusion(setting)
+            except ValueError as exc:
+                raise ApiError(422, f"fusion: {exc}") from None
             while len(views) > FUSION_CACHE:
                 views.popitem(last=False)
         views.move_to_end(key)
