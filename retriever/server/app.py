@@ -253,6 +253,7 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             "model": m.model, "adapter": m.adapter, "encoder": (m.encoder or {}).get("name"), "lexical": m.lexical,
             "runtime": {"queries": embedder.runtime_info() if embedder is not None else None, "documents": m.runtime},
             "query_encoder": getattr(retriever, "query_encoder", None),
+            "profile": retriever.profile.name if getattr(retriever, "profile", None) is not None else None,
             "feedback": retriever.feedback.to_dict() if getattr(retriever, "feedback", None) is not None else None,
             "backend": retriever.backend, "snippets": documents_note, "limits": config.public(), "uptime_s": round(time.time() - started, 1),
         }
