@@ -89,6 +89,19 @@ def time_queries(encode, queries: list[str]) -> tuple[np.ndarray, list[float]]:
     return np.stack(vectors), seconds
 
 
+def measure(engine: Embedder, reference: Embedder, docs: list[str], queries: list[str], ref_docs: np.ndarray,
+            ref_queries: np.ndarray) -> tuple[float, dict, np.ndarray, np.ndarray]:
+    """A warm engine timed on the documents (seconds for all) and query by query (latency
+    stats), with each output's cosine and top-token overlap against the reference's."""
+    t0 = time.perf_counter()
+    out_docs = engine.embed(docs)
+    doc_s = time.perf_counter() - t0
+    out_q, q_s = time_queries(partial(engine.embed, role="query"), queries)
+    cos = np.concatenate([cosines(out_docs, ref_docs), cosines(out_q, ref_queries)])
+    overlap = np.concatenate([token_overlap(reference, out_docs, ref_docs), token_overlap(reference, out_q, ref_queries)])
+    return doc_s, latency_stats(q_s), cos, overlap
+
+
 class _Candidate:
     """A runtime evaluated but not shipped: fed to an Embedder in place of its own runtime."""
 
@@ -168,13 +181,7 @@ def _auto_row(
     engine.embed(docs[:2])
     engine.embed(queries[:1], role="query")  # the probe, then export/compile of both roles' runtimes, timed apart
     warm = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out_docs = engine.embed(docs)
-    doc_s = time.perf_counter() - t0
-    out_q, q_s = time_queries(partial(engine.embed, role="query"), queries)
-    q = latency_stats(q_s)
-    cos = np.concatenate([cosines(out_docs, ref_docs), cosines(out_q, ref_queries)])
-    overlap = np.concatenate([token_overlap(reference, out_docs, ref_docs), token_overlap(reference, out_q, ref_queries)])
+    doc_s, q, cos, overlap = measure(engine, reference, docs, queries, ref_docs, ref_queries)
     info = engine.runtime_info()
     queries_rt = (info.get("queries") or {"name": info["name"], "dtype": info["dtype"]})
     auto = {
@@ -249,13 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             engine._runtime = make()  # in place of the engine's own runtime (built lazily, so never built)
         engine.embed(docs[:2])  # export/compile/first allocation, timed apart
         warm = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        out_docs = engine.embed(docs)
-        doc_s = time.perf_counter() - t0
-        out_q, q_s = time_queries(partial(engine.embed, role="query"), queries)
-        q = latency_stats(q_s)
-        cos = np.concatenate([cosines(out_docs, ref_docs), cosines(out_q, ref_queries)])
-        overlap = np.concatenate([token_overlap(reference, out_docs, ref_docs), token_overlap(reference, out_q, ref_queries)])
+        doc_s, q, cos, overlap = measure(engine, reference, docs, queries, ref_docs, ref_queries)
         rows.append([
             label, dtype, "yes" if prefix else "no", round(len(docs) / doc_s, 2), round(n_doc_tokens / doc_s, 1),
             round(naive_doc_s / doc_s, 2), q["p50_ms"], q["p95_ms"], round(naive_q_stats["p50_ms"] / q["p50_ms"], 2),
