@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import sys
@@ -44,17 +45,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stdin_queries() -> list[str]:
+    """One query per non-empty line of standard input.
+
+    Read in stdin's encoding, bytes it cannot decode kept as lone surrogates (whatever
+    PYTHONIOENCODING says), as Python keeps them in command-line arguments. A stream that was
+    already read from (an embedding host, a fork server) cannot be reconfigured: it is read as is.
+    """
+    stream = sys.stdin
+    if hasattr(stream, "reconfigure"):
+        try:
+            stream.reconfigure(errors="surrogateescape")
+        except (io.UnsupportedOperation, ValueError):
+            pass
+    return [line.strip() for line in stream if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     # a query with undecodable bytes (kept as lone surrogates) is echoed escaped, not a traceback
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
-    # queries on standard input: in its encoding, bytes it cannot decode kept as lone surrogates
-    # (whatever PYTHONIOENCODING says), as Python keeps them in command-line arguments
-    if hasattr(sys.stdin, "reconfigure"):
-        sys.stdin.reconfigure(errors="surrogateescape")
-    queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
+    queries = args.queries or _stdin_queries()
     try:
         check_k(args.k)  # before seconds of model loading
         extra = {}
