@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from embedder.embedfilter import embedfilter_projection
 from embedder.encoder import Embedder
-from indexer.corpus import CorpusSpec
+from indexer.corpus import CorpusSpec, Document
 from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.diskspace import NoSpaceError, write_bytes
 from indexer.generations import build_lock, publish_staged, rename_exchange, stage
@@ -39,6 +39,7 @@ from indexer.ray_workers import RayOptions
 from indexer.shard_encoder import EmbedderSpec, ShardPlan, chunks, encode_shard
 from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
 from indexer.staging import staging_dir
+from indexer.stored_documents import write_documents
 from indexer.workers import Reporter, WorkerFailed, run_workers
 
 if TYPE_CHECKING:
@@ -346,12 +347,15 @@ def _merge_into(
     if encoder is not None:
         DenseIndex.build_from_chunks(lambda: (e for (e,) in arrays("encoder")()), dense_kind).save(out, ENCODER_NAME)
         encoder_info = {**encoder.describe(), "kind": dense_kind, "normalised": True, "metric": "inner_product"}
-    if lexical:
-        # BM25 needs no model: the corpus is streamed again rather than its text kept in shards
-        bm25 = BM25Builder(make_analyzer(lexical, embedder.tokenizer))
-        for doc in tqdm(CorpusSpec(spec.path, spec.fmt, spec.id_field, spec.text_field, spec.title_field, spec.on_empty),
-                        total=len(ids), unit="doc", desc="bm25", disable=not progress):
-            bm25.add(doc.text)
+    # the stored documents (and BM25, which needs no model) from one more pass over the corpus,
+    # rather than its text kept in the shards
+    bm25 = BM25Builder(make_analyzer(lexical, embedder.tokenizer)) if lexical else None
+    stored_info = write_documents(out, _feeding(bm25, tqdm(
+        CorpusSpec(spec.path, spec.fmt, spec.id_field, spec.text_field, spec.title_field, spec.on_empty),
+        total=len(ids), unit="doc", desc="storing documents" + (" + bm25" if bm25 else ""), disable=not progress)))
+    if stored_info["n_docs"] != len(ids):
+        raise RuntimeError(f"{spec.file}: changed while being indexed ({stored_info['n_docs']} documents now, {len(ids)} encoded)")
+    if bm25 is not None:
         lex = bm25.finish()
         lex.save(out / LEXICAL_DIR)
         lexical_info = {"analyzer": lex.analyzer, "k1": lex.k1, "b": lex.b, "n_terms": len(lex.vocab)}
@@ -369,6 +373,7 @@ def _merge_into(
         lexical=lexical_info,
         encoder=encoder_info,
         segments=segments_info,
+        documents=stored_info,
         format_version=SEGMENTS_FORMAT_VERSION if plan.windows is not None else FORMAT_VERSION,
         build={
             "seconds": round(total, 3),
@@ -390,6 +395,14 @@ def _merge_into(
     )
     manifest.write(out)  # written last: a directory without a manifest is not an index
     return manifest
+
+
+def _feeding(bm25: BM25Builder | None, docs: Iterable[Document]) -> Iterator[Document]:
+    """``docs``, each also added to ``bm25`` (when there is one) on its way through."""
+    for doc in docs:
+        if bm25 is not None:
+            bm25.add(doc.text)
+        yield doc
 
 
 def _runtimes_of(metas: list[dict]) -> dict[str, int]:

@@ -36,6 +36,16 @@ class CorpusError(ValueError):
 class Document:
     doc_id: str
     text: str  # title and body joined by a space: what gets embedded
+    # what the index stores of it (indexer/stored_documents.py): the title and body apart, and
+    # every other field of its JSONL object (a BEIR "metadata" object's fields lifted up)
+    title: str | None = field(default=None, compare=False)
+    body: str | None = field(default=None, compare=False)
+    metadata: dict | None = field(default=None, compare=False)
+
+
+def join_title(title: str | None, body: str) -> str:
+    """The text a document is embedded and BM25-analysed as: its title, a space, its body."""
+    return f"{title} {body}".strip() if title else body
 
 
 @dataclass
@@ -96,14 +106,35 @@ class CorpusSpec:
             if not line.strip():
                 continue
             obj = _parse_line(file, lineno, line)
-            doc_id = _field(obj, file, lineno, self.id_field, ("_id", "id"), "id")
-            text = _field(obj, file, lineno, self.text_field, ("text", "contents"), "text")
-            title = obj.get(self.title_field) if self.title_field else None
-            if title is not None and not isinstance(title, str):
-                raise CorpusError(file, lineno, self.title_field, f"expected a string, got {type(title).__name__}")
-            if title is not None:
-                _check_encodable(title, file, lineno, self.title_field)
-            yield lineno, Document(str(doc_id), f"{title} {text}".strip() if title else text)
+            yield lineno, document_from_object(obj, file, lineno, self.id_field, self.text_field, self.title_field)
+
+
+def document_from_object(
+    obj: dict, file: Path | str, lineno: int | None, id_field: str | None = None, text_field: str | None = None, title_field: str | None = "title",
+) -> Document:
+    """One document from a JSON object as a JSONL corpus holds it (also what the Python API and
+    the server's write endpoint take); CorpusError naming ``file`` (or the request), the line
+    (or position) and the field. Field defaults as in :class:`CorpusSpec`."""
+    if not isinstance(obj, dict):
+        raise CorpusError(file, lineno, None, "expected a JSON object")
+    doc_id = _field(obj, file, lineno, id_field, ("_id", "id"), "id")
+    text = _field(obj, file, lineno, text_field, ("text", "contents"), "text")
+    title = obj.get(title_field) if title_field else None
+    if title is not None and not isinstance(title, str):
+        raise CorpusError(file, lineno, title_field, f"expected a string, got {type(title).__name__}")
+    if title is not None:
+        _check_encodable(title, file, lineno, title_field)
+    used = {title_field, *((id_field,) if id_field else ("_id", "id")), *((text_field,) if text_field else ("text", "contents"))}
+    return Document(str(doc_id), join_title(title, text), title, text, _metadata(obj, used))
+
+
+def _metadata(obj: dict, used: set) -> dict | None:
+    """A JSONL object's fields besides id, title and text; a nested "metadata" object (BEIR's)
+    is lifted up, the object's own fields winning."""
+    nested = obj.get("metadata")
+    out = dict(nested) if isinstance(nested, dict) else {}
+    out.update((k, v) for k, v in obj.items() if k not in used and not (k == "metadata" and isinstance(v, dict)))
+    return out or None
 
 
 def _parse_line(file: Path, lineno: int, line: str) -> dict:
@@ -228,7 +259,8 @@ def _read_tsv(file: Path) -> Iterator[tuple[int, Document]]:
             raise CorpusError(file, lineno, "text", "expected id<TAB>text")
         if not parts[0].strip():
             raise CorpusError(file, lineno, "id", "empty id")
-        yield lineno, Document(parts[0], " ".join(parts[1:]))
+        text = " ".join(parts[1:])
+        yield lineno, Document(parts[0], text, None, text)
 
 
 def read_queries(file: Path) -> dict[str, str]:

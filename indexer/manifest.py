@@ -40,6 +40,9 @@ class Manifest:
     encoder: dict | None = None  # {"name", "sha256", "dim", "max_seq_length", "kind", ...} when stored
     # multi-vector documents: {"length", "max_segments", "n_segments", "max_per_doc", ...}; None: one vector per document
     segments: dict | None = None
+    # the stored documents (indexer/stored_documents.py): {"file", "n_docs", "metadata_fields"};
+    # None in indexes built before they were stored (those load, but cannot be updated in place)
+    documents: dict | None = None
     # how the documents were encoded: {"name": runtime, "dtype", "reason", "capability"} (embedder/hardware.py)
     runtime: dict | None = None
     build: dict = field(default_factory=dict)  # timings and throughput
@@ -123,7 +126,7 @@ def _field_problem(data: dict) -> str | None:
     for key in ("model", "embedding", "sparse"):
         if not isinstance(data[key], dict):
             return f"field {key!r}: not an object"
-    for key in ("adapter", "dense", "embedfilter", "lexical", "encoder", "files"):
+    for key in ("adapter", "dense", "embedfilter", "lexical", "encoder", "documents", "files"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f"field {key!r}: neither an object nor null"
     problem = _embedding_problem(data["embedding"])
@@ -145,6 +148,11 @@ def _field_problem(data: dict) -> str | None:
                 return f"field 'encoder.{key}': {data['encoder'].get(key)!r} is not a string"
     if data.get("lexical") is not None and not isinstance(data["lexical"].get("n_terms"), int):
         return f"field 'lexical.n_terms': {data['lexical'].get('n_terms')!r} is not an integer"
+    if data.get("documents") is not None:
+        if data["documents"].get("n_docs") != data["n_docs"]:
+            return f"field 'documents.n_docs': {data['documents'].get('n_docs')!r} is not n_docs ({data['n_docs']})"
+        if not isinstance(data["documents"].get("metadata_fields"), list):
+            return f"field 'documents.metadata_fields': {data['documents'].get('metadata_fields')!r} is not a list"
     for rel, rec in (data.get("files") or {}).items():
         if not isinstance(rec, dict) or not isinstance(rec.get("size"), int) or ".." in Path(rel).parts or Path(rel).is_absolute():
             return f"field 'files': bad record for {rel!r}"

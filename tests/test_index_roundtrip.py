@@ -12,6 +12,7 @@ from indexer.build import DOC_IDS, build_index
 from indexer.dense import DENSE_FILE
 from indexer.inverted_index import InvertedIndex
 from indexer.manifest import FORMAT_VERSION, MANIFEST, IndexFormatError, Manifest
+from indexer.stored_documents import DOCUMENTS_FILE, OFFSETS_FILE
 from retriever.retriever import Retriever
 
 POSTINGS = ("postings_indptr.npy", "postings_docs.npy", "postings_weights.npy")
@@ -52,7 +53,8 @@ def test_manifest_fields(toy_corpus, tiny_embedder):
         assert m.build[key] > 0, key
     assert datetime.fromisoformat(m.created).tzinfo is not None
     names = {p.name for p in index_dir.iterdir()}
-    assert names == {MANIFEST, DOC_IDS, *POSTINGS}
+    assert names == {MANIFEST, DOC_IDS, *POSTINGS, DOCUMENTS_FILE, OFFSETS_FILE}
+    assert m.documents == {"file": DOCUMENTS_FILE, "n_docs": 40, "metadata_fields": []}
     # nothing but the index is left beside it: its one generation (the link's target)
     assert sorted(p.name for p in index_dir.parent.iterdir() if p.name.startswith(".")) == [".index.gen-000001"]
     assert os.readlink(index_dir) == ".index.gen-000001"

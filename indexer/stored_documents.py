@@ -1,0 +1,104 @@
+"""The documents an index stores: what makes it updatable, filterable and self-contained.
+
+An index keeps each document as it was given (id, title, body, metadata), one JSON object per
+line in doc-number order (``documents.jsonl``), with the byte offset of every line
+(``documents_offsets.npy``, n + 1 int64) so that any document is read in one seek. This is
+Lucene's stored fields, Elasticsearch's ``_source``: with it an update re-derives the
+corpus-wide channels (BM25's idf and average length) from the index alone
+(indexer/updates.py), the server shows snippets without the original corpus file, and hits
+can be filtered by metadata. Indexes built before it existed still load and search; they
+cannot be updated in place (the message says to rebuild).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from indexer.corpus import Document, join_title
+from indexer.diskspace import save_npy, write_bytes
+from indexer.errors import IndexFormatError
+from indexer.integrity import load_npy
+
+DOCUMENTS_FILE = "documents.jsonl"
+OFFSETS_FILE = "documents_offsets.npy"
+
+
+def _record(doc: Document) -> dict:
+    out: dict = {"_id": doc.doc_id}
+    if doc.title:
+        out["title"] = doc.title
+    out["text"] = doc.body if doc.body is not None else doc.text
+    if doc.metadata:
+        out["metadata"] = doc.metadata
+    return out
+
+
+def write_documents(directory: Path, docs: Iterable[Document]) -> dict:
+    """Write ``docs`` (in doc-number order) into ``directory``; returns the manifest's record:
+    ``{"file", "n_docs", "metadata_fields"}`` (the metadata fields any document has, sorted)."""
+    offsets = [0]
+    fields: set[str] = set()
+    parts: list[bytes] = []
+    for doc in docs:
+        line = (json.dumps(_record(doc), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+        parts.append(line)
+        offsets.append(offsets[-1] + len(line))
+        fields.update(doc.metadata or ())
+    write_bytes(Path(directory) / DOCUMENTS_FILE, b"".join(parts))
+    save_npy(Path(directory) / OFFSETS_FILE, np.asarray(offsets, np.int64))
+    return {"file": DOCUMENTS_FILE, "n_docs": len(offsets) - 1, "metadata_fields": sorted(fields)}
+
+
+@dataclass
+class StoredDocuments:
+    """Read access to an index's stored documents, by doc number."""
+
+    path: Path
+    offsets: np.ndarray
+    data: bytes
+
+    @classmethod
+    def open(cls, directory: Path, n_docs: int) -> StoredDocuments:
+        """The stored documents of the index in ``directory``; IndexFormatError naming the file
+        when they are missing or do not match the index."""
+        directory = Path(directory)
+        path = directory / DOCUMENTS_FILE
+        offsets = load_npy(directory / OFFSETS_FILE, "int64", 1, mmap=False)
+        if len(offsets) != n_docs + 1:
+            raise IndexFormatError(f"{directory / OFFSETS_FILE}: {len(offsets) - 1} documents, the index has {n_docs}")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise IndexFormatError(f"{path}: unreadable ({exc.strerror or exc})") from None
+        if offsets[0] != 0 or offsets[-1] != len(data) or np.any(np.diff(offsets) <= 0):
+            raise IndexFormatError(f"{directory / OFFSETS_FILE}: offsets do not match {DOCUMENTS_FILE} ({len(data)} bytes)")
+        return cls(path, offsets, data)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def record(self, number: int) -> dict:
+        """Document ``number`` as stored: ``{"_id", "title"?, "text", "metadata"?}``."""
+        raw = self.data[self.offsets[number]:self.offsets[number + 1]]
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            obj = None
+        if not isinstance(obj, dict) or not isinstance(obj.get("_id"), str) or not isinstance(obj.get("text"), str):
+            raise IndexFormatError(f"{self.path}:{number + 1}: not a stored document (damaged)")
+        return obj
+
+    def document(self, number: int) -> Document:
+        """Document ``number`` as the corpus reader gave it (the same embedded text)."""
+        obj = self.record(number)
+        return Document(obj["_id"], join_title(obj.get("title"), obj["text"]), obj.get("title"), obj["text"], obj.get("metadata"))
+
+    def __iter__(self) -> Iterator[Document]:
+        return (self.document(i) for i in range(len(self)))
+
+
+__all__ = ["DOCUMENTS_FILE", "OFFSETS_FILE", "StoredDocuments", "write_documents"]

@@ -1,0 +1,353 @@
+"""Add, replace and delete documents of a built index, encoding only what is new.
+
+An update is a new generation of the index (indexer/generations.py), as a rebuild is: the
+documents kept are read back from the current generation (their aligned tokens from the
+postings, their vectors from the FAISS indexes, their text from the stored documents,
+indexer/stored_documents.py), the added ones are encoded, and every channel is written again
+from both into a staging directory that is published in one rename. So:
+
+- the result is the index a full build of the final corpus would give: kept documents in
+  their order, then the added ones in theirs; BM25 (whose idf and average length change with
+  every document) is recomputed from the stored texts. tests/test_updates.py checks it
+  against a rebuild, channel by channel;
+- a crash at any moment (kill -9 included) leaves the last published generation, verified
+  and loadable; running the update again completes it;
+- readers (a running ``serve``, a Retriever) keep the generation they hold until they reload.
+
+The cost: encoding the added documents (the only model work), then rewriting the index files
+(no model; ~linear in the index size). Batch many changes into one update where you can. The
+dense channels must be able to give their vectors back (FAISS Flat or HNSW, the defaults; an
+IVF or PQ index cannot, and is refused with a message to rebuild).
+
+Semantics, as in the engines users know: an added document whose id is already indexed
+replaces it (an upsert); a deleted id that is not indexed is reported, not an error; a
+document both deleted and added in one update is replaced.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from indexer.corpus import CorpusError, Document
+from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex, normalise
+from indexer.diskspace import write_bytes
+from indexer.generations import build_lock, publish_staged, stage
+from indexer.generations import sweep as sweep_generations
+from indexer.integrity import record_files
+from indexer.inverted_index import InvertedIndex
+from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
+from indexer.manifest import DOC_IDS, IndexFormatError, Manifest
+from indexer.reader import open_index
+from indexer.shard_encoder import ShardPlan, chunks, encode_shard
+from indexer.staging import staging_dir
+from indexer.stored_documents import StoredDocuments, write_documents
+
+if TYPE_CHECKING:
+    from embedder.encoder import Embedder
+    from embedder.sentence_encoder import SentenceEncoder
+
+# documents encoded at once: bounds the memory of a large update (as a build's shard does)
+UPDATE_CHUNK = 1024
+
+
+class UpdateError(ValueError):
+    """The index cannot be updated in place (the message says why and what to do)."""
+
+
+@dataclass
+class UpdateReport:
+    """What an update did."""
+
+    added: int  # new ids
+    replaced: int  # ids that were indexed and are now the added document
+    deleted: int  # ids removed (not replaced)
+    not_found: list[str] = field(default_factory=list)  # deleted ids that were not indexed
+    n_docs: int = 0  # documents in the index now
+    generation: str = ""  # the generation published (directory name)
+    encode_seconds: float = 0.0
+    merge_seconds: float = 0.0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Kept:
+    """The current generation's documents that stay, as arrays in doc-number order."""
+
+    numbers: np.ndarray  # their doc numbers in the current generation
+    tokens: np.ndarray  # (n, K) int32
+    weights: np.ndarray  # (n, K) float32
+    dense: dict[str, np.ndarray]  # channel file name -> rows (normalised, projected where projected)
+    rows: np.ndarray | None  # multi-vector indexes: the kept document (new number) of each dense row
+
+
+def update_index(
+    index_dir: str | os.PathLike[str],
+    add: Iterable[Document] = (),
+    delete: Iterable[str] = (),
+    embedder: Embedder | None = None,
+    encoder: SentenceEncoder | None = None,
+    progress: bool = True,
+) -> UpdateReport:
+    """Add (or replace) ``add`` and remove ``delete`` from the index at ``index_dir``; publish
+    the result as its next generation and return what was done.
+
+    ``embedder``/``encoder``: the models that encode the added documents; loaded from the
+    manifest when not given (and only when there is something to encode). They must be the
+    models the index was built with (checked, as a search checks them).
+    """
+    start = time.perf_counter()
+    target = Path(index_dir)
+    added = _unique(add)
+    deleted = list(dict.fromkeys(str(d) for d in delete))
+    with build_lock(target):  # one writer at a time, builds included
+        sweep_generations(target)
+        opened = open_index(target)
+        try:
+            manifest, doc_ids = opened.manifest, opened.doc_ids
+            _check_updatable(target, manifest)
+            position = {d: i for i, d in enumerate(doc_ids)}
+            replaced = {d.doc_id for d in added if d.doc_id in position}
+            removed = {d for d in deleted if d in position} - replaced
+            not_found = [d for d in deleted if d not in position]
+            drop = np.zeros(len(doc_ids), bool)
+            drop[[position[d] for d in replaced | removed]] = True
+            if drop.all() and not added:
+                raise UpdateError(f"{target}: the update would delete every document; an index holds at least one (delete the index instead)")
+            kept = _read_kept(opened.path, manifest, opened.channels, np.flatnonzero(~drop))
+            stored = StoredDocuments.open(opened.path, manifest.n_docs)
+            kept_docs = [stored.document(int(i)) for i in kept.numbers]
+            if any(d.doc_id != doc_ids[int(i)] for d, i in zip(kept_docs, kept.numbers)):
+                raise IndexFormatError(f"{target}: its stored documents are not in the order of {DOC_IDS} (damaged); rebuild it")
+            generation_path = opened.path
+        finally:
+            opened.close()
+        t0 = time.perf_counter()
+        new = _encode(added, manifest, embedder, encoder, progress) if added else None
+        encode_seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with staging_dir(target, "building") as tmp:
+            out = _write(tmp, manifest, generation_path, kept, kept_docs, added, new, embedder)
+            out.build = {**manifest.build, "last_update": {
+                "added": len(added) - len(replaced), "replaced": len(replaced), "deleted": len(removed),
+                "encode_seconds": round(encode_seconds, 3), "based_on": generation_path.name,
+                "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }, "updates": int(manifest.build.get("updates", 0)) + 1}
+            out.files = record_files(tmp)
+            out.write(tmp)  # last: a directory without a manifest is not an index
+            gen = stage(tmp, target)
+        merge_seconds = time.perf_counter() - t0
+        publish_staged(gen, target, overwrite=True)
+    return UpdateReport(
+        added=len(added) - len(replaced), replaced=len(replaced), deleted=len(removed), not_found=not_found, n_docs=out.n_docs,
+        generation=gen.name, encode_seconds=round(encode_seconds, 3), merge_seconds=round(merge_seconds, 3),
+        seconds=round(time.perf_counter() - start, 3),
+    )
+
+
+def _unique(docs: Iterable[Document]) -> list[Document]:
+    """The added documents, refusing an id given twice (which one would win is a guess)."""
+    out, seen = [], set()
+    for i, doc in enumerate(docs, start=1):
+        if not isinstance(doc, Document):
+            raise TypeError(f"added document {i}: expected indexer.corpus.Document, got {type(doc).__name__} (see document_from_object)")
+        if doc.doc_id in seen:
+            raise CorpusError("added documents", i, "id", f"duplicate id {doc.doc_id!r} in one update")
+        if not doc.text.strip():
+            raise CorpusError("added documents", i, "text", f"empty text for id {doc.doc_id!r}")
+        seen.add(doc.doc_id)
+        out.append(doc)
+    return out
+
+
+def _check_updatable(target: Path, m: Manifest) -> None:
+    if m.documents is None:
+        raise UpdateError(f"{target}: built before indexes stored their documents, so it cannot be updated in place; rebuild it once with build-index --overwrite")
+
+
+def _reconstruct(index: DenseIndex, where: Path) -> np.ndarray:
+    """Every stored row of a FAISS index, in row order."""
+    try:
+        return index.index.reconstruct_n(0, index.index.ntotal)
+    except RuntimeError as exc:  # IVF without a direct map, PQ: the vectors are not kept
+        raise UpdateError(f"{where}: a FAISS index that cannot give its vectors back ({str(exc).splitlines()[0]}); "
+                          "updates need a Flat or HNSW dense index: rebuild with --dense-kind Flat") from None
+
+
+def _read_kept(path: Path, m: Manifest, channels: dict, keep: np.ndarray) -> _Kept:
+    """The kept documents' aligned tokens and dense rows, read back from the generation."""
+    sparse: InvertedIndex = channels["sparse"]
+    vectors = sparse.doc_vectors()[keep]
+    k = int(m.sparse["top_k"])
+    counts = np.diff(vectors.indptr)
+    if len(counts) and (counts != k).any():
+        raise UpdateError(f"{path}: postings do not hold {k} tokens for every document; rebuild the index")
+    tokens = vectors.indices.reshape(len(keep), k).astype(np.int32)
+    weights = vectors.data.reshape(len(keep), k).astype(np.float32)
+    dense, rows = {}, None
+    for mode, name in (("dense", DENSE_NAME), ("dense-ef", EMBEDFILTER_NAME), ("encoder", ENCODER_NAME)):
+        if mode not in channels:
+            continue
+        index: DenseIndex = channels[mode]
+        x = _reconstruct(index, path / f"{name}.faiss")
+        if index.row_doc is None:
+            dense[name] = x[keep]
+            continue
+        renumber = np.full(m.n_docs, -1, np.int64)
+        renumber[keep] = np.arange(len(keep))
+        mine = renumber[index.row_doc] >= 0
+        dense[name] = x[mine]
+        if name == DENSE_NAME or rows is None:
+            rows = renumber[index.row_doc[mine]]
+    return _Kept(keep, tokens, weights, dense, rows)
+
+
+def _load_models(m: Manifest, embedder, encoder):
+    """The manifest's embedder (and encoder), loaded where not given; checked where given."""
+    from embedder.encoder import Embedder, EmbedderConfig
+
+    if embedder is None:
+        config = EmbedderConfig(**{"fold_all_caps": False, **m.embedding})
+        embedder = Embedder.load(m.model["name"], adapter=(m.adapter or {}).get("path", "none"), config=config)
+    m.check_model(embedder.identity, embedder.adapter)
+    if m.encoder is not None and encoder is None:
+        from embedder.sentence_encoder import SentenceEncoder
+
+        encoder = SentenceEncoder.load(m.encoder["name"], device=getattr(embedder, "device", None))
+    m.check_encoder(encoder.identity if encoder is not None and m.encoder is not None else None)
+    return embedder, encoder if m.encoder is not None else None
+
+
+@dataclass
+class _New:
+    """The added documents' arrays, in their order (as a build's shards hold them)."""
+
+    tokens: np.ndarray
+    weights: np.ndarray
+    embeddings: np.ndarray | None
+    encoder: np.ndarray | None
+    rows: np.ndarray | None  # multi-vector: the added document (0-based among the added) of each row
+    n_tokens: int = 0
+
+
+def _encode(docs: list[Document], m: Manifest, embedder, encoder, progress: bool) -> _New:
+    embedder, encoder = _load_models(m, embedder, encoder)
+    windows = None
+    if m.segments is not None:
+        windows = m.segments.get("max_segments") or 0
+    plan = ShardPlan(int(m.sparse["top_k"]), m.dense is not None or m.embedfilter is not None, UPDATE_CHUNK, windows)
+    parts: list[dict] = []
+    n_tokens, base = 0, 0
+    bar = tqdm(total=len(docs), unit="doc", desc="encoding added documents", disable=not progress)
+    for chunk in chunks(docs, UPDATE_CHUNK):
+        arrays, meta = encode_shard(chunk, embedder, encoder, plan)
+        if "row_docs" in arrays:
+            arrays["row_docs"] = arrays["row_docs"] + base
+        parts.append(arrays)
+        n_tokens += meta["n_tokens"]
+        base += len(chunk)
+        bar.update(len(chunk))
+        bar.set_postfix(docs_per_s=f"{base / max(bar.format_dict['elapsed'], 1e-9):.1f}")
+    bar.close()
+    cat = lambda name: np.concatenate([p[name] for p in parts]) if name in parts[0] else None
+    return _New(cat("tokens"), cat("weights"), cat("embeddings"), cat("encoder"), cat("row_docs"), n_tokens)
+
+
+def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[Document], added: list[Document], new: _New | None, embedder) -> Manifest:
+    """Every file of the updated index into ``out``; returns its manifest (files not yet recorded)."""
+    vocab = int(m.sparse["vocab_size"])
+
+    def sparse_parts() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        yield kept.tokens, kept.weights
+        if new is not None:
+            yield new.tokens, new.weights
+
+    n_docs = InvertedIndex.write_from_shards(sparse_parts, vocab, out)
+    ids = [d.doc_id for d in kept_docs] + [d.doc_id for d in added]
+    write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
+    n_kept = len(kept_docs)
+    rows = None
+    if kept.rows is not None:
+        rows = np.concatenate([kept.rows, (new.rows + n_kept) if new is not None else np.zeros(0, np.int64)])
+    segments = m.segments
+    if m.segments is not None and rows is not None:
+        per_doc = np.bincount(rows, minlength=n_docs)
+        segments = {**m.segments, "n_segments": len(rows), "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum())}
+    for name, info, source in ((DENSE_NAME, m.dense, "embeddings"), (EMBEDFILTER_NAME, m.embedfilter, "embeddings"), (ENCODER_NAME, m.encoder, "encoder")):
+        if info is None:
+            continue
+        projection = None
+        if name == EMBEDFILTER_NAME:
+            from indexer.integrity import load_npy
+
+            projection = load_npy(current / f"{name}_projection.npy", "float32", 2, mmap=False)
+        parts = [kept.dense[name]]
+        if new is not None:
+            fresh = getattr(new, source)
+            parts.append(normalise(fresh @ projection if projection is not None else fresh))
+        index = DenseIndex.build(np.concatenate(parts), info.get("kind", "Flat"), row_doc=rows if name != ENCODER_NAME else None)
+        index.projection = projection
+        index.save(out, name)
+    lexical = None
+    bm25 = None
+    if m.lexical is not None:
+        tokenizer = embedder.tokenizer if embedder is not None else None
+        if m.lexical["analyzer"] == "tokens" and tokenizer is None:
+            from embedder.encoder import EmbedderConfig
+            from embedder.tokenization import TokenizerOnly
+
+            tokenizer = TokenizerOnly.load(m.model["name"], (m.adapter or {}).get("path", "none"), EmbedderConfig(**{"fold_all_caps": False, **m.embedding})).tokenizer
+        bm25 = BM25Builder(make_analyzer(m.lexical["analyzer"], tokenizer), k1=m.lexical.get("k1", 0.9), b=m.lexical.get("b", 0.4))
+
+    def feed() -> Iterator[Document]:
+        for doc in [*kept_docs, *added]:
+            if bm25 is not None:
+                bm25.add(doc.text)
+            yield doc
+
+    stored = write_documents(out, feed())
+    if bm25 is not None:
+        lex = bm25.finish()
+        lex.save(out / LEXICAL_DIR)
+        lexical = {**m.lexical, "n_terms": len(lex.vocab)}
+    corpus = {**m.corpus, "updated": True}
+    return Manifest(
+        model=m.model, adapter=m.adapter, embedding=m.embedding, sparse=m.sparse, n_docs=n_docs, corpus=corpus,
+        dense=_with_vectors(m.dense, rows), embedfilter=m.embedfilter, lexical=lexical, encoder=m.encoder, segments=segments,
+        documents=stored, runtime=m.runtime, build=dict(m.build), format_version=m.format_version,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def _with_vectors(dense: dict | None, rows: np.ndarray | None) -> dict | None:
+    if dense is None or rows is None:
+        return dense
+    return {**dense, "n_vectors": len(rows)}
+
+
+def read_delete_ids(path: Path) -> list[str]:
+    """Ids to delete, one per line (blank lines skipped); CorpusError naming the line otherwise."""
+    out = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise CorpusError(path, lineno, "id", "not valid UTF-8") from None
+            if line:
+                out.append(line)
+    return out
+
+
+__all__ = ["UPDATE_CHUNK", "UpdateError", "UpdateReport", "read_delete_ids", "update_index"]
