@@ -5,11 +5,17 @@ for every query; a crash leaves the last generation; the stored documents round-
 from __future__ import annotations
 
 import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import save_tiny_sentence_encoder, toy_docs, write_corpus
+from conftest import REPO, save_tiny_sentence_encoder, toy_docs, write_corpus
 
 from indexer.build import build_index
 from indexer.corpus import CorpusError, CorpusSpec, document_from_object
@@ -24,6 +30,7 @@ pytest.importorskip("sentence_transformers")
 
 QUERIES = ["cat and dog near the river", "computer memory", "game", "a puzzle for the team", "snow", "river bank money"]
 MODES = ("sparse", "dense", "bm25", "encoder", "hybrid")
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +150,57 @@ def test_an_index_without_stored_documents_says_to_rebuild(tmp_path, tiny_embedd
     Manifest(**data).write(gen)
     with pytest.raises(UpdateError, match="rebuild it once"):
         update_index(tmp_path / "index", delete=["x"], progress=False)
+
+
+# ============================================================ the CLI, and kill -9 during an update
+def update_cli(index: Path, *args: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "indexer.cli_update", "--index", str(index), "--quiet", *args]
+    return subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_update_index_cli_adds_deletes_and_reports(tmp_path, tiny_model_dir):
+    docs = toy_docs(20)
+    corpus = write_corpus(tmp_path / "c", docs[:14], "beir")
+    build_cli = [sys.executable, "-m", "indexer.cli", "--corpus", str(corpus), "--index", str(tmp_path / "index"), "--model", str(tiny_model_dir),
+                 "--adapter", "none", "--top-k", "8", "--channels", "sparse,bm25", "--quiet"]  # fmt: skip
+    subprocess.run(build_cli, cwd=REPO, env=ENV, check=True, capture_output=True, timeout=300)
+    add = write_corpus(tmp_path / "add", docs[14:], "jsonl")
+    (tmp_path / "gone.txt").write_text(f"{docs[0]['_id']}\n\n{docs[1]['_id']}\n")
+    out, err = update_cli(tmp_path / "index", "--add", str(add), "--delete", docs[2]["_id"], "--delete", "nope",
+                          "--delete-file", str(tmp_path / "gone.txt")).communicate(timeout=300)  # fmt: skip
+    assert "Traceback" not in err and out.startswith(f"updated {tmp_path / 'index'}: 6 added, 0 replaced, 3 deleted (1 not indexed: nope); 17 documents now"), (out, err)
+    assert Manifest.read(tmp_path / "index").n_docs == 17
+    proc = update_cli(tmp_path / "index", "--add", str(tmp_path / "missing.jsonl"))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1 and "missing.jsonl" in err, err
+    proc = update_cli(tmp_path / "index")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "nothing to do" in err
+
+
+def test_kill_9_during_an_update_leaves_the_last_generation_and_a_rerun_completes(tmp_path, tiny_model_dir):
+    docs = toy_docs(400, seed=5)
+    corpus = write_corpus(tmp_path / "c", docs[:100], "beir")
+    build_cli = [sys.executable, "-m", "indexer.cli", "--corpus", str(corpus), "--index", str(tmp_path / "index"), "--model", str(tiny_model_dir),
+                 "--adapter", "none", "--top-k", "8", "--channels", "sparse,dense,bm25", "--quiet"]  # fmt: skip
+    subprocess.run(build_cli, cwd=REPO, env=ENV, check=True, capture_output=True, timeout=300)
+    add = write_corpus(tmp_path / "add", docs[100:], "beir")
+    rng = random.Random(0)
+    kills = 0
+    for _ in range(6):
+        proc = update_cli(tmp_path / "index", "--add", str(add), "--delete", docs[0]["_id"])
+        time.sleep(rng.uniform(0.2, 4.0))  # model loading, encoding, writing or publishing
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.communicate(timeout=300)
+        assert verify(tmp_path / "index").ok  # whatever was published last, whole
+        n = Manifest.read(tmp_path / "index").n_docs
+        assert n in (100, 399), n  # the old generation, or the update (a completed one: 99 + 300)
+    out, err = update_cli(tmp_path / "index", "--add", str(add), "--delete", docs[0]["_id"]).communicate(timeout=300)
+    assert "Traceback" not in err and "399 documents now" in out, (out, err)
+    with Retriever.load(tmp_path / "index", query_encoder="llm", warm=False) as r:
+        assert len(r.doc_ids) == 399 and r.doc_ids[-1] == docs[-1]["_id"]
+    assert kills >= 1  # at least one update really died on the way
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".index.") and p.name not in (os.readlink(tmp_path / "index"), ".index.lock")]
+    assert left == [], left  # the rerun swept what the killed ones left
