@@ -1,6 +1,7 @@
-"""Titles and snippets for hits: the index holds no text, so the server reads the corpus once.
+"""Titles and snippets for hits: from the documents the index stores, else from its corpus.
 
-The corpus is the one the index's manifest names (or the one given to ``serve --corpus``).
+An index stores its documents (indexer/stored_documents.py); one built before that did not,
+and then the corpus the index's manifest names is read (or the one given to ``serve --corpus``).
 Where it cannot be read (moved, deleted), the server still answers, with ids and scores only,
 and /info says why there are no snippets.
 """
@@ -8,13 +9,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from indexer.corpus import CorpusError, CorpusSpec, open_corpus_file
-from indexer.manifest import Manifest
+from indexer.corpus import CorpusError, CorpusSpec, join_title, open_corpus_file
+from indexer.manifest import IndexFormatError, Manifest
+from indexer.stored_documents import StoredDocuments
 
 SNIPPET_CHARS = 280
 LEAD_CHARS = 60  # text kept before the first matched word
@@ -51,6 +54,10 @@ class Documents:
         """The index's documents and a note for /info: from ``corpus`` when given, else from
         the path its manifest records (as given to build-index: absolute, or relative to the
         directory it was built from, tried from here and from beside the index)."""
+        if corpus is None and manifest.documents is not None:
+            docs = cls.from_index(index_dir, manifest, doc_ids)
+            if docs is not None:
+                return docs, f"snippets from the documents the index stores ({len(docs.texts)} documents)"
         recorded = manifest.corpus.get("path")
         candidates = [Path(corpus)] if corpus else [Path(recorded), Path(index_dir).parent / recorded] if recorded else []
         if not candidates:
@@ -64,6 +71,21 @@ class Documents:
                 continue
             return docs, f"snippets from {docs.source} ({len(docs.texts)} of {len(doc_ids)} documents)"
         return None, "no snippets: " + "; ".join(dict.fromkeys(problems)) + " (serve --corpus PATH)"
+
+    @classmethod
+    def from_index(cls, index_dir: Path, manifest: Manifest, doc_ids: list[str]) -> Documents | None:
+        """The documents the index stores (indexer/stored_documents.py); None where they cannot
+        be read or are not those of ``doc_ids`` (the index was replaced meanwhile)."""
+        try:
+            stored = StoredDocuments.open(Path(os.path.realpath(index_dir)), manifest.n_docs)
+            records = [stored.record(i) for i in range(len(stored))]
+        except (IndexFormatError, OSError):
+            return None
+        if [r["_id"] for r in records] != list(doc_ids):
+            return None
+        texts = {r["_id"]: join_title(r.get("title"), r["text"]) for r in records}
+        titles = {r["_id"]: (r.get("title") or "").strip() or None for r in records}
+        return cls(titles, texts, str(stored.path))
 
     def snippet(self, doc_id: str, words: Iterable[str]) -> str | None:
         """About :data:`SNIPPET_CHARS` of the text, starting a little before the first matched
