@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import build_tiny_model, tiny_identity, toy_docs, write_corpus
@@ -49,8 +50,10 @@ def client(served):
 
 def test_healthz_and_info(client, served):
     retriever = served[0]
-    assert client.get("/healthz").json() == {"status": "ok", "documents": 40}
+    generation = Path(retriever.generation.path).name
+    assert client.get("/healthz").json() == {"status": "ok", "documents": 40, "generation": generation}
     info = client.get("/info").json()
+    assert info["generation"] == generation and info["loaded_at"].endswith("Z") and info["reload"]["follows_index"] is False
     assert info["documents"] == 40 and info["channels"] == ["sparse", "dense", "bm25"]
     assert info["default_mode"] == "hybrid" and info["fusion"] == retriever.fusion
     assert info["model"]["name"] == "tiny-0" and info["limits"]["max_k"] == 50 and info["limits"]["auth"] is False
@@ -147,14 +150,14 @@ def test_api_key_guards_every_route_but_healthz_and_the_page(served):
 def test_a_request_queued_past_the_timeout_gets_503_and_retry_after(served, monkeypatch):
     retriever = served[0]
     entered, release = threading.Event(), threading.Event()
-    original = Retriever.batch_search
+    original = Retriever.encode
 
-    def slow(self, queries, k=10, mode=None):
+    def slow(self, queries, mode=None):
         entered.set()
         release.wait(10)
-        return original(self, queries, k, mode)
+        return original(self, queries, mode)
 
-    monkeypatch.setattr(Retriever, "batch_search", slow)
+    monkeypatch.setattr(Retriever, "encode", slow)
     with client_for(served, max_concurrency=1, queue_timeout_s=0.2) as c:
         first: dict = {}
         t = threading.Thread(target=lambda: first.setdefault("res", c.post("/search", json={"query": "cat", "k": 3})))
@@ -168,7 +171,7 @@ def test_a_request_queued_past_the_timeout_gets_503_and_retry_after(served, monk
         release.set()
         t.join(10)
         assert first["res"].status_code == 200 and first["res"].json()["hits"]
-        monkeypatch.setattr(Retriever, "batch_search", original)
+        monkeypatch.setattr(Retriever, "encode", original)
         assert c.post("/search", json={"query": "dog", "k": 3}).status_code == 200  # the slot came back
     assert retriever.manifest.n_docs == 40
 

@@ -27,9 +27,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on, 1-65535, or 0 for any free one (default {DEFAULT_PORT})")
     p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /healthz and the page (default: ${API_KEY_ENV} if set)")
     p.add_argument("--corpus", type=Path, help="where the documents are, for titles and snippets (default: the corpus the manifest names)")
-    p.add_argument("--max-concurrency", type=int, default=d.max_concurrency, help="searches at once; others queue")
+    p.add_argument("--max-concurrency", type=int, default=d.max_concurrency,
+                   help=f"search groups at once (default {d.max_concurrency}); the requests waiting when one starts share its encoder forward")
     p.add_argument("--queue-timeout", type=float, default=d.queue_timeout_s, help="seconds a request may queue before 503 + Retry-After")
-    p.add_argument("--max-k", type=int, default=d.max_k)
+    p.add_argument("--max-k", type=int, default=d.max_k, help=f"hits per request at most (default {d.max_k})")
+    p.add_argument("--max-window", type=int, default=d.max_window,
+                   help=f"the deepest rank a page reaches, offset + k (default {d.max_window})")
+    p.add_argument("--no-reload", action="store_true",
+                   help="serve the generation loaded at start for ever (default: follow the index, picking up a rebuild or an update within seconds)")
     p.add_argument("--max-query-chars", type=int, default=d.max_query_chars)
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="queries per /search/batch request")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
@@ -56,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         # every option is checked, and the port bound, before the model loads
         config = ServerConfig(
             max_concurrency=args.max_concurrency, queue_timeout_s=args.queue_timeout, max_body_bytes=args.max_body_bytes,
-            max_query_chars=args.max_query_chars, max_k=args.max_k, max_batch=args.max_batch, api_key=api_key(args.api_key),
+            max_query_chars=args.max_query_chars, max_k=args.max_k, max_window=args.max_window, max_batch=args.max_batch, api_key=api_key(args.api_key),
             max_connections=max_connections(args.max_connections), header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout, keep_alive_timeout_s=args.keep_alive_timeout,
         )
@@ -74,17 +79,27 @@ def main(argv: list[str] | None = None) -> int:
         from retriever.retriever import Retriever
         from retriever.server.app import create_app
         from retriever.server.documents import Documents
+        from retriever.server.live import reload_with_models
         from retriever.server.protocol import uvicorn_config
 
-        with quiet_libraries():
-            retriever = Retriever.load(args.index, dtype=args.dtype, runtime=args.runtime, query_encoder=args.query_encoder, profile=args.profile, feedback=args.feedback)
-        documents, note = Documents.for_index(args.index, retriever.manifest, retriever.doc_ids, args.corpus)
+        def load(**models) -> Retriever:
+            with quiet_libraries():
+                return Retriever.load(args.index, dtype=args.dtype, runtime=args.runtime, query_encoder=args.query_encoder,
+                                      profile=args.profile, feedback=args.feedback, **models)
+
+        def documents_for(r: Retriever) -> tuple[Documents | None, str]:
+            return Documents.for_index(args.index, r.manifest, r.doc_ids, args.corpus)
+
+        retriever = load()
+        documents, note = documents_for(retriever)
     except (IndexFormatError, ModelNotAvailable, CorpusError, ValueError, OSError, ImportError) as exc:
         if sock is not None:
             sock.close()
         print(f"serve: error: {exc}", file=sys.stderr)
         return 2
-    app = create_app(retriever, config, documents, note)
+    # a new generation of the index (a rebuild, an update) is loaded with the same options, reusing the models where it names the same
+    reload = None if args.no_reload else (lambda previous: reload_with_models(previous, load))
+    app = create_app(retriever, config, documents, note, loader=reload, documents_for=documents_for)
     port = sock.getsockname()[1]
     where = f"http://{args.host if ':' not in args.host else f'[{args.host}]'}:{port}"
     print(f"serve: {args.index}: {retriever.manifest.n_docs} documents, {retriever.describe_mode()}; {note}", file=sys.stderr)

@@ -7,17 +7,19 @@ API_KEY_ENV = "ALIGNED_TOKENS_API_KEY"  # the bearer token, when not given with 
 DEFAULT_MAX_CONNECTIONS = 512  # lowered by serve to fit the open-files limit (ulimit -n)
 BACKLOG = 128  # the listen queue, and the most connections asyncio accepts in one go
 MAX_TIMEOUT_S = 3600.0
+DEFAULT_MAX_CONCURRENCY = 2  # search lanes (retriever/server/batching.py): measured in BENCHMARKS.md ("Serving")
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     """Limits of one server (every one checked before any model work).
 
-    ``max_concurrency``: searches running at once (one warm model: more only contend for the
-    cores); further requests queue, and one still queued after ``queue_timeout_s`` gets 503
-    with ``Retry-After``. ``max_body_bytes``: request bodies larger are refused (413) before
+    ``max_concurrency``: search groups running at once (retriever/server/batching.py: the
+    requests waiting when a group starts share its encoder forward); further requests queue,
+    and one still queued after ``queue_timeout_s`` gets 503 with ``Retry-After``. ``max_body_bytes``: request bodies larger are refused (413) before
     they are parsed. ``max_query_chars``, ``max_k``, ``max_batch``: larger values are refused
-    (422) with a message. ``api_key``: when set, every route but ``/healthz`` and the page's
+    (422) with a message; ``max_window``: the deepest rank a page reaches (``offset + k``;
+    beyond: 422). ``api_key``: when set, every route but ``/healthz`` and the page's
     static files needs ``Authorization: Bearer <api_key>``.
 
     Connections (retriever/server/protocol.py): at most ``max_connections`` open (a request on
@@ -26,11 +28,12 @@ class ServerConfig:
     connection is closed after ``keep_alive_timeout_s``.
     """
 
-    max_concurrency: int = 1
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     queue_timeout_s: float = 10.0
     max_body_bytes: int = 64 * 1024
     max_query_chars: int = 2000
     max_k: int = 100
+    max_window: int = 1000
     max_batch: int = 32
     api_key: str | None = None
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -39,7 +42,7 @@ class ServerConfig:
     keep_alive_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrency", "max_body_bytes", "max_query_chars", "max_k", "max_batch", "max_connections"):
+        for name in ("max_concurrency", "max_body_bytes", "max_query_chars", "max_k", "max_window", "max_batch", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("queue_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
@@ -48,12 +51,14 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a number of seconds in (0, {MAX_TIMEOUT_S}], got {value}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key is empty")
+        if self.max_window < self.max_k:
+            raise ValueError(f"max_window ({self.max_window}) must be at least max_k ({self.max_k})")
 
     def public(self) -> dict:
         """The limits as /info shows them (never the key)."""
         return {
             "max_concurrency": self.max_concurrency, "queue_timeout_s": self.queue_timeout_s, "max_body_bytes": self.max_body_bytes,
-            "max_query_chars": self.max_query_chars, "max_k": self.max_k, "max_batch": self.max_batch, "auth": self.api_key is not None,
+            "max_query_chars": self.max_query_chars, "max_k": self.max_k, "max_window": self.max_window, "max_batch": self.max_batch, "auth": self.api_key is not None,
             "max_connections": self.max_connections, "header_timeout_s": self.header_timeout_s, "body_timeout_s": self.body_timeout_s,
             "keep_alive_timeout_s": self.keep_alive_timeout_s,
         }
