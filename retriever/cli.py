@@ -29,6 +29,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--query-weighting", choices=QUERY_WEIGHTINGS, default=DEFAULT_QUERY_WEIGHTING, help="weight of each query token")
     p.add_argument("--model", help="must match the index's model; default: the one in its manifest")
     p.add_argument("--encoder", help="must match the index's encoder channel; default: the one in its manifest (e.g. its model directory moved)")
+    p.add_argument("--where", type=_json_object, metavar="JSON",
+                   help='metadata filter, e.g. \'{"lang": "en", "year": {"gte": 2000}}\' (fields the index stores; see docs/command-line.md)')
     p.add_argument("--tokens", type=int, default=5, help="matched words shown per hit (text output)")
     p.add_argument(
         "--json", action="store_true",
@@ -43,6 +45,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--milvus-collection", help="--backend milvus: collection name (default: at_<index directory name>)")
     p.add_argument("--lucene-index", type=Path, help="--backend lucene: the export directory of build-index --export-pyserini")
     return p
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object of field: condition")
+    return value
 
 
 def _stdin_queries() -> list[str]:
@@ -84,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             mode = args.mode or retriever.default_mode
             if args.mode is None and mode != "hybrid":  # an index without channels to fuse: say what was chosen
                 print(f"search-index: {retriever.describe_mode(mode)}", file=sys.stderr)
-            results = retriever.batch_search(queries, k=args.k, mode=mode)
+            results = retriever.batch_search(queries, k=args.k, mode=mode, where=args.where)
     except (IndexFormatError, ModelNotAvailable, ValueError, OSError) as exc:
         print(f"search-index: error: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ Modes (channels of one index directory):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -29,9 +30,11 @@ from indexer.inverted_index import InvertedIndex
 from indexer.lexical import BM25Index, make_analyzer
 from indexer.manifest import MANIFEST, IndexFormatError, Manifest
 from indexer.reader import OpenedIndex, open_index
+from indexer.stored_documents import StoredDocuments
 from retriever.backends import Backend, open_backend
 from retriever.explain import TokenExplainer, merge, term_words
 from retriever.feedback import DocumentTokens, Feedback
+from retriever.filters import filter_mask, parse_filter
 from retriever.fusion import check_fusion, fuse
 from retriever.profiles import DEFAULT_PROFILE, Profile, get_profile
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, literal_queries, queries_from_states
@@ -517,47 +520,53 @@ class Retriever:
                 q.encoder_embedding = e
         return encoded
 
-    def search(self, query: str, k: int = 10, mode: str | None = None) -> list[Hit]:
+    def search(self, query: str, k: int = 10, mode: str | None = None, where: dict | None = None) -> list[Hit]:
         """Top-k hits for one query, best first.
 
         The contract (the same for :meth:`batch_search` and ``search-index``): ``query`` must be
         a str (TypeError); an empty or whitespace-only query has no hits; ``k`` must be a
         positive int (ValueError); ``mode`` one of :attr:`modes` (ValueError), by default
-        :attr:`default_mode` (hybrid on an index with several channels).
+        :attr:`default_mode` (hybrid on an index with several channels). ``where``: a metadata
+        filter (retriever/filters.py), e.g. ``{"lang": "en", "year": {"gte": 2000}}``; an
+        unknown field or a malformed condition is a ValueError naming it.
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, got {type(query).__name__}")
-        return self.batch_search([query], k=k, mode=mode)[0]
+        return self.batch_search([query], k=k, mode=mode, where=where)[0]
 
-    def batch_search(self, queries: Sequence[str], k: int = 10, mode: str | None = None) -> list[list[Hit]]:
+    def batch_search(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: dict | None = None) -> list[list[Hit]]:
         """Top-k hits for each query (see :meth:`search` for the contract)."""
         queries = check_queries(queries)
         k = check_k(k)
         mode = self.default_mode if mode is None else mode
         self._check_mode(mode)
+        self.filter_mask(where)  # a bad filter before seconds of encoding
         asked = [i for i, q in enumerate(queries) if q.strip()]  # a blank query matches nothing
         texts = [_utf8_safe(queries[i]) for i in asked]
         if not texts:
             return [[] for _ in queries]
         encoded = self.encode(texts, mode)
         results: list[list[Hit]] = [[] for _ in queries]
-        for i, hits in zip(asked, self.search_encoded(encoded, k=k, mode=mode)):
+        for i, hits in zip(asked, self.search_encoded(encoded, k=k, mode=mode, where=where)):
             results[i] = hits
         return results
 
-    def search_encoded(self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str | None = None, explain: bool = True) -> list[list[Hit]]:
+    def search_encoded(
+        self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str | None = None, explain: bool = True, where: dict | None = None,
+    ) -> list[list[Hit]]:
         """Search pre-encoded queries (see :meth:`encode`; encode with the same ``mode``).
         ``explain=False`` leaves ``Hit.matched_tokens`` empty (the per-hit token lookups cost
-        more than the search)."""
+        more than the search). ``where``: a metadata filter, as in :meth:`search`."""
         k = check_k(k)
         mode = self.default_mode if mode is None else mode
         self._check_mode(mode)
+        mask = self.filter_mask(where)
         # no channel needs more than every document: FAISS would allocate k slots per query
         k = min(k, len(self.doc_ids))
         if mode == "hybrid":
-            results = [self._hybrid(q, k, explain) if q.text.strip() else [] for q in encoded]
+            results = [self._hybrid(q, k, explain, mask) if q.text.strip() else [] for q in encoded]
         else:
-            results = [self._to_hits(q, mode, *self._channel(q, mode, k), explain=explain) if q.text.strip() else [] for q in encoded]
+            results = [self._to_hits(q, mode, *self._channel(q, mode, k, mask), explain=explain) if q.text.strip() else [] for q in encoded]
         for q, hits in zip(encoded, results):
             for hit in hits:
                 hit.query_encoder = q.query_encoder
@@ -583,7 +592,40 @@ class Retriever:
         self._check_mode(mode)
         return self._channel(q, mode, check_k(k))
 
-    def _channel(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+    @functools.cached_property
+    def metadata(self) -> list[dict | None]:
+        """Each document's stored metadata (None where it has none), by doc number."""
+        if self.manifest.documents is None:
+            return [None] * len(self.doc_ids)
+        held = self.generation.path if self.generation is not None else self.index_dir
+        stored = StoredDocuments.open(held, self.manifest.n_docs)
+        return [stored.record(i).get("metadata") for i in range(len(stored))]
+
+    def filter_mask(self, where: dict | None) -> np.ndarray | None:
+        """The documents a metadata filter lets through (None: no filter); ValueError for a bad one."""
+        if not where:
+            return None
+        fields = (self.manifest.documents or {}).get("metadata_fields", [])
+        return filter_mask(parse_filter(where, fields), self.metadata)
+
+    def _channel(self, q: EncodedQuery, mode: str, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """One channel's (doc numbers, scores), best first, -1 padded; with ``mask``, its best
+        documents among those the mask lets through (read ever deeper until k pass or the
+        channel has no more)."""
+        if mask is None:
+            return self._channel_all(q, mode, k)
+        n, depth = len(self.doc_ids), max(4 * k, 64)
+        while True:
+            depth = min(depth, n)
+            docs, scores = self._channel_all(q, mode, depth)
+            keep = (docs >= 0) & mask[np.maximum(docs, 0)]
+            if keep.sum() >= k or depth >= n or (docs < 0).any():
+                docs, scores = docs[keep][:k], scores[keep][:k]
+                pad = k - len(docs)
+                return np.concatenate([docs, np.full(pad, -1, docs.dtype)]), np.concatenate([scores, np.full(pad, -np.inf, scores.dtype)])
+            depth *= 4
+
+    def _channel_all(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
         """One channel's (doc numbers, scores), best first, -1 padded."""
         if mode in LLM_MODES and q.embedding.size == 0 and not (mode == "sparse" and q.query_encoder == "none"):
             if q.query_encoder == "none":
@@ -659,20 +701,22 @@ class Retriever:
     def _to_hits(self, q: EncodedQuery, mode: str, docs: np.ndarray, scores: np.ndarray, explain: bool = True) -> list[Hit]:
         return [self._explained(q, mode, int(d), s, explain) for d, s in zip(docs, scores) if d >= 0]
 
-    def _hybrid(self, q: EncodedQuery, k: int, explain: bool = True) -> list[Hit]:
+    def _hybrid(self, q: EncodedQuery, k: int, explain: bool = True, mask: np.ndarray | None = None) -> list[Hit]:
         weights = self.fusion["weights"]
         used = self.channels_of("hybrid")  # channels the index lacks are skipped
         if not used:
             raise ValueError(f"{self.index_dir}: none of the fusion's channels {sorted(weights)} is in this index (modes {self.modes})")
         method = self.fusion.get("method", "minmax")
         if method.startswith("milvus-"):
+            if mask is not None:
+                raise ValueError(f"metadata filters are not supported with the {method} fusion (fused inside Milvus)")
             return self._engine_hybrid(q, k, used, method, explain)
         if self.feedback is not None and "sparse" in used and q.tokens.size:
-            channels = {m: self._channel(q, m, FUSION_DEPTH) for m in used if m != "sparse"}
+            channels = {m: self._channel(q, m, FUSION_DEPTH, mask) for m in used if m != "sparse"}
             q = self.with_feedback(q, channels)
-            channels["sparse"] = self._channel(q, "sparse", FUSION_DEPTH)
+            channels["sparse"] = self._channel(q, "sparse", FUSION_DEPTH, mask)
         else:
-            channels = {m: self._channel(q, m, FUSION_DEPTH) for m in used}
+            channels = {m: self._channel(q, m, FUSION_DEPTH, mask) for m in used}
         fused = fuse(channels, weights, k, method, self.fusion.get("rrf_k", 60))
         return [self._explained(q, "hybrid", f.doc, f.score, explain, f.contributions) for f in fused]
 

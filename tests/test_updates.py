@@ -204,3 +204,43 @@ def test_kill_9_during_an_update_leaves_the_last_generation_and_a_rerun_complete
     assert kills >= 1  # at least one update really died on the way
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".index.") and p.name not in (os.readlink(tmp_path / "index"), ".index.lock")]
     assert left == [], left  # the rerun swept what the killed ones left
+
+
+# ============================================================ metadata filters
+def tagged_docs() -> list[dict]:
+    docs = toy_docs(40, seed=7)
+    for i, d in enumerate(docs):
+        d["lang"] = "en" if i % 3 else "de"
+        d["year"] = 1990 + i
+        d["tags"] = ["even"] if i % 2 == 0 else ["odd", "x"]
+    return docs
+
+
+@pytest.mark.parametrize("mode", ["sparse", "bm25", "hybrid"])
+def test_a_filter_returns_the_best_passing_documents_of_each_channel(tmp_path, tiny_embedder, mode):
+    docs = tagged_docs()
+    build_index(write_corpus(tmp_path / "c", docs, "beir"), tmp_path / "index", tiny_embedder, top_k=16, lexical="words", dense=True, progress=False)
+    r = Retriever.load(tmp_path / "index", embedder=tiny_embedder, query_encoder="llm")
+    by_id = {d["_id"]: d for d in docs}
+    where = {"lang": "de", "year": {"gte": 1995}}
+    passing = {d["_id"] for d in docs if d["lang"] == "de" and d["year"] >= 1995}
+    for query in QUERIES:
+        hits = r.search(query, k=5, mode=mode, where=where)
+        assert hits and {h.doc_id for h in hits} <= passing, (query, [by_id[h.doc_id]["lang"] for h in hits])
+        if mode != "hybrid":  # a channel's order among the passing documents is its unfiltered order
+            everything = [h.doc_id for h in r.search(query, k=40, mode=mode) if h.doc_id in passing]
+            assert [h.doc_id for h in hits] == everything[:5]
+    assert {h.doc_id for h in r.search("game", k=40, mode=mode, where={"tags": "odd"})} <= {d["_id"] for d in docs if "odd" in d["tags"]}
+    assert len(r.search("cat", k=3, mode="sparse", where={"lang": ["de", "en"]})) == 3
+
+
+def test_bad_filters_name_the_field(tmp_path, tiny_embedder):
+    build_index(write_corpus(tmp_path / "c", tagged_docs(), "beir"), tmp_path / "index", tiny_embedder, top_k=8, progress=False)
+    r = Retriever.load(tmp_path / "index", embedder=tiny_embedder, query_encoder="llm")
+    with pytest.raises(ValueError, match=r"filter field 'colour' is not a metadata field of this index \(fields: lang, tags, year\)"):
+        r.search("cat", where={"colour": "red"})
+    with pytest.raises(ValueError, match="filter field 'year': expected a value"):
+        r.search("cat", where={"year": {"between": [1, 2]}})
+    with pytest.raises(ValueError, match="gte needs a number or a string"):
+        r.search("cat", where={"year": {"gte": float("nan")}})
+    assert r.search("cat", where={"year": 3000}) == []
