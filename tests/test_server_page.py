@@ -30,6 +30,15 @@ def _browser() -> tuple[str, str]:
     return chromium, driver
 
 
+class Served(str):
+    """The server's URL, with its process (to stop it mid-test)."""
+
+    def __new__(cls, url: str, proc: subprocess.Popen):
+        self = super().__new__(cls, url)
+        self.proc = proc
+        return self
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,7 +75,7 @@ def server(toy_corpus, tiny_model_dir, tmp_path):
             if time.monotonic() > deadline:
                 pytest.fail("serve did not answer /healthz within 180 s")
             time.sleep(0.3)
-        yield url
+        yield Served(url, proc)
     finally:
         proc.terminate()
         try:
@@ -75,19 +84,24 @@ def server(toy_corpus, tiny_model_dir, tmp_path):
             proc.kill()
 
 
-def test_search_page_renders_explained_hits_in_chromium(server):
+def _chrome():
     chromium, driver_path = _browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1100,900"):
         options.add_argument(arg)
-    browser = webdriver.Chrome(service=Service(driver_path), options=options)
+    return webdriver.Chrome(service=Service(driver_path), options=options)
+
+
+def test_search_page_renders_explained_hits_in_chromium(server):
+    browser = _chrome()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
     try:
         browser.get(server + "/")
         wait = WebDriverWait(browser, 60)
@@ -115,6 +129,44 @@ def test_search_page_renders_explained_hits_in_chromium(server):
         print(f"\nsearch page screenshot: {shot}")
         browser.get(link)  # the JSON behind the page
         assert '"hits"' in browser.find_element(By.TAG_NAME, "body").text
+    finally:
+        browser.quit()
+
+
+def test_the_query_is_in_the_url_back_works_and_a_dead_server_is_said(server):
+    browser = _chrome()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def first_title() -> str:  # read in one go: the list may be redrawn between a find and a read
+        return browser.execute_script("const e = document.querySelector('#hits li.hit'); return e ? e.textContent : '';")
+
+    try:
+        wait = WebDriverWait(browser, 60)
+        browser.get(server + "/?q=computer+memory")  # a bookmark: the search runs on opening
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#hits li.hit"))
+        assert browser.find_element(By.ID, "query").get_attribute("value") == "computer memory"
+        info = browser.find_element(By.ID, "info").text
+        assert "model tiny-model" in info and "/" not in info.split("model", 1)[1]  # names, never a local path
+        computer = first_title()
+        box = browser.find_element(By.ID, "query")
+        box.clear()
+        box.send_keys("snow on the mountain")
+        browser.find_element(By.ID, "go").click()
+        wait.until(lambda b: "q=snow+on+the+mountain" in b.current_url and b.find_elements(By.CSS_SELECTOR, "#hits li.hit")
+                   and first_title() != computer)
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#hits li.hit")) == 10
+        browser.find_element(By.ID, "more").click()  # the next page, through offset
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#hits li.hit")) == 20)
+        browser.back()
+        wait.until(lambda b: b.find_element(By.ID, "query").get_attribute("value") == "computer memory" and first_title() == computer)
+        assert "q=computer+memory" in browser.current_url
+        browser.forward()
+        wait.until(lambda b: b.find_element(By.ID, "query").get_attribute("value") == "snow on the mountain")
+        server.proc.terminate()  # the server goes away: the page says so instead of "searching…"
+        server.proc.wait(10)
+        browser.find_element(By.ID, "go").click()
+        wait.until(lambda b: "cannot be reached" in b.find_element(By.ID, "status").text)
     finally:
         browser.quit()
 

@@ -1,4 +1,6 @@
 // The search page: one form, POST /search, hits rendered with highlighted words and channel bars.
+// The query is in the URL (?q=...: bookmarkable; Back / Forward search again); errors and an
+// unreachable server are said, never "searching…" for ever.
 "use strict";
 const COLORS = { sparse: "#4e79a7", bm25: "#f28e2b", encoder: "#59a14f", dense: "#b07aa1", "dense-ef": "#9c755f" };
 const $ = (id) => document.getElementById(id);
@@ -40,54 +42,144 @@ function words(matched) {
   return Object.entries(matched).slice(0, 8).map(([w, v]) => "<code>" + escapeHtml(w) + " " + number(v) + "</code>").join("");
 }
 
-function render(data, jsonHref) {
-  const list = $("hits");
-  const top = data.hits.length ? data.hits[0].score : 0;
-  list.innerHTML = data.hits.map((h) =>
-    '<li class="hit"><div class="hit-head">'
+const TIMEOUT_MS = 30000; // a search or /info not answered by then is reported, not waited for
+const NON_DEFAULT_K = () => $("k").value !== "10";
+
+// fetch with a deadline; a network failure or the deadline becomes an Error whose message says so
+async function call(url, options) {
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), TIMEOUT_MS);
+  let res;
+  try {
+    res = await fetch(url, Object.assign({ signal: abort.signal }, options || {}));
+  } catch (e) {
+    throw new Error(abort.signal.aborted ? "the server did not answer within " + TIMEOUT_MS / 1000 + " s"
+      : "the server cannot be reached (is serve running?)");
+  } finally {
+    clearTimeout(timer);
+  }
+  let data = null;
+  try { data = await res.json(); } catch (e) { data = null; }
+  return { res: res, data: data };
+}
+
+// a model given by path (build-index --model DIR) is shown by its last part
+function baseName(name) { return String(name).replace(/[\\/]+$/, "").split(/[\\/]/).pop(); }
+
+function showError(text) {
+  $("status").innerHTML = '<span class="error">' + escapeHtml(text) + "</span>";
+}
+
+function hitHtml(h, top) {
+  return '<li class="hit" value="' + h.rank + '"><div class="hit-head">'
     + (h.title ? '<span class="title">' + escapeHtml(h.title) + "</span>" : "")
     + (h.title !== h.id ? '<span class="id">' + escapeHtml(h.id) + "</span>" : "")
     + '<span class="score">' + h.score.toFixed(3) + "</span></div>"
-    + (h.snippet ? '<p class="snippet">' + highlight(h.snippet, h.highlight) + "</p>" : "")
-    + (Object.keys(h.channels).length ? bar(h.channels, h.score, top) : "")
-    + '<div class="words">' + words(h.matched) + "</div></li>").join("");
-  $("status").innerHTML = data.hits.length + " hit(s), mode " + escapeHtml(data.mode) + ", " + data.took_ms.toFixed(1)
-    + ' ms · <a id="json-link" href="' + jsonHref + '">JSON</a>';
+    + (h.snippet ? '<p class="snippet">' + highlight(h.snippet, h.highlight || []) + "</p>" : "")
+    + (h.channels && Object.keys(h.channels).length ? bar(h.channels, h.score, top) : "")
+    + '<div class="words">' + words(h.matched || {}) + "</div></li>";
 }
 
-async function search(event) {
-  if (event) event.preventDefault();
+let current = null; // the search shown: {query, k, mode, top, shown, total}
+
+function render(data, jsonHref, append) {
+  const list = $("hits");
+  if (!append) current.top = data.hits.length ? data.hits[0].score : 0;
+  const html = data.hits.map((h) => hitHtml(h, current.top)).join("");
+  if (append) list.insertAdjacentHTML("beforeend", html); else list.innerHTML = html;
+  current.shown = data.offset + data.hits.length;
+  current.total = data.total;
+  const of = data.total_relation === "pool" ? " of " + data.total + " candidates" : data.total_relation === "gte"
+    ? " of " + data.total + "+" : " of " + data.total;
+  $("status").innerHTML = current.shown + " hit(s)" + of + ", mode " + escapeHtml(data.mode) + ", " + data.took_ms.toFixed(1)
+    + ' ms · <a id="json-link" href="' + jsonHref + '">JSON</a>';
+  $("more").hidden = !(data.hits.length === data.k && current.shown < data.total);
+}
+
+// the form's state as URL parameters (q, and k / mode where not the default)
+function urlParams(query) {
+  const params = new URLSearchParams({ q: query });
+  if (NON_DEFAULT_K()) params.set("k", $("k").value);
+  if ($("mode").value) params.set("mode", $("mode").value);
+  return params;
+}
+
+async function search(offset) {
   const query = $("query").value;
-  const body = { query: query, k: parseInt($("k").value, 10) };
+  const body = { query: query, k: parseInt($("k").value, 10), offset: offset || 0 };
   if ($("mode").value) body.mode = $("mode").value;
   const params = new URLSearchParams({ q: query, k: body.k });
   if (body.mode) params.set("mode", body.mode);
+  if (body.offset) params.set("offset", body.offset);
+  if (!offset) { current = { query: query }; $("more").hidden = true; }
   $("status").textContent = "searching…";
-  const res = await fetch("/search", { method: "POST", headers: headers(), body: JSON.stringify(body) });
-  const data = await res.json();
+  let answer;
+  try {
+    answer = await call("/search", { method: "POST", headers: headers(), body: JSON.stringify(body) });
+  } catch (e) {
+    showError(e.message);
+    return;
+  }
+  const { res, data } = answer;
   if (!res.ok) {
-    $("hits").innerHTML = "";
-    $("status").innerHTML = '<span class="error">' + res.status + ": " + escapeHtml(String(data.detail)) + "</span>";
+    if (!offset) $("hits").innerHTML = "";
+    showError(res.status + ": " + (data && data.detail ? String(data.detail) : res.statusText || "error"));
     if (res.status === 401) $("key-row").hidden = false;
     return;
   }
-  render(data, "/search?" + params.toString());
+  render(data, "/search?" + params.toString(), Boolean(offset));
+}
+
+// the search named by the page's URL (?q=...&k=...&mode=...): on load and on Back / Forward
+function fromUrl() {
+  const params = new URLSearchParams(location.search);
+  const q = params.get("q") || "";
+  $("query").value = q;
+  if (params.get("k")) $("k").value = params.get("k");
+  if (params.get("mode") !== null && [...$("mode").options].some((o) => o.value === params.get("mode"))) $("mode").value = params.get("mode");
+  if (q) {
+    search(0);
+  } else {
+    $("hits").innerHTML = ""; $("status").textContent = ""; $("more").hidden = true;
+  }
+}
+
+function submit(event) {
+  event.preventDefault();
+  const url = "?" + urlParams($("query").value).toString();
+  if (url !== location.search) history.pushState(null, "", url);
+  search(0);
 }
 
 async function loadInfo() {
-  const res = await fetch("/info", { headers: headers() });
-  if (res.status === 401) { $("key-row").hidden = false; $("info").textContent = "API key needed"; return; }
-  const info = await res.json();
-  $("info").textContent = info.documents + " documents · " + info.describe + " · model " + info.model.name
-    + (info.adapter ? " + " + info.adapter.path : "") + (info.encoder ? " · encoder " + info.encoder : "");
+  let answer;
+  try {
+    answer = await call("/info", { headers: headers() });
+  } catch (e) {
+    $("info").textContent = "";
+    showError(e.message);
+    return false;
+  }
+  const { res, data: info } = answer;
+  if (res.status === 401) { $("key-row").hidden = false; $("info").textContent = "API key needed"; return false; }
+  if (!res.ok || !info) { showError("/info: " + res.status + " " + (info && info.detail ? info.detail : res.statusText)); return false; }
+  // the model and adapter by name only (never a local path)
+  $("info").textContent = info.documents + " documents · " + info.describe + " · model " + baseName(info.model.name)
+    + (info.adapter ? " + " + baseName(info.adapter.name) : "") + (info.encoder ? " · encoder " + info.encoder : "");
+  $("info").title = "generation " + info.generation + ", loaded " + info.loaded_at;
+  const mode = $("mode");
+  while (mode.options.length > 1) mode.remove(1);
   for (const m of info.modes) {
     const o = document.createElement("option");
-    o.value = m; o.textContent = m; $("mode").appendChild(o);
+    o.value = m; o.textContent = m; mode.appendChild(o);
   }
   $("legend").innerHTML = info.channels.map((c) => '<span><i style="background:' + (COLORS[c] || "#999") + '"></i>' + c + "</span>").join("");
   document.body.dataset.ready = "1";
+  return true;
 }
 
-$("search-form").addEventListener("submit", search);
-$("api-key").addEventListener("change", (e) => { sessionStorage.setItem("apiKey", e.target.value); loadInfo(); });
-loadInfo();
+$("search-form").addEventListener("submit", submit);
+$("more").addEventListener("click", () => search(current ? current.shown : 0));
+window.addEventListener("popstate", fromUrl);
+$("api-key").addEventListener("change", async (e) => { sessionStorage.setItem("apiKey", e.target.value); if (await loadInfo()) fromUrl(); });
+loadInfo().then((ok) => { if (ok) fromUrl(); });
