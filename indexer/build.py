@@ -213,12 +213,13 @@ def _encode_shards(
         if mine(number) and number not in skip:
             if starting is not None:
                 starting(number)
-            arrays, meta = encode_shard(chunk, embedder, encoder, plan)
+            arrays, meta = encode_shard(chunk, embedder, encoder, plan, encoded=bar.update)  # the bar moves per batch
             commit_shard(store_path, number, arrays, meta)
             n_tokens += meta["n_tokens"]
             seconds += meta["encode_seconds"]
             bar.set_postfix(tok_per_s=f"{n_tokens / max(seconds, 1e-9):.0f}")
-        bar.update(len(chunk))
+        else:
+            bar.update(len(chunk))  # committed by an earlier run, or another worker's
     bar.close()
     return n_shards, spec.n_empty
 

@@ -8,7 +8,7 @@ worker that is not this process loads the build's embedder again.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -71,11 +71,15 @@ class ShardPlan:
     windows: int | None = None
 
 
-def encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: ShardPlan) -> tuple[dict[str, np.ndarray], dict]:
+def encode_shard(
+    chunk: list[Document], embedder: Embedder, encoder, plan: ShardPlan, encoded: Callable[[int], None] | None = None,
+) -> tuple[dict[str, np.ndarray], dict]:
     """One shard's arrays and JSON (doc ids, tokens, seconds).
 
     With segments, ``tokens``/``weights`` are already per document (max over its windows),
     ``embeddings`` has one row per window and ``row_docs`` the shard-local document of each.
+    ``encoded(n)`` is told of each batch's documents as the LLM finishes them (a progress bar
+    that moves within a shard); with segments, of the whole shard at the end.
     """
     texts = [d.text for d in chunk]
     units, owner = split_segments(embedder, texts, plan.windows or None) if plan.windows is not None else (texts, None)
@@ -92,6 +96,10 @@ def encode_shard(chunk: list[Document], embedder: Embedder, encoder, plan: Shard
             if emb is not None:
                 emb[pos] = h.cpu().numpy()
             n_tokens += ntok
+            if encoded is not None and owner is None:
+                encoded(len(pos))
+    if encoded is not None and owner is not None:
+        encoded(len(chunk))
     arrays = {"tokens": tok, "weights": wts}
     if owner is not None:
         arrays["tokens"], arrays["weights"] = max_over_segments(tok, wts, owner, len(texts), k)

@@ -251,13 +251,12 @@ def _encode(docs: list[Document], m: Manifest, embedder, encoder, progress: bool
     n_tokens, base = 0, 0
     bar = tqdm(total=len(docs), unit="doc", desc="encoding added documents", disable=not progress)
     for chunk in chunks(docs, UPDATE_CHUNK):
-        arrays, meta = encode_shard(chunk, embedder, encoder, plan)
+        arrays, meta = encode_shard(chunk, embedder, encoder, plan, encoded=bar.update)
         if "row_docs" in arrays:
             arrays["row_docs"] = arrays["row_docs"] + base
         parts.append(arrays)
         n_tokens += meta["n_tokens"]
         base += len(chunk)
-        bar.update(len(chunk))
         bar.set_postfix(docs_per_s=f"{base / max(bar.format_dict['elapsed'], 1e-9):.1f}")
     bar.close()
     cat = lambda name: np.concatenate([p[name] for p in parts]) if name in parts[0] else None
