@@ -30,6 +30,7 @@ from indexer.integrity import (
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import LEXICAL_DIR, BM25Index
 from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
+from indexer.stored_documents import StoredDocuments
 
 # indexer.exports.lucene.EXPORT_MANIFEST; not imported from there, which would pull in torch
 EXPORT_MANIFEST = "export.json"
@@ -141,6 +142,7 @@ def verify_index(index_dir: Path) -> Report:
         report.problems += _file_problems(Path(index_dir), manifest.files)
     checks: dict[str, Callable[[], Any]] = {DOC_IDS: lambda: check_doc_ids(Path(index_dir) / DOC_IDS, manifest.n_docs)}
     checks.update({name: (lambda o=opener: o(Path(index_dir), manifest, True)) for name, opener in CHANNELS.items()})
+    checks["documents"] = lambda: check_stored_documents(Path(index_dir), manifest)
     for check in checks.values():
         try:
             check()
@@ -148,6 +150,18 @@ def verify_index(index_dir: Path) -> Report:
             if str(exc) not in report.problems:
                 report.problems.append(str(exc))
     return report
+
+
+def check_stored_documents(index_dir: Path, manifest: Manifest) -> None:
+    """The stored documents parse, one per document, in the order of the doc ids
+    (indexer/stored_documents.py); IndexFormatError naming the line otherwise."""
+    if manifest.documents is None:
+        return
+    stored = StoredDocuments.open(index_dir, manifest.n_docs)
+    ids = check_doc_ids(index_dir / DOC_IDS, manifest.n_docs)
+    for i, doc_id in enumerate(ids):
+        if stored.record(i)["_id"] != doc_id:
+            raise IndexFormatError(f"{stored.path}:{i + 1}: id {stored.record(i)['_id']!r}, {DOC_IDS} has {doc_id!r} there")
 
 
 def verify_export(export_dir: Path) -> Report:

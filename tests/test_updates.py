@@ -244,3 +244,14 @@ def test_bad_filters_name_the_field(tmp_path, tiny_embedder):
     with pytest.raises(ValueError, match="gte needs a number or a string"):
         r.search("cat", where={"year": {"gte": float("nan")}})
     assert r.search("cat", where={"year": 3000}) == []
+
+
+def test_verify_index_reads_the_stored_documents(tmp_path, tiny_embedder):
+    docs = toy_docs(5)
+    build_index(write_corpus(tmp_path / "c", docs, "beir"), tmp_path / "index", tiny_embedder, top_k=8, progress=False)
+    stored = Path(tmp_path / "index").resolve() / "documents.jsonl"
+    first = docs[0]["_id"]
+    stored.write_bytes(stored.read_bytes().replace(first.encode(), first[::-1].encode(), 1))  # same length: sizes still agree
+    problems = verify(tmp_path / "index").problems
+    assert any("documents.jsonl:1: id" in p and repr(first) in p for p in problems), problems
+    assert any("documents.jsonl" in p and "checksum" in p for p in problems), problems
