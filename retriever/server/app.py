@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retriever.retriever import MODES, Retriever
-from retriever.server.batching import Batcher, Busy, Job, Result
+from retriever.server.batching import FORWARD_QUERIES, Batcher, Busy, Job, Result
 from retriever.server.config import ServerConfig
 from retriever.server.documents import Documents, display_words
 from retriever.server.live import POLL_S, LiveIndex, RetrieverLoader, Served
@@ -97,7 +97,7 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
     snippets with ``documents_for``. Without it, ``retriever`` is served as it is."""
     config = config or ServerConfig()
     live = LiveIndex(Served(retriever, documents, documents_note), loader, documents_for, poll_s)
-    batcher = Batcher(config.max_concurrency, config.max_batch, config.queue_timeout_s)
+    batcher = Batcher(config.max_concurrency, FORWARD_QUERIES, config.queue_timeout_s)
     started = time.time()
 
     @contextlib.asynccontextmanager
