@@ -213,7 +213,7 @@ def _read_kept(path: Path, m: Manifest, channels: dict, keep: np.ndarray) -> _Ke
     return _Kept(keep, tokens, weights, dense, rows)
 
 
-def _load_models(m: Manifest, embedder, encoder):
+def load_models(m: Manifest, embedder=None, encoder=None):
     """The manifest's embedder (and encoder), loaded where not given; checked where given."""
     from embedder.encoder import Embedder, EmbedderConfig
 
@@ -242,7 +242,7 @@ class _New:
 
 
 def _encode(docs: list[Document], m: Manifest, embedder, encoder, progress: bool) -> _New:
-    embedder, encoder = _load_models(m, embedder, encoder)
+    embedder, encoder = load_models(m, embedder, encoder)
     windows = None
     if m.segments is not None:
         windows = m.segments.get("max_segments") or 0
@@ -349,4 +349,4 @@ def read_delete_ids(path: Path) -> list[str]:
     return out
 
 
-__all__ = ["UPDATE_CHUNK", "UpdateError", "UpdateReport", "read_delete_ids", "update_index"]
+__all__ = ["UPDATE_CHUNK", "UpdateError", "UpdateReport", "load_models", "read_delete_ids", "update_index"]

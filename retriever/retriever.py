@@ -73,6 +73,7 @@ DEFAULT_FUSION = {"method": "minmax", "weights": {"sparse": 0.1, "dense": 0.4, "
 # skipped, as for DEFAULT_FUSION.
 DEFAULT_FUSION_WITH_ENCODER = {"method": "minmax", "weights": {"bm25": 0.4, "encoder": 0.4, "sparse": 0.2}}
 FUSION_DEPTH = 100  # hits taken from each channel before fusing
+MASK_CACHE = 32  # metadata filters whose document masks are kept
 
 
 @dataclass
@@ -204,6 +205,8 @@ class Retriever:
         self.feedback = feedback
         self._document_tokens: DocumentTokens | None = None  # made on first use (feedback)
         self._document_tokens_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._masks: dict[str, np.ndarray] = {}  # metadata filters' masks, the latest MASK_CACHE
         self._check_query_side()
         self._student_head = None  # the LM head of distilled queries (embedder.query_encoder.LMHead), made on first use
         self.query_cache = QueryCache(query_cache_size)
@@ -584,13 +587,14 @@ class Retriever:
             flag = {"dense": "--dense", "dense-ef": "--embedfilter TAU", "bm25": "--lexical words", "encoder": "--encoder NAME"}[mode]
             raise ValueError(f"{self.index_dir}: mode {mode!r} needs an index built with {flag}")
 
-    def search_channel(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search_channel(self, q: EncodedQuery, mode: str, k: int, where: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One channel's top-``k`` for an encoded query (:meth:`encode` with that ``mode``): document
-        numbers (into :attr:`doc_ids`) and scores, best first, -1 padded; no explanations."""
+        numbers (into :attr:`doc_ids`) and scores, best first, -1 padded; no explanations.
+        ``where``: a metadata filter, as in :meth:`search`."""
         if mode == "hybrid":
             raise ValueError("search_channel searches one channel; for hybrid use search_encoded")
         self._check_mode(mode)
-        return self._channel(q, mode, check_k(k))
+        return self._channel(q, mode, check_k(k), self.filter_mask(where))
 
     @functools.cached_property
     def metadata(self) -> list[dict | None]:
@@ -606,7 +610,17 @@ class Retriever:
         if not where:
             return None
         fields = (self.manifest.documents or {}).get("metadata_fields", [])
-        return filter_mask(parse_filter(where, fields), self.metadata)
+        conditions = parse_filter(where, fields)
+        key = repr(conditions)  # a server asks for the same few filters again and again
+        with self._lock:
+            mask = self._masks.get(key)
+        if mask is None:
+            mask = filter_mask(conditions, self.metadata)
+            with self._lock:
+                self._masks[key] = mask
+                while len(self._masks) > MASK_CACHE:
+                    self._masks.pop(next(iter(self._masks)))
+        return mask
 
     def _channel(self, q: EncodedQuery, mode: str, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One channel's (doc numbers, scores), best first, -1 padded; with ``mask``, its best

@@ -129,7 +129,7 @@ def test_openapi_is_typed_and_docs_render_offline(served):
         props = schema["components"]["schemas"]["SearchResponse"]["properties"]
         assert {"total", "total_relation", "offset", "generation", "took_ms"} <= set(props)
         get_params = {p["name"] for p in schema["paths"]["/search"]["get"]["parameters"]}
-        assert get_params == {"q", "k", "offset", "mode", "fields"}
+        assert get_params == {"q", "k", "offset", "mode", "fields", "filter"}
         page = c.get("/docs").text
         assert "/static/docs-assets/swagger-ui-bundle.js" in page and "cdn" not in page.lower()
         for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js"):

@@ -141,9 +141,10 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             return SafeJSONResponse({"detail": "a POST needs a Content-Length header"}, status_code=411)
         if length is not None and not (length.isascii() and length.isdigit()):  # (uvicorn's h11 refuses it first: 400)
             return SafeJSONResponse({"detail": f"malformed Content-Length {length[:40]!r}"}, status_code=400)
-        if length is not None and (len(length.lstrip("0")) > 18 or int(length) > config.max_body_bytes):
-            return SafeJSONResponse({"detail": f"request body larger than {config.max_body_bytes} bytes"}, status_code=413)
         path = request.url.path
+        limit = config.max_write_bytes if config.writable and path == "/documents" else config.max_body_bytes
+        if length is not None and (len(length.lstrip("0")) > 18 or int(length) > limit):
+            return SafeJSONResponse({"detail": f"request body larger than {limit} bytes"}, status_code=413)
         if config.api_key is not None and path not in PUBLIC_PATHS and not path.startswith(STATIC_PREFIX):
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), config.api_key.encode()):
@@ -194,11 +195,18 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             raise ApiError(422, f"mode must be one of {MODES}, not {mode!r}")
         return mode
 
-    async def run(r: Retriever, queries: list[str], k: int, offset: int, mode: str, fields: tuple[str, ...]) -> list[Result]:
+    def check_filter(r: Retriever, where: dict | None) -> dict | None:
+        try:  # a bad field or condition before the queue and the encoding
+            r.filter_mask(where)
+        except ValueError as exc:
+            raise ApiError(422, f"filter: {exc}") from None
+        return where
+
+    async def run(r: Retriever, queries: list[str], k: int, offset: int, mode: str, fields: tuple[str, ...], where: dict | None = None) -> list[Result]:
         """Search within the concurrency limit, in a group with other requests' queries
         (batching.py): queue, or 503 after the timeout."""
         try:
-            return await batcher.submit(Job(r, mode, queries, k, offset, explain=bool(EXPLAINED & set(fields))))
+            return await batcher.submit(Job(r, mode, queries, k, offset, explain=bool(EXPLAINED & set(fields)), where=check_filter(r, where)))
         except Busy:
             raise ApiError(503, f"busy: {config.max_concurrency} search(es) running and the queue did not move for "
                                 f"{config.queue_timeout_s:g} s", {"Retry-After": str(max(1, round(config.queue_timeout_s)))}) from None
@@ -230,11 +238,12 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
         return {"query": query, "mode": mode, "offset": offset, "k": k, "total": result.total, "total_relation": result.relation,
                 "took_ms": round(result.seconds * 1000, 3), "generation": served.generation, "hits": out}
 
-    async def one(served: Served, query: str, k: int, offset: int, mode: str | None, fusion: Fusion | None, fields: list[str] | None) -> dict:
+    async def one(served: Served, query: str, k: int, offset: int, mode: str | None, fusion: Fusion | None, fields: list[str] | None,
+                  where: dict | None = None) -> dict:
         r = view(served, fusion)
         mode = check([query], k, offset, mode, r, fusion)
         chosen = chosen_fields(fields)
-        (result,) = await run(r, [query], k, offset, mode, chosen)
+        (result,) = await run(r, [query], k, offset, mode, chosen, where)
         return render(served, query, mode, k, offset, result, chosen)
 
     search_doc: dict[str, Any] = {"response_model": SearchResponse, "response_model_exclude_unset": True, "responses": ERRORS}
@@ -242,7 +251,7 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
     @app.post("/search", summary="Top-k hits for one query, explained; offset for the next pages", **search_doc)
     async def search(body: SearchRequest) -> dict[str, Any]:
         with live.use() as served:
-            return await one(served, body.query, body.k, body.offset, body.mode, body.fusion, body.fields)
+            return await one(served, body.query, body.k, body.offset, body.mode, body.fusion, body.fields, body.filter)
 
     @app.get("/search", summary="The same as POST /search, as a link: /search?q=...&k=10&offset=0&mode=hybrid&fields=id,score", **search_doc)
     async def search_get(params: Annotated[SearchQuery, Query()]) -> dict[str, Any]:
@@ -250,8 +259,14 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             fields = SearchRequest(query=params.q, fields=split_fields(params.fields)).fields
         except ValidationError as exc:
             raise ApiError(422, validation_message(exc.errors())) from None
+        where = None
+        if params.filter is not None:
+            try:
+                where = json.loads(params.filter)
+            except (json.JSONDecodeError, RecursionError):
+                raise ApiError(422, "filter: not JSON (a JSON object of field: condition)") from None
         with live.use() as served:
-            return await one(served, params.q, params.k, params.offset, params.mode, None, fields)
+            return await one(served, params.q, params.k, params.offset, params.mode, None, fields, where)
 
     @app.post("/search/batch", summary="Top-k hits for each of several queries", response_model=BatchResponse,
               response_model_exclude_unset=True, responses=ERRORS)
@@ -263,7 +278,7 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             mode = check(body.queries, body.k, body.offset, body.mode, r, body.fusion)
             chosen = chosen_fields(body.fields)
             t0 = time.perf_counter()
-            results = await run(r, body.queries, body.k, body.offset, mode, chosen) if body.queries else []
+            results = await run(r, body.queries, body.k, body.offset, mode, chosen, body.filter) if body.queries else []
             return {"mode": mode, "took_ms": round((time.perf_counter() - t0) * 1000, 3), "generation": served.generation,
                     "results": [render(served, q, mode, body.k, body.offset, res, chosen) for q, res in zip(body.queries, results)]}
 
@@ -284,6 +299,7 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             "channels": [c for c in r.modes if c != "hybrid"], "modes": r.modes,
             "default_mode": r.default_mode, "fusion": r.fusion, "describe": r.describe_mode(),
             "model": m.model, "adapter": adapter_name(m.adapter), "encoder": (m.encoder or {}).get("name"), "lexical": m.lexical,
+            "metadata_fields": (m.documents or {}).get("metadata_fields", []), "writable": config.writable,
             "runtime": {"queries": embedder.runtime_info() if embedder is not None else None, "documents": m.runtime},
             "query_encoder": getattr(r, "query_encoder", None),
             "profile": r.profile.name if getattr(r, "profile", None) is not None else None,
@@ -291,6 +307,11 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             "backend": r.backend, "snippets": served.note, "reload": live.describe(), "batching": batcher.describe(),
             "limits": config.public(), "uptime_s": round(time.time() - started, 1),
         }
+
+    if config.writable:
+        from retriever.server.writes import add_write_routes
+
+        add_write_routes(app, live, config, ApiError)
 
     static = resources.files("retriever.server") / "static"
 

@@ -47,6 +47,7 @@ class Job:
     k: int
     offset: int = 0
     explain: bool = True
+    where: dict | None = None  # a metadata filter (retriever/filters.py)
     future: asyncio.Future | None = None
     started: bool = False
     queued_at: float = field(default_factory=time.perf_counter)
@@ -86,15 +87,15 @@ def search_one(r: Retriever, encoded, mode: str, job: Job, share: float) -> Resu
     if mode == "hybrid":  # the union of each channel's top FUSION_DEPTH: what the hybrid ranks at all
         pool: set[int] = set()
         for channel in r.channels_of("hybrid"):
-            docs, _ = r.search_channel(encoded, channel, min(n, FUSION_DEPTH))
+            docs, _ = r.search_channel(encoded, channel, min(n, FUSION_DEPTH), job.where)
             pool.update(docs[docs >= 0].tolist())
         total, relation = len(pool), "pool"
     else:  # the documents with a score in the channel, counted to TOTAL_DEPTH (or to the page's end)
         depth = min(n, max(TOTAL_DEPTH, job.offset + job.k))
-        docs, _ = r.search_channel(encoded, mode, depth)
+        docs, _ = r.search_channel(encoded, mode, depth, job.where)
         total = int((docs >= 0).sum())
         relation = "gte" if total >= depth and depth < n else "eq"
-    hits = r.search_encoded([encoded], k=min(n, job.offset + job.k), mode=mode, explain=job.explain)[0][job.offset:] if job.offset < total else []
+    hits = r.search_encoded([encoded], k=min(n, job.offset + job.k), mode=mode, explain=job.explain, where=job.where)[0][job.offset:] if job.offset < total else []
     return Result(hits, total, relation, share + time.perf_counter() - t0)
 
 

@@ -16,6 +16,7 @@ from retriever.quiet import quiet_libraries
 from retriever.server.config import API_KEY_ENV, BACKLOG, DEFAULT_MAX_CONNECTIONS, ServerConfig
 
 DEFAULT_PORT = 8000
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 RESERVED_FILES = 64 + 2 * BACKLOG  # open files beside the bound: accepted or closing at once, the index, model and corpus
 
 
@@ -35,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
                    help=f"the deepest rank a page reaches, offset + k (default {d.max_window})")
     p.add_argument("--no-reload", action="store_true",
                    help="serve the generation loaded at start for ever (default: follow the index, picking up a rebuild or an update within seconds)")
+    p.add_argument("--writable", action="store_true",
+                   help="also serve POST /documents (add, replace, delete) and DELETE /documents/{id}, updating the index in place; "
+                   "needs --api-key (or its variable) unless bound to this machine only")
     p.add_argument("--max-query-chars", type=int, default=d.max_query_chars)
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="queries per /search/batch request")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
@@ -63,8 +67,13 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrency=args.max_concurrency, queue_timeout_s=args.queue_timeout, max_body_bytes=args.max_body_bytes,
             max_query_chars=args.max_query_chars, max_k=args.max_k, max_window=args.max_window, max_batch=args.max_batch, api_key=api_key(args.api_key),
             max_connections=max_connections(args.max_connections), header_timeout_s=args.header_timeout,
-            body_timeout_s=args.body_timeout, keep_alive_timeout_s=args.keep_alive_timeout,
+            body_timeout_s=args.body_timeout, keep_alive_timeout_s=args.keep_alive_timeout, writable=args.writable,
         )
+        if args.writable and args.no_reload:
+            raise ValueError("--writable with --no-reload: the server would never answer from what it writes; drop one")
+        if args.writable and config.api_key is None and args.host not in LOOPBACK:
+            raise ValueError(f"--writable on {args.host}: anyone who reaches the port could change the index; give --api-key "
+                             f"(or ${API_KEY_ENV}), or bind 127.0.0.1")
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be between 1 and 65535 (0: any free port), not {args.port}")
         if not args.index.is_dir():

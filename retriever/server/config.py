@@ -40,9 +40,14 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
     keep_alive_timeout_s: float = 5.0
+    # serve --writable: POST /documents and DELETE /documents/{id} change the index (retriever/server/writes.py)
+    writable: bool = False
+    max_write_bytes: int = 16 * 1024 * 1024  # a POST /documents body (documents are larger than queries)
+    max_write_documents: int = 10_000  # documents plus ids in one update
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrency", "max_body_bytes", "max_query_chars", "max_k", "max_window", "max_batch", "max_connections"):
+        for name in ("max_concurrency", "max_body_bytes", "max_query_chars", "max_k", "max_window", "max_batch", "max_connections",
+                     "max_write_bytes", "max_write_documents"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("queue_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
@@ -60,5 +65,6 @@ class ServerConfig:
             "max_concurrency": self.max_concurrency, "queue_timeout_s": self.queue_timeout_s, "max_body_bytes": self.max_body_bytes,
             "max_query_chars": self.max_query_chars, "max_k": self.max_k, "max_window": self.max_window, "max_batch": self.max_batch, "auth": self.api_key is not None,
             "max_connections": self.max_connections, "header_timeout_s": self.header_timeout_s, "body_timeout_s": self.body_timeout_s,
-            "keep_alive_timeout_s": self.keep_alive_timeout_s,
+            "keep_alive_timeout_s": self.keep_alive_timeout_s, "writable": self.writable,
+            **({"max_write_bytes": self.max_write_bytes, "max_write_documents": self.max_write_documents} if self.writable else {}),
         }

@@ -89,6 +89,7 @@ class LiveIndex:
         self.failed: dict | None = None  # the last load that failed (kept until a later one succeeds)
         self.reloads = 0
         self._refused: str | None = None  # the generation whose load failed: not tried again
+        self._checking = asyncio.Lock()
 
     @contextmanager
     def use(self) -> Iterator[Served]:
@@ -121,6 +122,10 @@ class LiveIndex:
         served; returns whether it swapped."""
         if self.loader is None:
             return False
+        async with self._checking:  # the watcher and a write's own check never load one generation twice
+            return await self._check()
+
+    async def _check(self) -> bool:
         target = self.pointed_at()
         if target is None or target == self.current.path or target == self._refused:
             return False

@@ -16,6 +16,9 @@ FIELDS_HELP = (f"per-hit fields to return, of {', '.join(HIT_FIELDS)}, or 'all';
                "(matched_ids and matched_terms, the raw token ids and BM25 stems, only when asked). Leaving out snippet, "
                "highlight and the matched fields skips the explanation, the costliest part of a search after encoding")
 
+FILTER_HELP = ('metadata filter, all conditions together: {"field": value} (equal; a list-valued field contains it), '
+               '{"field": [v1, v2]} (any of), {"field": {"gte": a, "lt": b}} (a range); fields: /info metadata_fields')
+
 
 def finite_weight(value: float) -> float:
     """A fusion weight as a float: refused (422 naming it) where it is beyond float's range."""
@@ -73,6 +76,7 @@ class SearchRequest(BaseModel):
     mode: StrictStr | None = Field(None, description=f"one of {', '.join(MODES)} the index has; default hybrid (see /info)")
     fusion: Fusion | None = None
     fields: list[HitField] | None = Field(None, description=FIELDS_HELP)
+    filter: dict[str, Any] | None = Field(None, description=FILTER_HELP)
 
 
 class SearchQuery(BaseModel):
@@ -84,6 +88,7 @@ class SearchQuery(BaseModel):
     offset: int = Field(0, description="hits to skip (pagination)")
     mode: str | None = Field(None, description="search mode (default: the index's)")
     fields: str | None = Field(None, description="comma-separated per-hit fields (see POST /search)")
+    filter: str | None = Field(None, description="a metadata filter as JSON (see POST /search)")
 
 
 class BatchRequest(BaseModel):
@@ -94,6 +99,7 @@ class BatchRequest(BaseModel):
     mode: StrictStr | None = None
     fusion: Fusion | None = None
     fields: list[HitField] | None = Field(None, description=FIELDS_HELP)
+    filter: dict[str, Any] | None = Field(None, description=FILTER_HELP)
 
 
 # ------------------------------------------------------------------ responses
@@ -160,6 +166,8 @@ class Info(BaseModel):
     adapter: dict[str, Any] | None = Field(description="the adapter: its name and sha256 (no local path); null: the raw backbone")
     encoder: str | None
     lexical: dict[str, Any] | None
+    metadata_fields: list[str] = Field(description="the fields a filter can name (the documents' metadata)")
+    writable: bool = Field(description="whether POST /documents and DELETE /documents/{id} are served (serve --writable)")
     runtime: dict[str, Any]
     query_encoder: str | None
     profile: str | None
@@ -177,3 +185,25 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "missing or wrong API key (when the server has one)"), (413, "body too large"),
         (422, "invalid request (the detail names the field)"), (503, "busy: queued past --queue-timeout (Retry-After)"))
 }
+
+
+class DocumentsRequest(BaseModel):
+    """POST /documents (``serve --writable``): documents to add or replace, ids to delete, in one update."""
+
+    model_config = ConfigDict(extra="forbid")
+    documents: list[dict[str, Any]] = Field(default_factory=list, description=(
+        'documents as a JSONL corpus line holds them: {"_id", "title"?, "text", any metadata field...}; an id already '
+        "indexed is replaced"))
+    delete: list[Text] = Field(default_factory=list, description="ids to delete (an id not indexed is reported in not_found)")
+
+
+class UpdateOut(BaseModel):
+    added: int
+    replaced: int
+    deleted: int
+    not_found: list[str]
+    documents: int = Field(description="documents in the index after the update")
+    generation: str = Field(description="the generation the update published")
+    serving: str = Field(description="the generation this server answers from now (the update's, once loaded)")
+    seconds: float
+    encode_seconds: float

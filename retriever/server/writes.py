@@ -1,0 +1,84 @@
+"""The write endpoints of ``serve --writable``: documents added, replaced and deleted over HTTP.
+
+``POST /documents {"documents": [...], "delete": [...]}`` is one update of the index
+(indexer/updates.py): the added documents are encoded with the models the index names, the
+index is written again as its next generation and published; the server then loads that
+generation at once (retriever/server/live.py) and answers with what was done and the
+generation it serves. ``DELETE /documents/{id}`` deletes one. Updates run one at a time (others
+wait); a build or update of the same index by another process is refused (409), as is an index
+that cannot be updated in place. Searches keep answering throughout, from the generation
+they started on.
+
+The models that encode added documents are the served ones where the served Retriever runs the
+LLM (profile best); the fast profile runs no LLM forward for queries, so the LLM is loaded on the
+first write and kept for the next ones.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI
+
+from embedder.encoder import Embedder
+from embedder.models import ModelNotAvailable
+from indexer.corpus import CorpusError, document_from_object
+from indexer.errors import IndexFormatError
+from indexer.shards import BuildInProgress
+from indexer.updates import UpdateError, load_models, update_index
+from retriever.server.config import ServerConfig
+from retriever.server.live import LiveIndex
+from retriever.server.schema import ERRORS, DocumentsRequest, ErrorOut, UpdateOut
+
+WRITE_ERRORS = {**ERRORS, 409: {"model": ErrorOut, "description": "the index cannot be updated now or in place (the detail says why)"}}
+
+
+def add_write_routes(app: FastAPI, live: LiveIndex, config: ServerConfig, api_error: type[Exception]) -> None:
+    """Mount POST /documents and DELETE /documents/{doc_id} on ``app``; ``api_error(status,
+    message)`` is the application's error (answered as ``{"detail": message}``)."""
+    lock = asyncio.Lock()
+    models: dict[str, tuple[Any, Any]] = {}  # the models of the index's manifest, loaded on the first write
+
+    def writer_models():
+        r = live.current.retriever
+        m = r.manifest
+        key = repr((m.model, m.adapter, m.embedding, m.encoder))
+        if isinstance(r.embedder, Embedder):  # the served LLM (and encoder) encode documents as they encode queries
+            return load_models(m, r.embedder, r.encoder)
+        if key not in models:
+            models.clear()
+            models[key] = load_models(m)
+        return models[key]
+
+    def apply(documents: list[dict], delete: list[str]):
+        added = [document_from_object(obj, "documents", i) for i, obj in enumerate(documents, start=1)]
+        embedder, encoder = writer_models() if added else (None, None)
+        return update_index(live.index_dir, add=added, delete=delete, embedder=embedder, encoder=encoder, progress=False)
+
+    async def update(documents: list[dict], delete: list[str]) -> dict:
+        if len(documents) + len(delete) > config.max_write_documents:
+            raise api_error(422, f"{len(documents)} documents and {len(delete)} ids given; at most {config.max_write_documents} in one update")
+        if not documents and not delete:
+            raise api_error(422, "nothing to do: give documents, delete, or both")
+        async with lock:
+            try:
+                report = await asyncio.to_thread(apply, documents, delete)
+            except (CorpusError, TypeError) as exc:
+                raise api_error(422, str(exc)) from None
+            except (UpdateError, BuildInProgress) as exc:
+                raise api_error(409, str(exc)) from None
+            except (IndexFormatError, ModelNotAvailable) as exc:
+                raise api_error(409, f"the index cannot be updated: {exc}") from None
+            await live.check()  # serve what was just published, before answering
+        return {"added": report.added, "replaced": report.replaced, "deleted": report.deleted, "not_found": report.not_found,
+                "documents": report.n_docs, "generation": report.generation, "serving": live.current.generation,
+                "seconds": report.seconds, "encode_seconds": report.encode_seconds}
+
+    @app.post("/documents", summary="Add or replace documents and delete ids, as one update (serve --writable)",
+              response_model=UpdateOut, responses=WRITE_ERRORS)
+    async def post_documents(body: DocumentsRequest) -> dict[str, Any]:
+        return await update(body.documents, list(body.delete))
+
+    @app.delete("/documents/{doc_id}", summary="Delete one document (serve --writable)", response_model=UpdateOut, responses=WRITE_ERRORS)
+    async def delete_document(doc_id: str) -> dict[str, Any]:
+        return await update([], [doc_id])
