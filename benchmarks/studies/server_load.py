@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -105,8 +106,29 @@ def start_server(index: Path, port: int, extra: list[str], log: Path, timeout: f
     raise RuntimeError(f"serve did not answer /healthz within {timeout:.0f} s; its log: {log}")
 
 
-async def drive(url: str, queries: UniqueQueries, clients: int, seconds: float, k: int) -> dict:
-    """``clients`` concurrent loops of POST /search (each query new) for ``seconds``."""
+async def write_while_loaded(http, url: str, n: int, seconds: float, out: list[dict]) -> None:
+    """``n`` updates spread over ``seconds``: each POST /documents adds one new document, then
+    searches for it until it is found (at most 10 s): how long until the update is answered."""
+    for i in range(n):
+        await asyncio.sleep(seconds / (n + 1))
+        doc_id, words = f"load-update-{os.getpid()}-{i}", f"quokka{i} marsupial island"
+        t0 = time.perf_counter()
+        res = await http.post(f"{url}/documents", json={"documents": [{"_id": doc_id, "text": f"{words} update number {i}"}]})
+        posted = time.perf_counter() - t0
+        seen = None
+        while res.status_code == 200 and time.perf_counter() - t0 < posted + 10:
+            found = await http.post(f"{url}/search", json={"query": words, "k": 3, "fields": ["id"]})
+            if found.status_code == 200 and doc_id in [h["id"] for h in found.json()["hits"]]:
+                seen = time.perf_counter() - t0
+                break
+            await asyncio.sleep(0.05)
+        out.append({"status": res.status_code, "post_s": round(posted, 3), "found_after_s": None if seen is None else round(seen, 3),
+                    "detail": None if res.status_code == 200 else res.text[:200]})
+
+
+async def drive(url: str, queries: UniqueQueries, clients: int, seconds: float, k: int, updates: int = 0) -> dict:
+    """``clients`` concurrent loops of POST /search (each query new) for ``seconds``; with
+    ``updates``, that many POST /documents meanwhile (the server must be --writable)."""
     import httpx
 
     latencies: list[float] = []
@@ -128,17 +150,19 @@ async def drive(url: str, queries: UniqueQueries, clients: int, seconds: float, 
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     start = time.perf_counter()
+    written: list[dict] = []
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-        await asyncio.gather(*(client(http) for _ in range(clients)))
+        writer = [write_while_loaded(http, url, updates, seconds, written)] if updates else []
+        await asyncio.gather(*(client(http) for _ in range(clients)), *writer)
     wall = time.perf_counter() - start
     ms = np.asarray(latencies) * 1000
-    return {"clients": clients, "requests": len(latencies) + sum(errors.values()), "seconds": round(wall, 2),
+    return {**({"updates": written} if updates else {}),"clients": clients, "requests": len(latencies) + sum(errors.values()), "seconds": round(wall, 2),
             "qps": round(len(latencies) / wall, 2), "errors": sum(errors.values()), "error_kinds": errors,
             "p50_ms": round(float(np.percentile(ms, 50)), 1) if len(ms) else None,
             "p99_ms": round(float(np.percentile(ms, 99)), 1) if len(ms) else None}
 
 
-def run(index: Path, texts: list[str], levels: list[int], settings: list[int], seconds: float, k: int, extra: list[str]) -> dict:
+def run(index: Path, texts: list[str], levels: list[int], settings: list[int], seconds: float, k: int, extra: list[str], updates: int = 0) -> dict:
     import httpx
 
     queries = UniqueQueries(texts)
@@ -154,7 +178,8 @@ def run(index: Path, texts: list[str], levels: list[int], settings: list[int], s
             levels_out = []
             for clients in levels:
                 before = httpx.get(f"{url}/info", timeout=30).json()["batching"]
-                level = asyncio.run(drive(url, queries, clients, seconds, k))
+                # the updates run during the largest level only
+                level = asyncio.run(drive(url, queries, clients, seconds, k, updates if clients == max(levels) else 0))
                 after = httpx.get(f"{url}/info", timeout=30).json()["batching"]
                 groups = after["groups"] - before["groups"]
                 level["requests_per_forward"] = round(level["requests"] / groups, 2) if groups else None
@@ -185,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="per level (bounded: at most 120)")
     p.add_argument("-k", type=int, default=10)
     p.add_argument("--serve-arg", action="append", default=[], help="extra argument for serve (repeat)")
+    p.add_argument("--updates", type=int, default=0,
+                   help="POST /documents this many times during the largest level, each adding a document, on a copy of the index "
+                        "(serve --writable): its latency and how soon a search finds the document")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if not 0 < args.seconds <= 120:
@@ -195,7 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clients: counts between 1 and 64; --concurrency: positive")
     texts = read_queries(args.queries or DEFAULT_QUERIES)
     command = "python -m benchmarks.studies.server_load " + " ".join(argv if argv is not None else sys.argv[1:])
-    results = run(args.index, texts, levels, settings, args.seconds, args.k, args.serve_arg)
+    index, extra = args.index, list(args.serve_arg)
+    if args.updates:  # the updates change an index: a copy of it, never the one given
+        index = Path(tempfile.mkdtemp(prefix="server_load-")) / "index"
+        shutil.copytree(os.path.realpath(args.index), index)
+        extra.append("--writable")
+    results = run(index, texts, levels, settings, args.seconds, args.k, extra, args.updates)
+    if args.updates:
+        shutil.rmtree(index.parent, ignore_errors=True)
     cpu = lscpu()
     results["lscpu"] = cpu
     rows = [[s["max_concurrency"], lv["clients"], lv["requests"], lv["seconds"], lv["qps"], lv["p50_ms"], lv["p99_ms"], lv["errors"],
@@ -211,13 +246,23 @@ def main(argv: list[str] | None = None) -> int:
         f"driver shares them with the server (and with other jobs on a shared machine: indicative numbers). 1-minute load "
         f"average at start / end: {results['load_avg_start'][0]:.1f} / {results['load_avg_end'][0]:.1f}."
     )
+    written = [u for s_ in results["settings"] for lv in s_["levels"] for u in lv.get("updates", [])]
+    if written:
+        found = [u["found_after_s"] for u in written if u["found_after_s"] is not None]
+        description += (
+            f" During the {max(levels)}-client level, {len(written)} updates (POST /documents, one new document each, serve --writable, on a "
+            f"copy of the index): {sum(u['status'] == 200 for u in written)} answered 200, POST seconds "
+            f"{', '.join(str(u['post_s']) for u in written)}; the new document found by a search {len(found)} of {len(written)} times, "
+            f"at most {max(found, default=float('nan')):.2f} s after its POST began."
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_table(args.out, title="Serving: throughput by clients, unique queries (loopback)", command=command,
                 description=description, columns=COLUMNS, rows=rows, details=results)
     for row in rows:
         print(" | ".join(str(c) for c in row))
     print(f"wrote {args.out}")
-    return 1 if any(lv["errors"] for s in results["settings"] for lv in s["levels"]) else 0
+    failed_updates = [u for s in results["settings"] for lv in s["levels"] for u in lv.get("updates", []) if u["found_after_s"] is None]
+    return 1 if failed_updates or any(lv["errors"] for s in results["settings"] for lv in s["levels"]) else 0
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@ that cannot be updated in place. Searches keep answering throughout, from the ge
 they started on.
 
 The models that encode added documents are the served ones where the served Retriever runs the
-LLM (profile best); the fast profile runs no LLM forward for queries, so the LLM is loaded on the
-first write and kept for the next ones.
+LLM (profile best); the fast profile runs no LLM forward for queries, so the LLM is loaded in the
+background when the server starts, and kept.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from typing import Any
 
 from fastapi import FastAPI
@@ -30,6 +32,8 @@ from retriever.server.config import ServerConfig
 from retriever.server.live import LiveIndex
 from retriever.server.schema import ERRORS, DocumentsRequest, ErrorOut, UpdateOut
 
+log = logging.getLogger("uvicorn.error")
+
 WRITE_ERRORS = {**ERRORS, 409: {"model": ErrorOut, "description": "the index cannot be updated now or in place (the detail says why)"}}
 
 
@@ -37,7 +41,8 @@ def add_write_routes(app: FastAPI, live: LiveIndex, config: ServerConfig, api_er
     """Mount POST /documents and DELETE /documents/{doc_id} on ``app``; ``api_error(status,
     message)`` is the application's error (answered as ``{"detail": message}``)."""
     lock = asyncio.Lock()
-    models: dict[str, tuple[Any, Any]] = {}  # the models of the index's manifest, loaded on the first write
+    models: dict[str, tuple[Any, Any]] = {}  # the models of the index's manifest, loaded once
+    loading = threading.Lock()
 
     def writer_models():
         r = live.current.retriever
@@ -45,10 +50,23 @@ def add_write_routes(app: FastAPI, live: LiveIndex, config: ServerConfig, api_er
         key = repr((m.model, m.adapter, m.embedding, m.encoder))
         if isinstance(r.embedder, Embedder):  # the served LLM (and encoder) encode documents as they encode queries
             return load_models(m, r.embedder, r.encoder)
-        if key not in models:
-            models.clear()
-            models[key] = load_models(m)
-        return models[key]
+        with loading:
+            if key not in models:
+                models.clear()
+                models[key] = load_models(m)
+            return models[key]
+
+    def warm() -> None:
+        try:
+            embedder, encoder = writer_models()
+            embedder.embed(["warm up the document encoder"])  # a runtime compiles on its first forward
+            if encoder is not None:
+                encoder.encode(["warm up the document encoder"])
+        except Exception as exc:  # noqa: BLE001 - the first write loads them again and answers the error
+            log.warning("loading the models that encode written documents failed: %s", exc)
+
+    # loaded now, beside the serving, so that the first write does not wait seconds for the LLM
+    threading.Thread(target=warm, name="writer-models", daemon=True).start()
 
     def apply(documents: list[dict], delete: list[str]):
         added = [document_from_object(obj, "documents", i) for i, obj in enumerate(documents, start=1)]
