@@ -58,6 +58,11 @@ DEFAULT_SHARD_SIZE = 1024
 
 
 def _count_lines(path: Path) -> int | None:
+    """Lines of a corpus file (documents, for the progress bar); files of a "files" corpus."""
+    if path.is_dir():
+        from indexer.corpus import text_files
+
+        return len(text_files(path))
     try:
         with open(path, "rb") as f:
             return sum(1 for _ in f)

@@ -11,7 +11,7 @@ from embedder.hardware import DTYPES
 from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
-from indexer.corpus import CorpusError, CorpusSpec
+from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
 from indexer.ray_workers import DEFAULT_CONNECT_TIMEOUT_S, RayOptions, RayUnavailable, import_ray
 from indexer.shards import BuildInProgress
@@ -20,7 +20,7 @@ from indexer.workers import WorkerFailed
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="build-index", description=__doc__)
-    p.add_argument("--corpus", required=True, type=Path, help="BEIR folder (corpus.jsonl), .jsonl or .tsv file")
+    p.add_argument("--corpus", required=True, type=Path, help="BEIR folder (corpus.jsonl), .jsonl or .tsv file, or a folder of text files (one document each, its path the id)")
     p.add_argument("--index", required=True, type=Path, help="index directory to create")
     p.add_argument("--model", default=DEFAULT_MODEL, help="registered name, local directory, .gguf file or hub id")
     p.add_argument("--adapter", default="default", help="'default' (the backbone's default shipped adapter, if any), 'none', a shipped adapter's name (smollm2-135m-text2token) or a LoRA directory")
@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
         "else the document template); 'none': queries read the document template",
     )
     p.add_argument("--keep-case", action="store_true", help="embed ALL-CAPS texts as they are (default: lower-cased first)")
-    p.add_argument("--format", choices=["beir", "jsonl", "tsv"], help="corpus format (guessed from the path)")
+    p.add_argument("--format", choices=FORMATS, help="corpus format (guessed from the path: a BEIR folder, .jsonl, .tsv, a folder of text files)")
     p.add_argument("--id-field", help="JSONL id field (default _id, then id)")
     p.add_argument("--text-field", help="JSONL text field (default text, then contents)")
     p.add_argument("--title-field", default="title", help="JSONL title field ('' for none)")

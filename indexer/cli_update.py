@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from embedder.models import ModelNotAvailable
-from indexer.corpus import CorpusError, CorpusSpec
+from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.errors import IndexFormatError
 from indexer.shards import BuildInProgress
 from indexer.updates import UpdateError, UpdateReport, read_delete_ids, update_index
@@ -28,7 +28,7 @@ def parser() -> argparse.ArgumentParser:
                    help="documents to add, as build-index reads them (BEIR folder, .jsonl, .tsv); an id already indexed is replaced")
     p.add_argument("--delete", action="append", default=[], metavar="ID", help="an id to delete (repeatable)")
     p.add_argument("--delete-file", type=Path, metavar="FILE", help="ids to delete, one per line")
-    p.add_argument("--format", choices=["beir", "jsonl", "tsv"], help="--add's format (guessed from the path)")
+    p.add_argument("--format", choices=FORMATS, help="--add's format (guessed from the path)")
     p.add_argument("--id-field", help="JSONL id field (default _id, then id)")
     p.add_argument("--text-field", help="JSONL text field (default text, then contents)")
     p.add_argument("--title-field", default="title", help="JSONL title field ('' for none)")

@@ -19,6 +19,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+FORMATS = ("beir", "jsonl", "tsv", "files")
+
+
 class CorpusError(ValueError):
     """Bad input in a corpus file; the message names the file, line and field."""
 
@@ -52,8 +55,9 @@ def join_title(title: str | None, body: str) -> str:
 class CorpusSpec:
     """Where a corpus is and how to read it.
 
-    fmt: "beir" (a folder with corpus.jsonl), "jsonl" or "tsv" (id<TAB>text); guessed
-    from the path when None. For JSONL, the id field defaults to "_id" then "id", the text
+    fmt: "beir" (a folder with corpus.jsonl), "jsonl", "tsv" (id<TAB>text) or "files" (a
+    folder of text files, one document each: its path under the folder is its id, its content
+    its text; hidden files and folders are left out); guessed from the path when None. For JSONL, the id field defaults to "_id" then "id", the text
     field to "text" then "contents", the title field to "title" (optional).
     """
 
@@ -71,20 +75,24 @@ class CorpusSpec:
         check_regular(self.path, folder_ok=True)  # before the name is read: a pipe's name says nothing
         if self.fmt is None:
             self.fmt = guess_format(self.path)
-        if self.fmt not in ("beir", "jsonl", "tsv"):
-            raise ValueError(f"unknown corpus format {self.fmt!r} (beir, jsonl, tsv)")
+        if self.fmt not in FORMATS:
+            raise ValueError(f"unknown corpus format {self.fmt!r} ({', '.join(FORMATS)})")
         if self.on_empty not in ("skip", "error"):
             raise ValueError("on_empty must be 'skip' or 'error'")
-        check_regular(self.file)
+        if self.fmt != "files":
+            check_regular(self.file)
+        elif not self.path.is_dir():
+            raise CorpusError(self.path, None, None, "format 'files' needs a folder of text files")
 
     @property
     def file(self) -> Path:
+        """The file read (for "files": the folder)."""
         return self.path / "corpus.jsonl" if self.fmt == "beir" else self.path
 
     def __iter__(self) -> Iterator[Document]:
         self.n_read = self.n_empty = 0
         seen: dict[str, int] = {}
-        reader = _read_tsv if self.fmt == "tsv" else self._read_jsonl
+        reader = {"tsv": _read_tsv, "files": _read_files}.get(self.fmt, self._read_jsonl)
         for lineno, doc in reader(self.file):
             if doc.doc_id in seen:
                 raise CorpusError(self.file, lineno, "id", f"duplicate id {doc.doc_id!r} (first on line {seen[doc.doc_id]})")
@@ -209,7 +217,9 @@ def guess_format(path: Path) -> str:
     if path.is_dir():
         if (path / "corpus.jsonl").exists():
             return "beir"
-        raise CorpusError(path, None, None, "a folder must hold corpus.jsonl (BEIR layout)")
+        if next(iter(text_files(path)), None) is not None:
+            return "files"
+        raise CorpusError(path, None, None, "a folder must hold corpus.jsonl (BEIR layout) or text files (one document each)")
     if not path.exists():
         raise CorpusError(path, None, None, "no such file or folder")
     suffix = path.suffix.lower()
@@ -247,6 +257,33 @@ def _field(obj: dict, file: Path, lineno: int, name: str | None, defaults: tuple
             _check_encodable(value, file, lineno, n)
             return value
     raise CorpusError(file, lineno, "/".join(names), f"missing {role} field")
+
+
+def text_files(folder: Path) -> list[Path]:
+    """The documents of a "files" corpus: every regular file under ``folder`` (links to files
+    included), hidden ones (a part starting with ".") left out, sorted by path."""
+    out = []
+    for path in Path(folder).rglob("*"):
+        rel = path.relative_to(folder)
+        if not any(part.startswith(".") for part in rel.parts) and path.is_file():
+            out.append(rel)
+    return sorted(out, key=lambda r: r.as_posix())
+
+
+def _read_files(folder: Path) -> Iterator[tuple[int, Document]]:
+    for number, rel in enumerate(text_files(folder), start=1):
+        path = folder / rel
+        check_regular(path)
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            raise CorpusError(path, line, None, f"not valid UTF-8 (byte {raw[exc.start]:#04x}); a 'files' corpus holds text files") from None
+        if "\x00" in text:
+            raise CorpusError(path, None, None, "a NUL byte: not a text file (a 'files' corpus holds text files)")
+        text = text.strip()
+        yield number, Document(rel.as_posix(), text, None, text)
 
 
 def _read_tsv(file: Path) -> Iterator[tuple[int, Document]]:

@@ -54,6 +54,12 @@ def corpus_identity(file: Path) -> dict[str, Any]:
     from indexer.checksums import CHECKSUM, file_checksum
 
     file = Path(file)
+    if file.is_dir():  # a "files" corpus: every file's path, size and content
+        from indexer.checksums import json_checksum
+        from indexer.corpus import text_files
+
+        listing = [[rel.as_posix(), (file / rel).stat().st_size, file_checksum(file / rel)] for rel in text_files(file)]
+        return {"path": str(file.resolve()), "size": sum(size for _, size, _ in listing), CHECKSUM: json_checksum(listing)}
     return {"path": str(file.resolve()), "size": file.stat().st_size, CHECKSUM: file_checksum(file)}
 
 

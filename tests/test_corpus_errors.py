@@ -296,3 +296,20 @@ def test_index_built_from_a_model_directory_refuses_another_directory(toy_corpus
     with pytest.raises(IndexFormatError, match="index built with model"):
         Retriever.load(index, model=str(other_model_dir), device="cpu")
     assert Retriever.load(index, model=str(tiny_model_dir), device="cpu").search("cat", k=3)
+
+
+def test_a_folder_of_text_files_is_a_corpus(tmp_path):
+    folder = tmp_path / "man"
+    (folder / "man1").mkdir(parents=True)
+    (folder / "man1" / "ls.1.txt").write_text("LS(1)\n\nls - list directory contents\n", encoding="utf-8")
+    (folder / "intro.md").write_text("An introduction.", encoding="utf-8")
+    (folder / "empty.txt").write_text("  \n", encoding="utf-8")
+    (folder / ".hidden").write_text("not a document", encoding="utf-8")
+    spec = CorpusSpec(folder)
+    assert spec.fmt == "files"
+    docs = list(spec)
+    assert [(d.doc_id, d.text) for d in docs] == [("intro.md", "An introduction."), ("man1/ls.1.txt", "LS(1)\n\nls - list directory contents")]
+    assert spec.n_empty == 1
+    (folder / "man1" / "bad.bin").write_bytes(b"ok\n\xff\xfe")
+    with pytest.raises(CorpusError, match=r"man1/bad.bin:2: not valid UTF-8 \(byte 0xff\)"):
+        list(CorpusSpec(folder))

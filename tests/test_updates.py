@@ -255,3 +255,21 @@ def test_verify_index_reads_the_stored_documents(tmp_path, tiny_embedder):
     problems = verify(tmp_path / "index").problems
     assert any("documents.jsonl:1: id" in p and repr(first) in p for p in problems), problems
     assert any("documents.jsonl" in p and "checksum" in p for p in problems), problems
+
+
+def test_a_folder_of_text_files_builds_and_updates(tmp_path, tiny_embedder):
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    for i, d in enumerate(toy_docs(8)):
+        (folder / f"page-{i}.txt").write_text(f"{d['title']}\n{d['text']}\n", encoding="utf-8")
+    build_index(folder, tmp_path / "index", tiny_embedder, top_k=8, lexical="words", progress=False)
+    m = Manifest.read(tmp_path / "index")
+    assert m.corpus["format"] == "files" and m.n_docs == 8
+    (folder / "page-0.txt").write_text("zebra stripes on the savanna", encoding="utf-8")
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    (changed / "page-0.txt").write_text("zebra stripes on the savanna", encoding="utf-8")
+    report = update_index(tmp_path / "index", add=list(CorpusSpec(changed)), embedder=tiny_embedder, progress=False)
+    assert (report.added, report.replaced) == (0, 1)
+    r = Retriever.load(tmp_path / "index", embedder=tiny_embedder, query_encoder="llm")
+    assert r.search("zebra savanna", k=1, mode="bm25")[0].doc_id == "page-0.txt"
