@@ -392,6 +392,8 @@ def _merge_into(
             "shards_resumed": encode["resumed"],
             "executor": encode["executor"],
             "encoded_with": _runtimes_of(metas),
+            # documents longer than max_length tokens, read by the LLM channels up to there (--segments reads them whole)
+            **({"documents_cut": sum(m.get("n_cut", 0) for m in metas)} if plan.windows is None else {}),
             **({"encoder_seconds": round(encoder_seconds, 3)} if encoder is not None else {}),
             "device": embedder.device,
             "torch_threads": torch.get_num_threads(),

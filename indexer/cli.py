@@ -153,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{size / m.n_docs:.0f} bytes/doc; skipped {m.corpus.get('n_empty_skipped', 0)} empty"
         + (f"; resumed {m.build['shards_resumed']} of {m.build['shards']} shards" if m.build.get("shards_resumed") else "")
     )
+    if m.build.get("documents_cut"):
+        print(f"build-index: {m.build['documents_cut']} of {m.n_docs} documents are longer than {m.embedding['max_length']} tokens: "
+              "the LLM channels read their start only (BM25 and the stored text keep all of it); --segments reads them whole "
+              "(or raise --max-length)", file=sys.stderr)
     if args.export_pyserini:
         from indexer.exports.lucene import ExportError, describe, export_pyserini, vocabulary_strings
 

@@ -111,6 +111,8 @@ def encode_shard(
         "ids": [d.doc_id for d in chunk], "n_tokens": n_tokens, "encode_seconds": time.perf_counter() - t0,
         "runtime": f"{info['name']} {info['dtype']}",  # per shard: a worker may have had to fall back
     }
+    if owner is None:  # documents the LLM read only the start of (their text beyond max_length tokens)
+        meta["n_cut"] = count_cut(embedder, texts)
     if encoder is not None:
         t0 = time.perf_counter()
         arrays["encoder"] = encoder.encode(texts)
@@ -118,4 +120,15 @@ def encode_shard(
     return arrays, meta
 
 
-__all__ = ["EmbedderSpec", "ShardPlan", "chunks", "encode_shard"]
+def count_cut(embedder: Embedder, texts: list[str]) -> int:
+    """How many of ``texts`` are longer than the embedder's ``max_length`` tokens (so cut)."""
+    tokenizer = getattr(embedder, "tokenizer", None)
+    if tokenizer is None or not texts:
+        return 0
+    limit = embedder.config.max_length
+    lengths = tokenizer([embedder.normalise(t) for t in texts], add_special_tokens=False, truncation=True, max_length=limit + 1,
+                        return_length=True)["length"]
+    return int(sum(n > limit for n in lengths))
+
+
+__all__ = ["EmbedderSpec", "ShardPlan", "chunks", "count_cut", "encode_shard"]

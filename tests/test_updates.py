@@ -273,3 +273,11 @@ def test_a_folder_of_text_files_builds_and_updates(tmp_path, tiny_embedder):
     assert (report.added, report.replaced) == (0, 1)
     r = Retriever.load(tmp_path / "index", embedder=tiny_embedder, query_encoder="llm")
     assert r.search("zebra savanna", k=1, mode="bm25")[0].doc_id == "page-0.txt"
+
+
+def test_the_build_counts_the_documents_it_cut(tmp_path, make_embedder):
+    embedder = make_embedder(max_length=12)
+    docs = toy_docs(20)
+    build_index(write_corpus(tmp_path / "c", docs, "beir"), tmp_path / "index", embedder, top_k=8, progress=False)
+    lengths = [len(embedder.tokenizer(embedder.normalise(f"{d['title']} {d['text']}"), add_special_tokens=False)["input_ids"]) for d in docs]
+    assert Manifest.read(tmp_path / "index").build["documents_cut"] == sum(n > 12 for n in lengths) > 0
