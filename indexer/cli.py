@@ -122,9 +122,16 @@ def main(argv: list[str] | None = None) -> int:
             ray = RayOptions(args.ray, args.workers, args.cpus_per_worker, args.ray_timeout)
             _connect_within(ray)  # before the model loads and before anything is written
         embedder = Embedder.load(args.model, adapter=args.adapter, device=args.device, dtype=args.dtype, runtime=args.runtime, settings=settings)
-        # --workers load the same embedder again, with the settings resolved here
+        # --workers (and Ray workers) load the same embedder again, with the settings resolved here: auto's
+        # runtime is decided (and, the first time on this machine, timed) once, by this process, so
+        # that no worker times the runtimes again or chooses another one
+        runtime, dtype = args.runtime, args.dtype
+        if ((args.workers or 1) > 1 or args.ray) and "auto" in (runtime, dtype):
+            embedder.resolve_runtime()
+            if embedder.runtime_name is not None:
+                runtime, dtype = embedder.runtime_name, embedder.dtype
         embedder_spec = EmbedderSpec(
-            str(args.model), args.adapter, embedder.config.to_dict(), args.device, args.dtype, args.runtime, options.get("encoder")
+            str(args.model), args.adapter, embedder.config.to_dict(), args.device, dtype, runtime, options.get("encoder")
         )
         if not args.quiet:
             note = " (the default: the best measured hybrid; --channels chooses)" if default else ""
