@@ -6,6 +6,7 @@ Capabilities and timings are mocked: these tests check the choice, never a speed
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -262,3 +263,30 @@ def test_a_candidate_whose_export_fails_is_out_not_the_probe(make_embedder, monk
     monkeypatch.setattr(runtime_module, "exported_graph", no_export)
     got = speed_probe._measure_openvino("int8", make_embedder()._probe_setup(VNNI), crashes := [])
     assert not got.ok and "export failed" in got.reason and "nncf" in got.reason and crashes == []
+
+
+def test_build_workers_get_the_runtime_the_parent_resolved(monkeypatch, tmp_path, make_corpus):
+    """build-index --workers N: auto is decided once, by the parent (its probe), and the workers
+    load that setting forced, never timing the runtimes again nor choosing another."""
+    from indexer import cli as build_cli
+
+    class Resolved:
+        config = SimpleNamespace(to_dict=lambda: {"max_length": 64})
+        runtime_name, dtype = "auto", "auto"
+
+        def resolve_runtime(self):
+            self.runtime_name, self.dtype = "openvino", "int8"  # what a probe on a VNNI CPU could pick
+
+    seen = {}
+
+    def fake_build(*args, **kw):
+        seen["spec"] = kw["embedder_spec"]
+        raise ValueError("stop here")  # the spec is what this test reads
+
+    monkeypatch.setattr("embedder.encoder.Embedder.load", classmethod(lambda cls, *a, **k: Resolved()))
+    monkeypatch.setattr(build_cli, "build_index", fake_build)
+    argv = ["--corpus", str(make_corpus()), "--index", str(tmp_path / "index"), "--channels", "sparse", "--quiet"]
+    assert build_cli.main([*argv, "--workers", "2"]) == 2
+    assert (seen["spec"].runtime, seen["spec"].dtype) == ("openvino", "int8")
+    assert build_cli.main([*argv, "--workers", "2", "--dtype", "fp32", "--runtime", "torch"]) == 2
+    assert (seen["spec"].runtime, seen["spec"].dtype) == ("torch", "fp32")  # forced by the user: passed on as given
