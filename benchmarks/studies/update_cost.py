@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -94,12 +95,35 @@ def measure(data: Path, add_fraction: float, n_replace: int, n_delete: int, work
     }
 
 
+def measure_existing(index: Path, n: int, work: Path, embedder, encoder) -> dict:
+    """The cost alone of one update of a copy of a built ``index``: ``n`` new documents (copies of
+    its first ``n`` with their words reversed, under new ids) added and ``n`` others deleted."""
+    from indexer.manifest import Manifest
+    from indexer.stored_documents import StoredDocuments
+
+    copy = work / "index"
+    shutil.copytree(os.path.realpath(index), copy)
+    m = Manifest.read(copy)
+    stored = StoredDocuments.open(copy, m.n_docs)
+    fresh = [_reversed(stored.document(i)) for i in range(n)]
+    fresh = [Document(f"{d.doc_id}-copy", d.text, d.title, d.body, d.metadata) for d in fresh]
+    delete = [stored.record(i)["_id"] for i in range(n, 2 * n)]
+    report = update_index(copy, add=fresh, delete=delete, embedder=embedder, encoder=encoder, progress=False)
+    return {"documents": {"initial": m.n_docs, "added": n, "replaced": 0, "deleted": n, "final": report.n_docs},
+            "seconds": {"update": report.seconds, "update_encode": report.encode_seconds, "update_write": report.merge_seconds},
+            "added_docs_per_s": round(n / max(report.encode_seconds, 1e-9), 1),
+            "index_bytes": sum(p.stat().st_size for p in Path(os.path.realpath(copy)).rglob("*") if p.is_file())}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.studies.update_cost", description=__doc__.split("\n")[0])
-    p.add_argument("--data", required=True, type=Path, action="append", help="a BEIR folder (corpus.jsonl, queries.jsonl); repeatable")
+    p.add_argument("--data", type=Path, action="append", default=[], help="a BEIR folder (corpus.jsonl, queries.jsonl); repeatable")
     p.add_argument("--add-fraction", type=float, default=0.1)
     p.add_argument("--replace", type=int, default=5)
     p.add_argument("--delete", type=int, default=5)
+    p.add_argument("--existing", type=Path, action="append", default=[],
+                   help="also time one update (--n added, --n deleted) of a copy of this built index (default model and channels); repeatable")
+    p.add_argument("--n", type=int, default=50, help="documents added and deleted in an --existing update")
     p.add_argument("--out", required=True, type=Path, help="the table's JSON file (beir-eval report renders it)")
     args = p.parse_args(argv)
     from embedder.encoder import Embedder
@@ -118,7 +142,19 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         print(data.name, json.dumps(results[data.name]), flush=True)
+    existing = {}
+    for index in args.existing:
+        work = Path(tempfile.mkdtemp(prefix="update-cost-"))
+        try:
+            existing[str(index)] = measure_existing(index, args.n, work, embedder, encoder)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(index, json.dumps(existing[str(index)]), flush=True)
     rows = []
+    for name, r in existing.items():
+        d, sec = r["documents"], r["seconds"]
+        rows.append([f"`{name}` (built before; {r['index_bytes'] / 1e6:.0f} MB after)", f"{d['initial']} + {d['added']} added, {d['deleted']} deleted",
+                     "–", f"{sec['update']} ({sec['update_encode']} + {sec['update_write']})", "–", r["added_docs_per_s"], "–", "–", "–"])
     for name, r in results.items():
         d, sec, same = r["documents"], r["seconds"], r["same_as_rebuild"]
         rows.append([
@@ -138,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             f"below (load average at the start {load_start}); the update's are encoding + writing. Equality: for every query of the "
             "collection and every channel and hybrid, queries whose top-10 ids differ between the updated and the rebuilt index (of "
             "queries x modes), and the largest relative score difference (float32 sums of aligned-token logits are in the thousands: "
-            "an absolute 1e-5 is below their resolution)."
+            "an absolute 1e-5 is below their resolution). Rows naming an index: one update of a copy of an index built before "
+            f"({args.n} documents added, {args.n} deleted), its cost alone."
         ),
         "columns": ["collection", "documents", "rebuild s", "update s (encode + write)", "update / rebuild", "added docs/s", "rebuild docs/s",
                     "top-10 differ", "max rel. score diff"],
-        "rows": rows, "details": results,
+        "rows": rows, "details": {**results, **{f"existing:{k}": v for k, v in existing.items()}},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(table, indent=2) + "\n")
