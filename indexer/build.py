@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from embedder.embedfilter import embedfilter_projection
 from embedder.encoder import Embedder
+from indexer.compact import compact_dense_kind, impacts_record, quantise_channel_files
 from indexer.corpus import CorpusSpec, Document
 from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.diskspace import NoSpaceError, write_bytes
@@ -34,7 +35,7 @@ from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
-from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
+from indexer.manifest import COMPACT_FORMAT_VERSION, DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
 from indexer.ray_workers import RayOptions
 from indexer.shard_encoder import EmbedderSpec, ShardPlan, chunks, encode_shard
 from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
@@ -88,6 +89,7 @@ def build_index(
     segments: bool = False,
     max_segments: int | None = None,
     ray: RayOptions | None = None,
+    compact: bool = False,
 ) -> Manifest:
     """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written.
 
@@ -110,7 +112,12 @@ def build_index(
     embedder's ``max_length`` tokens is read whole, as consecutive windows of that length (at
     most ``max_segments``); its sparse vector is each token's maximum over the windows and the
     dense channels hold one vector per window (a document scores as its best window).
+
+    ``compact``: a compact index (indexer/compact.py, format 3): 8-bit impacts in the postings
+    and BM25, and the dense channels as :data:`indexer.compact.COMPACT_DENSE_KIND` where
+    ``dense_kind`` is the default Flat. The shards are those of a plain build (same resume key).
     """
+    dense_kind = compact_dense_kind(dense_kind, compact)
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(Path(corpus))
     target = Path(index_dir)
     if top_k < 1:
@@ -140,7 +147,7 @@ def build_index(
             encode = _encode_all(spec, store, embedder, encoder, plan, progress, workers, embedder_spec, ray)
             with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
                 manifest = _merge_into(
-                    spec, tmp, store, encode, embedder, plan, dense, dense_kind, embedfilter_tau, lexical, encoder, progress
+                    spec, tmp, store, encode, embedder, plan, dense, dense_kind, embedfilter_tau, lexical, encoder, progress, compact
                 )
                 generation = stage(tmp, target)
             # the staging lock is let go first: readers of the new index never wait on the cleanup
@@ -306,6 +313,7 @@ def _merge_into(
     lexical: str | None,
     encoder: SentenceEncoder | None,
     progress: bool,
+    compact: bool = False,
 ) -> Manifest:
     """Write the index from the committed shards, one shard in memory at a time."""
     start = time.perf_counter()
@@ -326,6 +334,8 @@ def _merge_into(
     encoder_seconds = sum(m.get("encoder_seconds", 0.0) for m in metas)
     t0 = time.perf_counter()
     InvertedIndex.write_from_shards(arrays("tokens", "weights"), embedder.vocab_size, out)
+    if compact:
+        quantise_channel_files(out)
     invert_seconds = time.perf_counter() - t0
     write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
     dense_info = ef_info = lexical_info = encoder_info = segments_info = row_doc = None
@@ -365,13 +375,16 @@ def _merge_into(
         lex = bm25.finish()
         lex.save(out / LEXICAL_DIR)
         lexical_info = {"analyzer": lex.analyzer, "k1": lex.k1, "b": lex.b, "n_terms": len(lex.vocab)}
+        if compact:
+            quantise_channel_files(out / LEXICAL_DIR)
+            lexical_info |= impacts_record()
     total = encode_seconds + encoder_seconds + time.perf_counter() - start
     manifest = Manifest(
         model=embedder.identity,
         adapter=embedder.adapter,
         embedding=embedder.config.to_dict(),
         runtime=_runtime_record(embedder.runtime_info(), _runtimes_of(metas)),
-        sparse={"top_k": plan.k, "vocab_size": embedder.vocab_size, "weight": "logit"},
+        sparse={"top_k": plan.k, "vocab_size": embedder.vocab_size, "weight": "logit", **(impacts_record() if compact else {})},
         n_docs=len(ids),
         corpus=spec.describe(),
         dense=dense_info,
@@ -380,7 +393,7 @@ def _merge_into(
         encoder=encoder_info,
         segments=segments_info,
         documents=stored_info,
-        format_version=SEGMENTS_FORMAT_VERSION if plan.windows is not None else FORMAT_VERSION,
+        format_version=COMPACT_FORMAT_VERSION if compact else SEGMENTS_FORMAT_VERSION if plan.windows is not None else FORMAT_VERSION,
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),

@@ -32,7 +32,12 @@ def parser() -> argparse.ArgumentParser:
         "The flags below add their channel and set its option",
     )
     p.add_argument("--dense", action="store_true", help="also store dense embeddings in a FAISS index")
-    p.add_argument("--dense-kind", default="Flat", help="FAISS factory string for the dense index (Flat, HNSW32, ...)")
+    p.add_argument("--dense-kind", default="Flat", help="FAISS factory string for the dense index (Flat, HNSW32, SQfp16, SQ8, ...)")
+    p.add_argument(
+        "--compact", action="store_true",
+        help="a compact index (format 3, read by this version on): 8-bit impacts in the aligned-token and BM25 postings, "
+        "and the dense channels (LLM and encoder) as FAISS SQ8 unless --dense-kind names another kind",
+    )
     p.add_argument("--embedfilter", type=int, metavar="TAU", help="also store EmbedFilter dense vectors (d // TAU dims)")
     p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
     p.add_argument(
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             spec, args.index, embedder, args.top_k, options["dense"], args.dense_kind,
             overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=options.get("embedfilter_tau"), lexical=options.get("lexical"),
             encoder=encoder, chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec,
-            segments=args.segments, max_segments=args.max_segments, ray=ray,
+            segments=args.segments, max_segments=args.max_segments, ray=ray, compact=args.compact,
         )
     except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed, RayUnavailable) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)

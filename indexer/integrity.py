@@ -143,13 +143,18 @@ def check_csr(
     n_docs: int,
     n_rows: int | None = None,
     positive: bool = False,
+    scale: np.ndarray | None = None,
+    offset: np.ndarray | None = None,
 ) -> None:
     """The invariants the scoring kernels index memory by, checked with vectorised NumPy.
 
     ``prefix``: file name prefix (``postings_``), for messages. ``n_rows``: the number of
     posting lists the manifest implies (vocabulary size). ``positive``: weights must be > 0.
+    ``scale``/``offset``: 8-bit impacts (indexer/compact.py): ``weights`` holds uint8 codes (any
+    value is valid) and these map them back per list, so they are what is checked: one entry
+    per list, finite, scale >= 0 (and, ``positive``, offset > 0 for every non-empty list).
     """
-    f = {name: Path(directory) / f"{prefix}{name}.npy" for name in ("indptr", "docs", "weights")}
+    f = {name: Path(directory) / f"{prefix}{name}.npy" for name in ("indptr", "docs", "weights", "scale", "offset")}
     nnz = int(docs.shape[0])
     if indptr.shape[0] < 1:
         raise IndexFormatError(f"{f['indptr']}: empty (needs at least one entry)")
@@ -166,6 +171,9 @@ def check_csr(
         if step.size and step.min() < 0:
             at = s.start + int(np.argmax(step < 0))
             raise IndexFormatError(f"{f['indptr']}: decreases at entry {at + 1} ({int(indptr[at])} -> {int(indptr[at + 1])})")
+    quantised = scale is not None
+    if quantised:
+        _check_dequantisation(f, indptr, scale, offset, positive)
     # A posting list holds ascending doc numbers (kernels.contributions binary-searches it), so
     # docs may only fail to increase where a new list starts.
     for s in _blocks(nnz):
@@ -179,12 +187,34 @@ def check_csr(
         drop = drop[np.asarray(indptr[at]) != drop]
         if drop.size:
             raise IndexFormatError(f"{f['docs']}: doc numbers not ascending within a posting list at {int(drop[0])}")
+        if quantised:
+            continue  # every uint8 code is a valid level; scale and offset were checked
         w = np.asarray(weights[s])
         ok = np.isfinite(w) & (w > 0) if positive else np.isfinite(w)
         if not ok.all():
             bad = int(np.argmin(ok))
             what = "positive and finite" if positive else "finite"
             raise IndexFormatError(f"{f['weights']}: weight {float(w[bad])} at {s.start + bad} is not {what}")
+
+
+def _check_dequantisation(f: dict[str, Path], indptr: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, positive: bool) -> None:
+    n_lists = indptr.shape[0] - 1
+    if offset is None:
+        raise IndexFormatError(f"{f['offset']}: missing (8-bit impacts need a scale and an offset per list)")
+    for name, a in (("scale", scale), ("offset", offset)):
+        if a.shape[0] != n_lists:
+            raise IndexFormatError(f"{f[name]}: {a.shape[0]} entries for {n_lists} posting lists")
+        if not np.isfinite(a).all():
+            bad = int(np.argmin(np.isfinite(a)))
+            raise IndexFormatError(f"{f[name]}: value {float(a[bad])} of list {bad} is not finite")
+    if scale.size and float(scale.min()) < 0:
+        bad = int(np.argmin(scale))
+        raise IndexFormatError(f"{f['scale']}: scale {float(scale[bad])} of list {bad} is negative")
+    if positive:
+        used = np.diff(indptr) > 0
+        bad_lists = np.flatnonzero(used & ~(offset > 0))
+        if bad_lists.size:
+            raise IndexFormatError(f"{f['offset']}: offset {float(offset[bad_lists[0]])} of list {int(bad_lists[0])} is not positive (weights must be)")
 
 
 def check_doc_ids(path: Path, n_docs: int, limit: int | None = None) -> list[str]:

@@ -1,6 +1,7 @@
 """The aligned-token inverted index: CSR postings per vocabulary token, memory-mappable."""
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,6 +14,10 @@ from indexer.diskspace import allocate_npy, save_npy
 from indexer.integrity import check_csr, load_npy
 
 _FILES = ("indptr", "docs", "weights")
+# 8-bit impacts (indexer/compact.py): the weights file holds uint8 codes and these two float32
+# files, one entry per posting list, map them back: weight = offset[t] + scale[t] * code
+_QUANTISED_FILES = ("scale", "offset")
+UINT8 = "uint8"  # the manifest's "weights" of a channel with 8-bit impacts ("float32" or absent otherwise)
 # batch_search runs a parallel kernel: one thread at a time (Numba's workqueue layer, used where neither
 # TBB nor OpenMP is installed, aborts the process when two threads enter one at once)
 _PARALLEL_KERNEL = threading.Lock()
@@ -20,12 +25,32 @@ _PARALLEL_KERNEL = threading.Lock()
 
 @dataclass
 class InvertedIndex:
-    """Postings of token t: doc numbers ``docs[indptr[t]:indptr[t+1]]`` with ``weights``."""
+    """Postings of token t: doc numbers ``docs[indptr[t]:indptr[t+1]]`` with ``weights``.
+
+    With 8-bit impacts (``scale`` and ``offset`` given), ``weights`` holds uint8 codes and the
+    weight of posting p of list t is ``offset[t] + scale[t] * weights[p]`` (:meth:`float_weights`)."""
 
     indptr: np.ndarray  # int64, (vocab_size + 1,)
     docs: np.ndarray  # int32, (nnz,), ascending within each posting list
-    weights: np.ndarray  # float32, (nnz,)
+    weights: np.ndarray  # float32, (nnz,); uint8 codes when quantised
     n_docs: int
+    scale: np.ndarray | None = None  # float32, (vocab_size,): 8-bit impacts only
+    offset: np.ndarray | None = None  # float32, (vocab_size,)
+
+    @property
+    def quantised(self) -> bool:
+        return self.scale is not None
+
+    def float_weights(self) -> np.ndarray:
+        """Every posting's weight as float32 (dequantised where quantised)."""
+        if not self.quantised:
+            return self.weights
+        return kernels.dequantise(self.indptr, self.weights, self.scale, self.offset)
+
+    def quantise(self, per_list: bool = True) -> InvertedIndex:
+        """This index with 8-bit impacts (see indexer/compact.py); ``per_list`` False: one scale for all lists."""
+        codes, scale, offset = quantise_weights(self.indptr, np.asarray(self.float_weights(), np.float32), per_list)
+        return InvertedIndex(self.indptr, self.docs, codes, self.n_docs, scale, offset)
 
     @property
     def vocab_size(self) -> int:
@@ -33,7 +58,8 @@ class InvertedIndex:
 
     @property
     def nbytes(self) -> int:
-        return int(self.indptr.nbytes + self.docs.nbytes + self.weights.nbytes)
+        extra = self.scale.nbytes + self.offset.nbytes if self.quantised else 0
+        return int(self.indptr.nbytes + self.docs.nbytes + self.weights.nbytes + extra)
 
     @classmethod
     def from_forward(cls, token_ids: np.ndarray, weights: np.ndarray, vocab_size: int) -> InvertedIndex:
@@ -98,26 +124,53 @@ class InvertedIndex:
         return n_docs
 
     def save(self, directory: Path) -> None:
-        for name in _FILES:
+        for name in _FILES + (_QUANTISED_FILES if self.quantised else ()):
             save_npy(directory / f"postings_{name}.npy", getattr(self, name))
+
+    @staticmethod
+    def quantise_saved(directory: Path, per_list: bool = True) -> None:
+        """Turn saved float32 postings into 8-bit impacts in place: the weights file becomes
+        uint8 codes, and the scale and offset files are written beside it. The weights are read
+        through a memory map and the codes written through one (memory: the vocabulary's two arrays)."""
+        directory = Path(directory)
+        indptr = load_npy(directory / "postings_indptr.npy", "int64", 1, mmap=False)
+        src = directory / "postings_weights.npy"
+        weights = load_npy(src, "float32", 1, mmap=True)
+        tmp = directory / ".postings_weights.u8.npy"
+        codes = allocate_npy(tmp, np.uint8, (weights.shape[0],))
+        scale = np.zeros(indptr.shape[0] - 1, np.float32)
+        offset = np.zeros(indptr.shape[0] - 1, np.float32)
+        _quantise_into(indptr, weights, codes, scale, offset, per_list)
+        if isinstance(codes, np.memmap):
+            codes.flush()
+        del codes, weights
+        os.replace(tmp, src)
+        save_npy(directory / "postings_scale.npy", scale)
+        save_npy(directory / "postings_offset.npy", offset)
 
     @classmethod
     def load(
-        cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False
+        cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False,
+        quantised: bool = False,
     ) -> InvertedIndex:
         """Open saved postings, checked (indexer/integrity.py) before any kernel can read them:
         an out-of-range doc number or offset would make the kernels read or write out of bounds.
         ``n_lists``: the number of posting lists expected (vocabulary size); ``positive``:
-        weights must be > 0 (BM25)."""
-        dtypes = {"indptr": "int64", "docs": "int32", "weights": "float32"}
-        arrays = {name: load_npy(Path(directory) / f"postings_{name}.npy", dtypes[name], 1, mmap) for name in _FILES}
-        check_csr(Path(directory), "postings_", arrays["indptr"], arrays["docs"], arrays["weights"], n_docs, n_lists, positive)
-        return cls(arrays["indptr"], arrays["docs"], arrays["weights"], n_docs=n_docs)
+        weights must be > 0 (BM25); ``quantised``: 8-bit impacts (what the manifest records)."""
+        dtypes = {"indptr": "int64", "docs": "int32", "weights": UINT8 if quantised else "float32", "scale": "float32", "offset": "float32"}
+        names = _FILES + (_QUANTISED_FILES if quantised else ())
+        # the small per-list arrays are read whole: every query reads them
+        arrays = {name: load_npy(Path(directory) / f"postings_{name}.npy", dtypes[name], 1, mmap and name not in _QUANTISED_FILES) for name in names}
+        check_csr(Path(directory), "postings_", arrays["indptr"], arrays["docs"], arrays["weights"], n_docs, n_lists, positive,
+                  arrays.get("scale"), arrays.get("offset"))
+        return cls(arrays["indptr"], arrays["docs"], arrays["weights"], n_docs, arrays.get("scale"), arrays.get("offset"))
 
     def search(self, q_tokens: np.ndarray, q_weights: np.ndarray | None = None, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (doc numbers, scores) of one query, best first."""
         q_tokens = np.asarray(q_tokens, dtype=np.int64)
         q_weights = np.ones(len(q_tokens), np.float32) if q_weights is None else np.asarray(q_weights, np.float32)
+        if self.quantised:
+            return kernels.search_one_u8(self.indptr, self.docs, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
         return kernels.search_one(self.indptr, self.docs, self.weights, q_tokens, q_weights, self.n_docs, k)
 
     def batch_search(self, queries: list[tuple[np.ndarray, np.ndarray]], k: int = 10) -> tuple[np.ndarray, np.ndarray]:
@@ -127,14 +180,56 @@ class InvertedIndex:
         q_tokens = np.concatenate([np.asarray(t, np.int64) for t, _ in queries]) if queries else np.zeros(0, np.int64)
         q_weights = np.concatenate([np.asarray(w, np.float32) for _, w in queries]) if queries else np.zeros(0, np.float32)
         with _PARALLEL_KERNEL:
+            if self.quantised:
+                return kernels.search_many_u8(
+                    self.indptr, self.docs, self.weights, self.scale, self.offset, q_indptr, q_tokens, q_weights, self.n_docs, k
+                )
             return kernels.search_many(self.indptr, self.docs, self.weights, q_indptr, q_tokens, q_weights, self.n_docs, k)
 
     def contributions(self, q_tokens: np.ndarray, doc: int) -> np.ndarray:
         """The document's weight for each query token (0 where the document lacks it)."""
+        if self.quantised:
+            return kernels.contributions_u8(self.indptr, self.docs, self.weights, self.scale, self.offset, np.asarray(q_tokens, np.int64), doc)
         return kernels.contributions(self.indptr, self.docs, self.weights, np.asarray(q_tokens, np.int64), doc)
 
     def doc_vectors(self):
         """Documents x tokens sparse matrix (scipy CSR), e.g. for export."""
         import scipy.sparse as sp
 
-        return sp.csr_matrix((self.weights, self.docs, self.indptr), shape=(self.vocab_size, self.n_docs)).T.tocsr()
+        return sp.csr_matrix((self.float_weights(), self.docs, self.indptr), shape=(self.vocab_size, self.n_docs)).T.tocsr()
+
+
+def quantise_weights(indptr: np.ndarray, weights: np.ndarray, per_list: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(uint8 codes, scale, offset) of float32 ``weights`` in CSR lists ``indptr``: per list
+    (:func:`kernels.quantise_lists`) or, ``per_list`` False, one affine map for all of them."""
+    codes = np.empty(weights.shape[0], np.uint8)
+    scale = np.zeros(indptr.shape[0] - 1, np.float32)
+    offset = np.zeros(indptr.shape[0] - 1, np.float32)
+    _quantise_into(indptr, weights, codes, scale, offset, per_list)
+    return codes, scale, offset
+
+
+def _quantise_into(indptr, weights, codes, scale, offset, per_list: bool) -> None:
+    if per_list:
+        kernels.quantise_lists(np.asarray(indptr, np.int64), weights, codes, scale, offset)
+        return
+    if weights.shape[0] == 0:
+        return
+    lo = min(float(np.min(weights[s])) for s in _blocks(weights.shape[0]))
+    hi = max(float(np.max(weights[s])) for s in _blocks(weights.shape[0]))
+    step = np.float32((hi - lo) / 255.0)
+    scale[:], offset[:] = step, np.float32(lo)
+    # one list of everything: the same rounding as the per-list kernel
+    whole = np.array([0, 0], np.int64)
+    s1, o1 = np.zeros(1, np.float32), np.zeros(1, np.float32)
+    for s in _blocks(weights.shape[0]):
+        block = np.concatenate([np.asarray(weights[s], np.float32), np.array([lo, hi], np.float32)])
+        out = np.empty(block.shape[0], np.uint8)
+        whole[1] = block.shape[0]
+        kernels.quantise_lists(whole, block, out, s1, o1)
+        codes[s] = out[:-2]
+
+
+def _blocks(n: int, size: int = 1 << 24) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))

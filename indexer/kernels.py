@@ -128,6 +128,120 @@ def contributions(indptr, docs, weights, q_tokens, doc):
     return out
 
 
+# --------------------------------------------------------------------- 8-bit impacts
+# A compact index (indexer/compact.py) stores each weight as a uint8 code with an affine map per
+# posting list: weight = offset[t] + scale[t] * code. Per query token the 256 possible products
+# q_weight * weight are tabulated once, so the inner loop is a table look-up and an add (no
+# multiply), and the scores are bit for bit those of the float32 kernels on the dequantised weights.
+
+
+@nb.njit(cache=True)
+def quantise_lists(indptr, weights, codes, scale, offset):
+    """Per posting list t: scale[t], offset[t] (float32) and codes[p] (uint8) with
+    offset + scale * code = the weight rounded to the nearest of 256 levels spanning the list's
+    [min, max] (error at most scale / 2). A list of one value gets scale 0 and code 0 (exact)."""
+    for t in range(indptr.shape[0] - 1):
+        a, b = indptr[t], indptr[t + 1]
+        if a == b:
+            scale[t] = 0.0
+            offset[t] = 0.0
+            continue
+        lo = weights[a]
+        hi = weights[a]
+        for p in range(a + 1, b):
+            w = weights[p]
+            lo = min(lo, w)
+            hi = max(hi, w)
+        s = np.float32((np.float64(hi) - np.float64(lo)) / 255.0)
+        offset[t] = lo
+        scale[t] = s
+        for p in range(a, b):
+            if s > 0:
+                c = np.rint((np.float64(weights[p]) - np.float64(lo)) / np.float64(s))
+                codes[p] = np.uint8(min(max(c, 0.0), 255.0))
+            else:
+                codes[p] = np.uint8(0)
+
+
+@nb.njit(cache=True, inline="always")
+def _level(scale, offset, t, v):
+    """The weight code ``v`` of list ``t`` stands for (float32, as :func:`dequantise` computes it)."""
+    return offset[t] + scale[t] * np.float32(v)
+
+
+@nb.njit(cache=True)
+def dequantise(indptr, codes, scale, offset):
+    """float32 weights of every posting: offset[t] + scale[t] * code."""
+    out = np.empty(codes.shape[0], dtype=np.float32)
+    for t in range(indptr.shape[0] - 1):
+        for p in range(indptr[t], indptr[t + 1]):
+            out[p] = _level(scale, offset, t, codes[p])
+    return out
+
+
+@nb.njit(cache=True)
+def _score_one_u8(indptr, docs, codes, scale, offset, q_tokens, q_weights, scores, seen, touched, k):
+    n_touched = 0
+    table = np.empty(256, dtype=np.float32)
+    for j in range(q_tokens.shape[0]):
+        t = q_tokens[j]
+        if t < 0 or t >= indptr.shape[0] - 1:
+            continue
+        qw = q_weights[j]
+        for v in range(256):
+            table[v] = qw * _level(scale, offset, t, v)
+        for p in range(indptr[t], indptr[t + 1]):
+            d = docs[p]
+            if not seen[d]:
+                seen[d] = True
+                touched[n_touched] = d
+                n_touched += 1
+            scores[d] += table[codes[p]]
+    top_d, top_s = _top_k(scores, touched, n_touched, k)
+    for j in range(n_touched):
+        scores[touched[j]] = 0.0
+        seen[touched[j]] = False
+    return top_d, top_s
+
+
+@nb.njit(cache=True)
+def search_one_u8(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_docs, k):
+    """:func:`search_one` on 8-bit impacts."""
+    scores = np.zeros(n_docs, dtype=np.float32)
+    seen = np.zeros(n_docs, dtype=np.bool_)
+    touched = np.empty(n_docs, dtype=np.int32)
+    return _score_one_u8(indptr, docs, codes, scale, offset, q_tokens, q_weights, scores, seen, touched, k)
+
+
+@nb.njit(cache=True, parallel=True)
+def search_many_u8(indptr, docs, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
+    """:func:`search_many` on 8-bit impacts."""
+    n_q = q_indptr.shape[0] - 1
+    out_d = np.full((n_q, k), -1, dtype=np.int32)
+    out_s = np.full((n_q, k), -np.inf, dtype=np.float32)
+    for i in nb.prange(n_q):
+        a, b = q_indptr[i], q_indptr[i + 1]
+        top_d, top_s = search_one_u8(indptr, docs, codes, scale, offset, q_tokens[a:b], q_weights[a:b], n_docs, k)
+        out_d[i, : top_d.shape[0]] = top_d
+        out_s[i, : top_s.shape[0]] = top_s
+    return out_d, out_s
+
+
+@nb.njit(cache=True)
+def contributions_u8(indptr, docs, codes, scale, offset, q_tokens, doc):
+    """:func:`contributions` on 8-bit impacts (the dequantised weights)."""
+    out = np.zeros(q_tokens.shape[0], dtype=np.float32)
+    for j in range(q_tokens.shape[0]):
+        t = q_tokens[j]
+        if t < 0 or t >= indptr.shape[0] - 1:
+            continue
+        lo, hi = indptr[t], indptr[t + 1]
+        p = lo + np.searchsorted(docs[lo:hi], doc)
+        if p < hi and docs[p] == doc:
+            out[j] = _level(scale, offset, t, codes[p])
+    return out
+
+
 # --------------------------------------------------------------------- reference
 def reference_search(
     indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, q_tokens: np.ndarray, q_weights: np.ndarray, n_docs: int, k: int

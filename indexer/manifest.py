@@ -21,7 +21,13 @@ FORMAT_VERSION = 1
 # predates them refuses such an index instead of misreading its dense rows as documents;
 # single-vector indexes stay format 1, unchanged.
 SEGMENTS_FORMAT_VERSION = 2
-READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION)
+# Compact indexes (indexer/compact.py: 8-bit impacts, scalar-quantised dense vectors), with or
+# without segments, are format 3: a reader that predates them would take the uint8 codes for
+# float32 weights, so it must refuse them. Plain indexes keep formats 1 and 2, byte for byte.
+COMPACT_FORMAT_VERSION = 3
+READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, COMPACT_FORMAT_VERSION)
+# the "impacts" of a channel (manifest's sparse / lexical) stored as 8-bit codes; absent: float32
+UINT8_IMPACTS = "uint8"
 MANIFEST = "manifest.json"
 DOC_IDS = "doc_ids.json"  # document ids in doc-number order (a JSON list)
 
@@ -58,6 +64,11 @@ class Manifest:
         self.checksum = json_checksum(data)
         write_json_atomic(directory / MANIFEST, {**data, "checksum": self.checksum})
 
+    @property
+    def compact(self) -> bool:
+        """8-bit impacts (format 3, indexer/compact.py)."""
+        return self.sparse.get("impacts") == UINT8_IMPACTS
+
     @classmethod
     def read(cls, directory: Path) -> Manifest:
         path = Path(directory) / MANIFEST
@@ -76,13 +87,13 @@ class Manifest:
             raise IndexFormatError(
                 f"{path}: field 'format_version': index format {version!r}, this version reads {', '.join(map(str, READABLE_VERSIONS))}; rebuild the index"
             )
-        if (version == SEGMENTS_FORMAT_VERSION) != isinstance(data.get("segments"), dict):
+        if version != COMPACT_FORMAT_VERSION and (version == SEGMENTS_FORMAT_VERSION) != isinstance(data.get("segments"), dict):
             raise IndexFormatError(f"{path}: field 'segments': format {version} {'needs' if version == SEGMENTS_FORMAT_VERSION else 'has no'} a segments object")
         known = set(cls.__dataclass_fields__)
         missing = [k for k in ("model", "embedding", "sparse", "n_docs") if k not in data]
         if missing:
             raise IndexFormatError(f"{path}: missing field(s) {', '.join(missing)}")
-        problem = _field_problem(data)
+        problem = _field_problem(data) or _impacts_problem(data, version)
         if problem:
             raise IndexFormatError(f"{path}: {problem}")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -156,6 +167,20 @@ def _field_problem(data: dict) -> str | None:
     for rel, rec in (data.get("files") or {}).items():
         if not isinstance(rec, dict) or not isinstance(rec.get("size"), int) or ".." in Path(rel).parts or Path(rel).is_absolute():
             return f"field 'files': bad record for {rel!r}"
+    return None
+
+
+def _impacts_problem(data: dict, version: int) -> str | None:
+    """Format 3 and 8-bit impacts go together: a format-1 manifest naming uint8 impacts (or a
+    format-3 one without them) would have its postings read with the wrong element type."""
+    for key in ("sparse", "lexical"):
+        impacts = (data.get(key) or {}).get("impacts")
+        if impacts is not None and impacts != UINT8_IMPACTS:
+            return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}"
+        if impacts is not None and version != COMPACT_FORMAT_VERSION:
+            return f"field '{key}.impacts': 8-bit impacts in an index of format {version} (they are format {COMPACT_FORMAT_VERSION})"
+    if version == COMPACT_FORMAT_VERSION and data["sparse"].get("impacts") != UINT8_IMPACTS:
+        return f"field 'sparse.impacts': format {COMPACT_FORMAT_VERSION} needs {UINT8_IMPACTS!r}"
     return None
 
 

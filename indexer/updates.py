@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
+from indexer.compact import PER_LIST, quantise_channel_files
 from indexer.corpus import CorpusError, Document
 from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex, normalise
 from indexer.diskspace import write_bytes
@@ -45,7 +46,7 @@ from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
-from indexer.manifest import DOC_IDS, IndexFormatError, Manifest
+from indexer.manifest import DOC_IDS, UINT8_IMPACTS, IndexFormatError, Manifest
 from indexer.reader import open_index
 from indexer.shard_encoder import ShardPlan, chunks, encode_shard
 from indexer.staging import staging_dir
@@ -273,6 +274,8 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
             yield new.tokens, new.weights
 
     n_docs = InvertedIndex.write_from_shards(sparse_parts, vocab, out)
+    if m.compact:  # a compact index stays compact: the kept weights were read back dequantised
+        quantise_channel_files(out, m.sparse.get("quantisation", PER_LIST))
     ids = [d.doc_id for d in kept_docs] + [d.doc_id for d in added]
     write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
     n_kept = len(kept_docs)
@@ -320,6 +323,8 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
         lex = bm25.finish()
         lex.save(out / LEXICAL_DIR)
         lexical = {**m.lexical, "n_terms": len(lex.vocab)}
+        if m.lexical.get("impacts") == UINT8_IMPACTS:
+            quantise_channel_files(out / LEXICAL_DIR, m.lexical.get("quantisation", PER_LIST))
     corpus = {**m.corpus, "updated": True}
     return Manifest(
         model=m.model, adapter=m.adapter, embedding=m.embedding, sparse=m.sparse, n_docs=n_docs, corpus=corpus,

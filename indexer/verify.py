@@ -29,7 +29,7 @@ from indexer.integrity import (
 )
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import LEXICAL_DIR, BM25Index
-from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
+from indexer.manifest import DOC_IDS, MANIFEST, UINT8_IMPACTS, IndexFormatError, Manifest
 from indexer.stored_documents import StoredDocuments
 
 # indexer.exports.lucene.EXPORT_MANIFEST; not imported from there, which would pull in torch
@@ -41,7 +41,7 @@ ChannelOpener = Callable[[Path, Manifest, bool], Any]
 
 
 def _sparse(d: Path, m: Manifest, mmap: bool) -> InvertedIndex:
-    return InvertedIndex.load(d, m.n_docs, mmap=mmap, n_lists=int(m.sparse["vocab_size"]))
+    return InvertedIndex.load(d, m.n_docs, mmap=mmap, n_lists=int(m.sparse["vocab_size"]), quantised=m.compact)
 
 
 def _dense(d: Path, m: Manifest, mmap: bool) -> DenseIndex | None:
@@ -61,7 +61,8 @@ def _lexical(d: Path, m: Manifest, mmap: bool) -> BM25Index | None:
         return None
     if m.lexical.get("analyzer") not in ANALYZERS:
         raise IndexFormatError(f"{d / MANIFEST}: field 'lexical.analyzer': {m.lexical.get('analyzer')!r} is not one of {ANALYZERS}")
-    return BM25Index.load(d / LEXICAL_DIR, m.n_docs, m.lexical.get("n_terms"), m.lexical.get("analyzer"))
+    return BM25Index.load(d / LEXICAL_DIR, m.n_docs, m.lexical.get("n_terms"), m.lexical.get("analyzer"),
+                          quantised=m.lexical.get("impacts") == UINT8_IMPACTS)
 
 
 ANALYZERS = ("words", "tokens")  # indexer.lexical.make_analyzer's names

@@ -129,7 +129,7 @@ def quantise_index(index: InvertedIndex, scale: float = DOC_SCALE) -> tuple[Inve
     Returns (index, number of postings dropped). Searching it gives Lucene's impact scores
     for the exported collection.
     """
-    q = quantise(index.weights, scale)
+    q = quantise(index.float_weights(), scale)
     keep = q >= MIN_IMPACT
     lengths = np.diff(np.asarray(index.indptr, dtype=np.int64))
     token_of = np.repeat(np.arange(index.vocab_size, dtype=np.int64), lengths)

@@ -1,0 +1,130 @@
+"""Compact indexes: 8-bit impacts and scalar-quantised dense vectors (issue 53, item 2).
+
+A compact index holds the same channels as a plain one, smaller:
+
+- aligned-token postings (and BM25's): each float32 weight becomes a uint8 code with an affine
+  map per posting list, weight = offset[t] + scale[t] * code (``postings_scale.npy`` and
+  ``postings_offset.npy`` beside the codes; the error is at most scale[t] / 2, half a step of
+  the list's [min, max] in 255 steps). The kernels (indexer/kernels.py, ``*_u8``) tabulate
+  q_weight * level once per query token, so a search reads a quarter of the weight bytes and
+  scores exactly as the float32 kernels on the dequantised weights would;
+- dense channels (LLM dense, EmbedFilter, the sentence encoder): FAISS scalar quantisers
+  (``SQ8``: one byte per dimension, trained per-dimension ranges; ``SQfp16``: two bytes), which
+  give their vectors back (``reconstruct_n``), so updates work as on Flat.
+
+The manifest records ``"impacts": "uint8"`` (and ``"quantisation"``) in ``sparse`` and
+``lexical``, the FAISS kinds in ``dense`` / ``encoder``, and format version 3
+(:data:`indexer.manifest.COMPACT_FORMAT_VERSION`), which older readers refuse rather than
+misread. Plain indexes are unchanged (format 1, or 2 with segments). Two ways to get one:
+``build_index(..., compact=True)`` (``build-index --compact``), or :func:`compact_copy` of a
+built index (no model runs: the float32 weights and vectors are read back and quantised).
+The measured quality and size: benchmarks/studies/compact_index.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
+from indexer.generations import build_lock, publish_staged, stage
+from indexer.generations import sweep as sweep_generations
+from indexer.integrity import record_files
+from indexer.inverted_index import InvertedIndex
+from indexer.lexical import LEXICAL_DIR
+from indexer.manifest import COMPACT_FORMAT_VERSION, MANIFEST, UINT8_IMPACTS, Manifest
+from indexer.reader import open_index
+from indexer.staging import staging_dir
+
+# the dense kind of a compact index where none other is asked for: chosen by
+# benchmarks/studies/compact_index.py (nDCG@10 within 0.003 of Flat on every collection measured)
+COMPACT_DENSE_KIND = "SQ8"
+PER_LIST, GLOBAL = "per-list", "global"
+QUANTISATIONS = (PER_LIST, GLOBAL)
+# the dense channels: (manifest field, file name)
+_DENSE_CHANNELS = (("dense", DENSE_NAME), ("embedfilter", EMBEDFILTER_NAME), ("encoder", ENCODER_NAME))
+_MODES = {"dense": "dense", "embedfilter": "dense-ef", "encoder": "encoder"}
+
+
+def impacts_record(quantisation: str = PER_LIST) -> dict:
+    """What the manifest's ``sparse`` / ``lexical`` gain in a compact index."""
+    if quantisation not in QUANTISATIONS:
+        raise ValueError(f"quantisation must be one of {QUANTISATIONS}, not {quantisation!r}")
+    return {"impacts": UINT8_IMPACTS, "quantisation": quantisation}
+
+
+def quantise_channel_files(directory: Path, quantisation: str = PER_LIST) -> None:
+    """Saved float32 postings (``postings_*.npy`` in ``directory``) turned into 8-bit impacts."""
+    impacts_record(quantisation)
+    InvertedIndex.quantise_saved(Path(directory), per_list=quantisation == PER_LIST)
+
+
+def compact_dense_kind(kind: str, compact: bool) -> str:
+    """The dense kind a build writes: a compact build turns the default Flat into
+    :data:`COMPACT_DENSE_KIND`; any other kind asked for is kept."""
+    return COMPACT_DENSE_KIND if compact and kind == "Flat" else kind
+
+
+def compact_copy(
+    index_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dense_kind: str = COMPACT_DENSE_KIND,
+    quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False,
+) -> Manifest:
+    """Write a compact copy of the plain index at ``index_dir`` to ``out_dir`` (published as a
+    generation, as a build publishes) and return its manifest. No model runs: the postings'
+    float32 weights are quantised (``quantisation``: per posting list, or one global map), BM25's
+    too unless ``lexical`` is False, and every dense channel's vectors are read back and
+    re-indexed as ``dense_kind`` (a FAISS factory string: ``SQ8``, ``SQfp16``, or ``Flat`` to
+    keep them exact). Everything else (documents, ids, projections) is copied as it is."""
+    impacts_record(quantisation)
+    target = Path(out_dir)
+    opened = open_index(index_dir)
+    try:
+        m = opened.manifest
+        if m.compact:
+            raise ValueError(f"{index_dir}: already compact (format {m.format_version})")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with build_lock(target):
+            if os.path.lexists(target) and not overwrite:
+                raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
+            sweep_generations(target)
+            with staging_dir(target, "building") as tmp:
+                for src in sorted(opened.path.rglob("*")):
+                    rel = src.relative_to(opened.path)
+                    if src.is_file() and rel.as_posix() != MANIFEST:
+                        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(src, tmp / rel)
+                quantise_channel_files(tmp, quantisation)
+                lexical_info = m.lexical
+                if m.lexical is not None and lexical:
+                    quantise_channel_files(tmp / LEXICAL_DIR, quantisation)
+                    lexical_info = {**m.lexical, **impacts_record(quantisation)}
+                changed: dict = {}
+                for field, name in _DENSE_CHANNELS:
+                    info = getattr(m, field)
+                    if info is None:
+                        continue
+                    channel: DenseIndex = opened.channels[_MODES[field]]
+                    vectors = channel.index.reconstruct_n(0, channel.index.ntotal)  # normalised (and projected) already
+                    index = DenseIndex.build(vectors, dense_kind, row_doc=channel.row_doc)
+                    index.projection = channel.projection
+                    index.save(tmp, name)
+                    changed[field] = {**info, "kind": dense_kind}
+                out = dataclasses.replace(
+                    m, format_version=COMPACT_FORMAT_VERSION, sparse={**m.sparse, **impacts_record(quantisation)}, lexical=lexical_info,
+                    build={**m.build, "compacted": {"from": str(index_dir), "generation": opened.path.name, "dense_kind": dense_kind,
+                                                    "quantisation": quantisation, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
+                    files=None, checksum=None, **changed,
+                )
+                out.files = record_files(tmp)
+                out.write(tmp)  # last: a directory without a manifest is not an index
+                generation = stage(tmp, target)
+            publish_staged(generation, target, overwrite)
+    finally:
+        opened.close()
+    return out
+
+
+__all__ = ["COMPACT_DENSE_KIND", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "impacts_record",
+           "quantise_channel_files"]

@@ -1,0 +1,266 @@
+"""Compact indexes (indexer/compact.py): 8-bit impacts and scalar-quantised dense channels.
+
+The float32 path stays the reference: the uint8 kernels must score exactly as the float32
+kernels on the dequantised weights, and a compact index must rank nearly as its float32 source.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import save_tiny_sentence_encoder, toy_docs, write_corpus
+from test_kernels import random_index, random_query
+
+from indexer import kernels
+from indexer.build import build_index
+from indexer.compact import COMPACT_DENSE_KIND, compact_copy
+from indexer.corpus import document_from_object
+from indexer.inverted_index import InvertedIndex, quantise_weights
+from indexer.manifest import COMPACT_FORMAT_VERSION, FORMAT_VERSION, MANIFEST, IndexFormatError, Manifest
+from indexer.reader import open_index
+from indexer.updates import update_index
+from indexer.verify import verify
+from retriever.retriever import Retriever
+
+pytest.importorskip("sentence_transformers")
+
+QUERIES = ["cat and dog near the river", "computer memory", "game", "a puzzle for the team", "snow", "river bank money"]
+
+
+# ------------------------------------------------------------------ quantisation
+@pytest.mark.parametrize("per_list", [True, False])
+def test_quantisation_round_trip_is_within_half_a_step(per_list):
+    rng = np.random.default_rng(0)
+    lengths = np.array([0, 1, 5, 0, 300, 2, 1000, 1])
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    weights = (rng.normal(size=indptr[-1]) * rng.choice([0.1, 3.0, 30.0], size=indptr[-1])).astype(np.float32)
+    weights[indptr[2]:indptr[3]] = 7.25  # a constant list: exact
+    codes, scale, offset = quantise_weights(indptr, weights, per_list)
+    assert codes.dtype == np.uint8 and scale.shape == offset.shape == (len(lengths),)
+    back = kernels.dequantise(indptr, codes, scale, offset)
+    bound = np.repeat(scale, lengths) / 2 * (1 + 1e-5) + 1e-6 * np.abs(weights)
+    assert (np.abs(back - weights) <= bound).all()
+    if per_list:
+        assert back[indptr[1]] == weights[indptr[1]]  # a list of one value is exact
+        np.testing.assert_array_equal(back[indptr[2]:indptr[3]], 7.25)
+        for t in np.flatnonzero(lengths > 1)[1:]:  # each list's extremes are levels 0 and 255 (but the constant list 2)
+            a, b = indptr[t], indptr[t + 1]
+            assert codes[a:b].min() == 0 and codes[a:b].max() == 255
+    else:
+        assert len(set(scale.tolist())) == 1 and len(set(offset.tolist())) == 1
+    # quantising the dequantised weights again changes nothing (what an update of a compact index does)
+    again = quantise_weights(indptr, back, per_list)
+    np.testing.assert_array_equal(again[0], codes)
+
+
+def test_quantise_saved_equals_quantise_in_memory(tmp_path):
+    rng = np.random.default_rng(1)
+    index = random_index(rng, "float")
+    index.save(tmp_path)
+    InvertedIndex.quantise_saved(tmp_path)
+    got = InvertedIndex.load(tmp_path, index.n_docs, quantised=True)
+    want = index.quantise()
+    for name in ("indptr", "docs", "weights", "scale", "offset"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)), getattr(want, name), err_msg=name)
+
+
+# ------------------------------------------------------------------ kernels
+@pytest.mark.parametrize("seed", range(40))
+def test_uint8_kernels_equal_float32_kernels_on_the_dequantised_weights(seed):
+    rng = np.random.default_rng(seed)
+    index = random_index(rng, "float" if seed % 2 else "int")
+    q8 = index.quantise(per_list=seed % 3 != 0)
+    deq = InvertedIndex(index.indptr, index.docs, q8.float_weights(), index.n_docs)
+    queries = [random_query(rng, index.vocab_size, "float") for _ in range(4)]
+    for k in (1, 5, 100):
+        for tokens, w in queries:
+            got, want = q8.search(tokens, w, k), deq.search(tokens, w, k)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])  # bit for bit: the table holds q_weight * level
+            doc = int(rng.integers(0, index.n_docs))
+            np.testing.assert_array_equal(q8.contributions(tokens, doc), deq.contributions(tokens, doc))
+        got, want = q8.batch_search(queries, k), deq.batch_search(queries, k)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(q8.doc_vectors().toarray(), deq.doc_vectors().toarray())
+
+
+# ------------------------------------------------------------------ indexes
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    from embedder.sentence_encoder import SentenceEncoder
+
+    return SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path_factory.mktemp("tiny-st"), seed=0))
+
+
+def build(corpus: Path, index: Path, embedder, encoder, **kw) -> Manifest:
+    return build_index(corpus, index, embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False, **kw)
+
+
+def top(index: Path, embedder, mode: str, k: int = 10) -> list[list[str]]:
+    with Retriever.load(index, embedder=embedder, query_encoder="llm", profile=None) as r:
+        return [[h.doc_id for h in hits] for hits in r.batch_search(QUERIES, k=k, mode=mode)]
+
+
+def overlap(a: list[list[str]], b: list[list[str]]) -> float:
+    return float(np.mean([len(set(x) & set(y)) / max(len(x), 1) for x, y in zip(a, b)]))
+
+
+@pytest.fixture
+def pair(tmp_path, tiny_embedder, encoder) -> tuple[Path, Path]:
+    corpus = write_corpus(tmp_path / "c", toy_docs(40, seed=3), "beir")
+    build(corpus, tmp_path / "plain", tiny_embedder, encoder)
+    m = build(corpus, tmp_path / "compact", tiny_embedder, encoder, compact=True)
+    assert m.format_version == COMPACT_FORMAT_VERSION and m.compact
+    return tmp_path / "plain", tmp_path / "compact"
+
+
+def test_a_compact_build_loads_verifies_and_ranks_as_float32(pair, tiny_embedder):
+    plain, compact = pair
+    mp, mc = Manifest.read(plain), Manifest.read(compact)
+    # the plain index is what it was: format 1, float32, Flat, no impacts recorded
+    assert mp.format_version == FORMAT_VERSION and "impacts" not in mp.sparse and "impacts" not in mp.lexical
+    assert mp.dense["kind"] == mp.encoder["kind"] == "Flat"
+    assert mc.sparse["impacts"] == mc.lexical["impacts"] == "uint8"
+    assert mc.dense["kind"] == mc.encoder["kind"] == COMPACT_DENSE_KIND
+    assert verify(compact).ok, verify(compact).problems
+    opened = open_index(compact)
+    try:
+        assert opened.channels["sparse"].weights.dtype == np.uint8
+        assert opened.channels["bm25"].postings.weights.dtype == np.uint8
+    finally:
+        opened.close()
+    sizes = {p.name: p.stat().st_size for p in compact.resolve().iterdir()}
+    plain_sizes = {p.name: p.stat().st_size for p in plain.resolve().iterdir()}
+    assert sizes["postings_weights.npy"] < plain_sizes["postings_weights.npy"] / 3
+    assert sizes["dense.faiss"] < plain_sizes["dense.faiss"] / 2
+    for mode in ("sparse", "dense", "encoder", "bm25", "hybrid"):
+        assert overlap(top(plain, tiny_embedder, mode), top(compact, tiny_embedder, mode)) >= 0.8, mode
+
+
+def test_compact_copy_writes_what_a_compact_build_writes(pair, tmp_path):
+    plain, compact = pair
+    m = compact_copy(plain, tmp_path / "copy")
+    assert m.format_version == COMPACT_FORMAT_VERSION and m.build["compacted"]["dense_kind"] == COMPACT_DENSE_KIND
+    assert verify(tmp_path / "copy").ok
+    a, b = compact.resolve(), (tmp_path / "copy").resolve()
+    for rel in ("postings_weights.npy", "postings_scale.npy", "postings_offset.npy", "postings_docs.npy",
+                "lexical/postings_weights.npy", "lexical/postings_scale.npy", "doc_ids.json", "documents.jsonl"):
+        assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
+    with pytest.raises(ValueError, match="already compact"):
+        compact_copy(compact, tmp_path / "again")
+    with pytest.raises(FileExistsError):
+        compact_copy(plain, tmp_path / "copy")
+
+
+def test_a_compact_index_stays_compact_through_an_update(pair, tiny_embedder, encoder, tmp_path):
+    _, compact = pair
+    added = [document_from_object(d, "test", i) for i, d in enumerate(toy_docs(50, seed=9)[40:], start=1)]
+    first = open_index(compact)
+    deleted = first.doc_ids[:3]
+    first.close()
+    report = update_index(compact, add=added, delete=deleted, embedder=tiny_embedder, encoder=encoder, progress=False)
+    assert report.added == 10 and report.deleted == 3
+    m = Manifest.read(compact.resolve())
+    assert m.format_version == COMPACT_FORMAT_VERSION and m.compact and m.lexical["impacts"] == "uint8"
+    assert m.dense["kind"] == m.encoder["kind"] == COMPACT_DENSE_KIND
+    assert verify(compact).ok, verify(compact).problems
+    # against a compact rebuild of the final corpus: the same documents, nearly the same ranking
+    opened = open_index(compact)
+    try:
+        assert opened.channels["sparse"].quantised
+        final_ids = opened.doc_ids
+    finally:
+        opened.close()
+    docs = {d["_id"]: d for d in toy_docs(50, seed=3)[:40] + toy_docs(50, seed=9)[40:]}
+    rebuilt = build(write_corpus(tmp_path / "final", [docs[i] for i in final_ids], "beir"), tmp_path / "rebuilt", tiny_embedder, encoder,
+                    compact=True)
+    assert rebuilt.n_docs == len(final_ids)
+    for mode in ("sparse", "dense", "bm25", "hybrid"):
+        assert overlap(top(compact, tiny_embedder, mode), top(tmp_path / "rebuilt", tiny_embedder, mode)) >= 0.8, mode
+
+
+# ------------------------------------------------------------------ damage and versions
+def _reseal(index: Path) -> None:
+    from indexer.checksums import json_checksum
+    from indexer.integrity import record_files
+
+    data = json.loads((index / MANIFEST).read_text())
+    data.pop("checksum", None)
+    data["files"] = record_files(index)
+    data["checksum"] = json_checksum(data)
+    (index / MANIFEST).write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("rel, value, says", [
+    ("postings_scale.npy", np.nan, "not finite"),
+    ("postings_scale.npy", -1.0, "negative"),
+    ("postings_offset.npy", np.inf, "not finite"),
+    ("lexical/postings_offset.npy", -2.0, "not positive"),
+])  # fmt: skip
+def test_damaged_dequantisation_is_refused_by_name(pair, tmp_path, rel, value, says):
+    index = tmp_path / "damaged"
+    shutil.copytree(pair[1].resolve(), index)
+    arr = np.load(index / rel)
+    used = np.flatnonzero(np.diff(np.load(index / Path(rel).with_name("postings_indptr.npy"))) > 0)
+    arr[used[0]] = value
+    np.save(index / rel, arr)
+    _reseal(index)  # only the structural checks can see it now
+    with pytest.raises(IndexFormatError, match=says) as err:
+        open_index(index)
+    assert Path(rel).name in str(err.value)
+    report = verify(index)
+    assert not report.ok and any(Path(rel).name in p for p in report.problems)
+
+
+def test_a_flipped_code_is_found_by_its_checksum(pair, tmp_path):
+    index = tmp_path / "flipped"
+    shutil.copytree(pair[1].resolve(), index)
+    data = bytearray((index / "postings_weights.npy").read_bytes())
+    data[-3] ^= 0xFF
+    (index / "postings_weights.npy").write_bytes(bytes(data))
+    report = verify(index)
+    assert not report.ok and any("postings_weights.npy" in p and "checksum" in p for p in report.problems)
+
+
+def test_format_and_impacts_must_agree(pair, tmp_path):
+    for rel, change, says in (
+        ("compact-as-1", lambda m: m.update(format_version=FORMAT_VERSION), "8-bit impacts in an index of format 1"),
+        ("plain-as-3", None, "format 3 needs"),
+        ("unknown", lambda m: m["sparse"].update(impacts="int4"), "is not 'uint8'"),
+    ):
+        src = pair[0] if change is None else pair[1]
+        index = tmp_path / rel
+        shutil.copytree(src.resolve(), index)
+        data = json.loads((index / MANIFEST).read_text())
+        if change is None:
+            data["format_version"] = COMPACT_FORMAT_VERSION
+        else:
+            change(data)
+        (index / MANIFEST).write_text(json.dumps(data))
+        with pytest.raises(IndexFormatError, match=says):
+            Manifest.read(index)
+
+
+def test_a_reader_of_formats_1_and_2_refuses_a_compact_index(pair, monkeypatch):
+    from indexer import manifest
+
+    monkeypatch.setattr(manifest, "READABLE_VERSIONS", (1, 2))
+    with pytest.raises(IndexFormatError, match="index format 3"):
+        Manifest.read(pair[1].resolve())
+    Manifest.read(pair[0].resolve())  # a plain index is still format 1
+
+
+def test_build_index_cli_compact(tmp_path, tiny_model_dir):
+    from indexer import cli as build_cli
+
+    corpus = write_corpus(tmp_path / "c", toy_docs(20), "beir")
+    argv = ["--corpus", str(corpus), "--index", str(tmp_path / "i"), "--model", str(tiny_model_dir), "--adapter", "none",
+            "--top-k", "16", "--channels", "sparse,dense,bm25", "--compact", "--quiet"]  # fmt: skip
+    assert build_cli.main(argv) == 0
+    m = Manifest.read((tmp_path / "i").resolve())
+    assert m.compact and m.dense["kind"] == COMPACT_DENSE_KIND and m.format_version == COMPACT_FORMAT_VERSION
+    assert verify(tmp_path / "i").ok
