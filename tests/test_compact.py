@@ -264,3 +264,19 @@ def test_build_index_cli_compact(tmp_path, tiny_model_dir):
     m = Manifest.read((tmp_path / "i").resolve())
     assert m.compact and m.dense["kind"] == COMPACT_DENSE_KIND and m.format_version == COMPACT_FORMAT_VERSION
     assert verify(tmp_path / "i").ok
+
+
+def test_a_compact_index_of_multi_vector_documents(tmp_path, make_embedder, encoder):
+    from embedder.encoder import EmbedderConfig
+
+    embedder = make_embedder(EmbedderConfig(max_length=8, batch_size=4))
+    corpus = write_corpus(tmp_path / "c", toy_docs(20, seed=5), "beir")
+    m = build(corpus, tmp_path / "i", embedder, encoder, compact=True, segments=True)
+    assert m.format_version == COMPACT_FORMAT_VERSION and m.segments["max_per_doc"] > 1
+    assert verify(tmp_path / "i").ok
+    added = [document_from_object(d, "test", i) for i, d in enumerate(toy_docs(25, seed=6)[20:], start=1)]
+    update_index(tmp_path / "i", add=added, embedder=embedder, encoder=encoder, progress=False)
+    m = Manifest.read((tmp_path / "i").resolve())
+    assert m.compact and m.segments is not None and m.n_docs == 25
+    assert verify(tmp_path / "i").ok
+    assert top(tmp_path / "i", embedder, "dense")[0]
