@@ -556,10 +556,14 @@ class Retriever:
 
     def search_encoded(
         self, encoded: Sequence[EncodedQuery], k: int = 10, mode: str | None = None, explain: bool = True, where: dict | None = None,
+        offset: int = 0,
     ) -> list[list[Hit]]:
         """Search pre-encoded queries (see :meth:`encode`; encode with the same ``mode``).
         ``explain=False`` leaves ``Hit.matched_tokens`` empty (the per-hit token lookups cost
-        more than the search). ``where``: a metadata filter, as in :meth:`search`."""
+        more than the search). ``where``: a metadata filter, as in :meth:`search`. ``offset``:
+        the hits of ranks ``offset + 1 .. k`` only (a page), the ones before never explained."""
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"offset must be an integer >= 0, not {offset!r}")
         k = check_k(k)
         mode = self.default_mode if mode is None else mode
         self._check_mode(mode)
@@ -567,9 +571,10 @@ class Retriever:
         # no channel needs more than every document: FAISS would allocate k slots per query
         k = min(k, len(self.doc_ids))
         if mode == "hybrid":
-            results = [self._hybrid(q, k, explain, mask) if q.text.strip() else [] for q in encoded]
+            results = [self._hybrid(q, k, explain, mask, offset) if q.text.strip() else [] for q in encoded]
         else:
-            results = [self._to_hits(q, mode, *self._channel(q, mode, k, mask), explain=explain) if q.text.strip() else [] for q in encoded]
+            results = [self._to_hits(q, mode, *(a[offset:] for a in self._channel(q, mode, k, mask)), explain=explain) if q.text.strip() else []
+                       for q in encoded]
         for q, hits in zip(encoded, results):
             for hit in hits:
                 hit.query_encoder = q.query_encoder
@@ -715,7 +720,7 @@ class Retriever:
     def _to_hits(self, q: EncodedQuery, mode: str, docs: np.ndarray, scores: np.ndarray, explain: bool = True) -> list[Hit]:
         return [self._explained(q, mode, int(d), s, explain) for d, s in zip(docs, scores) if d >= 0]
 
-    def _hybrid(self, q: EncodedQuery, k: int, explain: bool = True, mask: np.ndarray | None = None) -> list[Hit]:
+    def _hybrid(self, q: EncodedQuery, k: int, explain: bool = True, mask: np.ndarray | None = None, offset: int = 0) -> list[Hit]:
         weights = self.fusion["weights"]
         used = self.channels_of("hybrid")  # channels the index lacks are skipped
         if not used:
@@ -724,7 +729,7 @@ class Retriever:
         if method.startswith("milvus-"):
             if mask is not None:
                 raise ValueError(f"metadata filters are not supported with the {method} fusion (fused inside Milvus)")
-            return self._engine_hybrid(q, k, used, method, explain)
+            return self._engine_hybrid(q, k, used, method, explain)[offset:]
         if self.feedback is not None and "sparse" in used and q.tokens.size:
             channels = {m: self._channel(q, m, FUSION_DEPTH, mask) for m in used if m != "sparse"}
             q = self.with_feedback(q, channels)
@@ -732,7 +737,7 @@ class Retriever:
         else:
             channels = {m: self._channel(q, m, FUSION_DEPTH, mask) for m in used}
         fused = fuse(channels, weights, k, method, self.fusion.get("rrf_k", 60))
-        return [self._explained(q, "hybrid", f.doc, f.score, explain, f.contributions) for f in fused]
+        return [self._explained(q, "hybrid", f.doc, f.score, explain, f.contributions) for f in fused[offset:]]
 
     @property
     def document_tokens(self) -> DocumentTokens:

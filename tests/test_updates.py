@@ -281,3 +281,15 @@ def test_the_build_counts_the_documents_it_cut(tmp_path, make_embedder):
     build_index(write_corpus(tmp_path / "c", docs, "beir"), tmp_path / "index", embedder, top_k=8, progress=False)
     lengths = [len(embedder.tokenizer(embedder.normalise(f"{d['title']} {d['text']}"), add_special_tokens=False)["input_ids"]) for d in docs]
     assert Manifest.read(tmp_path / "index").build["documents_cut"] == sum(n > 12 for n in lengths) > 0
+
+
+@pytest.mark.parametrize("mode", ["sparse", "bm25", "hybrid"])
+def test_a_page_is_the_ranks_of_the_full_list(tmp_path, tiny_embedder, mode):
+    build_index(write_corpus(tmp_path / "c", toy_docs(30), "beir"), tmp_path / "index", tiny_embedder, top_k=16, lexical="words", dense=True, progress=False)
+    r = Retriever.load(tmp_path / "index", embedder=tiny_embedder, query_encoder="llm")
+    encoded = r.encode(["cat and dog near the river"], mode)
+    full = r.search_encoded(encoded, k=15, mode=mode)[0]
+    page = r.search_encoded(encoded, k=15, mode=mode, offset=10)[0]
+    assert [(h.doc_id, h.score) for h in page] == [(h.doc_id, h.score) for h in full[10:]]
+    with pytest.raises(ValueError, match="offset must be an integer >= 0"):
+        r.search_encoded(encoded, k=5, mode=mode, offset=-1)

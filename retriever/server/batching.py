@@ -95,7 +95,8 @@ def search_one(r: Retriever, encoded, mode: str, job: Job, share: float) -> Resu
         docs, _ = r.search_channel(encoded, mode, depth, job.where)
         total = int((docs >= 0).sum())
         relation = "gte" if total >= depth and depth < n else "eq"
-    hits = r.search_encoded([encoded], k=min(n, job.offset + job.k), mode=mode, explain=job.explain, where=job.where)[0][job.offset:] if job.offset < total else []
+    hits = r.search_encoded([encoded], k=min(n, job.offset + job.k), mode=mode, explain=job.explain, where=job.where, offset=job.offset)[0] \
+        if job.offset < total else []  # only the page's hits are explained
     return Result(hits, total, relation, share + time.perf_counter() - t0)
 
 
