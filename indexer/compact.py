@@ -38,9 +38,16 @@ from indexer.manifest import COMPACT_FORMAT_VERSION, MANIFEST, UINT8_IMPACTS, Ma
 from indexer.reader import open_index
 from indexer.staging import staging_dir
 
-# the dense kind of a compact index where none other is asked for: chosen by
-# benchmarks/studies/compact_index.py (nDCG@10 within 0.003 of Flat on every collection measured)
+# The dense kind of a compact index where none other is asked for, and build-index's default
+# (--no-compact builds the float32 reference): benchmarks/studies/compact_index.py on adi, medline,
+# cisi and cranfield (npl not measured: its 11k documents take hours to encode on 2 cores), per-list
+# impacts + SQ8: nDCG@10 of every channel within 0.0008 of float32, of both profiles' hybrids within
+# 0.0021 (medline, best), 8.5 -> 3.9 KB per document for postings and vectors
+# (benchmarks/results/compact-index/compact-index.json). SQfp16 was no closer on the hybrids
+# (the same -0.0021) for ~950 more bytes per document; one global scale instead of one per list
+# lost up to 0.0016 on BM25 (cranfield) where per-list lost at most 0.0008.
 COMPACT_DENSE_KIND = "SQ8"
+DEFAULT_COMPACT = True  # build-index's default; build_index()'s stays False (the exact float32 reference)
 PER_LIST, GLOBAL = "per-list", "global"
 QUANTISATIONS = (PER_LIST, GLOBAL)
 # the dense channels: (manifest field, file name)
@@ -126,5 +133,5 @@ def compact_copy(
     return out
 
 
-__all__ = ["COMPACT_DENSE_KIND", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "impacts_record",
+__all__ = ["COMPACT_DENSE_KIND", "DEFAULT_COMPACT", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "impacts_record",
            "quantise_channel_files"]

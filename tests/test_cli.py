@@ -74,6 +74,18 @@ def test_build_index_without_channel_flags_builds_the_best_measured_set(toy_corp
     assert row["mode"] == "hybrid" and row["hits"] and set(row["hits"][0]["channels"]) <= set(want)
 
 
+def test_build_index_is_compact_unless_no_compact(toy_corpus, tiny_model_dir, tmp_path):
+    from indexer.compact import COMPACT_DENSE_KIND
+    from indexer.manifest import COMPACT_FORMAT_VERSION, FORMAT_VERSION
+
+    assert build(toy_corpus, tmp_path / "c", tiny_model_dir, "--dense") == 0
+    m = Manifest.read(tmp_path / "c")
+    assert m.compact and m.format_version == COMPACT_FORMAT_VERSION and m.dense["kind"] == COMPACT_DENSE_KIND
+    assert build(toy_corpus, tmp_path / "f", tiny_model_dir, "--dense", "--no-compact") == 0
+    m = Manifest.read(tmp_path / "f")
+    assert not m.compact and m.format_version == FORMAT_VERSION and m.dense["kind"] == "Flat" and "impacts" not in m.sparse
+
+
 @pytest.mark.parametrize("flags, channels", [
     (["--channels", "sparse"], ["sparse"]),
     (["--channels", "bm25,dense"], ["sparse", "dense", "bm25"]),

@@ -33,14 +33,15 @@ N_DOCS = 40
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory, tiny_model_dir) -> Path:
-    """An index with every channel, built once per module; cases work on copies."""
+    """An index with every channel, built once per module; cases work on copies. The float32
+    format (--no-compact): compact indexes' damage is tests/test_compact.py's."""
     from conftest import toy_docs, write_corpus
 
     root = tmp_path_factory.mktemp("integrity")
     corpus = write_corpus(root / "corpus", toy_docs(N_DOCS), "beir")
     index = root / "index"
     argv = ["--corpus", str(corpus), "--index", str(index), "--model", str(tiny_model_dir), "--adapter", "none",
-            "--top-k", "16", "--dense", "--embedfilter", "2", "--lexical", "words", "--quiet"]  # fmt: skip
+            "--top-k", "16", "--dense", "--embedfilter", "2", "--lexical", "words", "--no-compact", "--quiet"]  # fmt: skip
     assert build_cli.main(argv) == 0
     return index
 

@@ -372,7 +372,7 @@ def export_pyserini(
         raise ValueError(f"{len(tokens)} vocabulary strings for an index over {vocab_size} tokens")
 
     t0 = time.perf_counter()
-    floats = InvertedIndex.load(index_dir, manifest.n_docs, mmap=True)
+    floats = InvertedIndex.load(index_dir, manifest.n_docs, mmap=True, quantised=manifest.compact)
     quantised, n_dropped = quantise_index(floats, scale)
     spellings = token_spellings(tokens)
     max_doc_sum = int(quantised.doc_vectors().astype(np.float64).sum(axis=1).max()) if quantised.weights.size else 0
