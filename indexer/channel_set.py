@@ -7,7 +7,8 @@ so that one index serves both (``--profile fast|best`` at load time, no rebuild)
   aligned tokens + the LLM dense channel + BM25 on words + the MiniLM encoder. ``fast`` fuses
   BM25, MiniLM and the query's own tokens in the aligned-token index; ``best`` adds the LLM's
   query expansion and its dense channel (BENCHMARKS.md, "Operating points"). The dense channel
-  costs 4 bytes x the model's width per document (2.3 KB for SmolLM2-135M);
+  costs 1 byte x the model's width per document in a compact index, build-index's default (576 bytes
+  for SmolLM2-135M; 4 bytes x the width, 2.3 KB, with --no-compact: indexer/compact.py);
 - without it: aligned tokens + dense + BM25 on words (LOCO 0.522,
   benchmarks/results/contrastive-long/fusion_cv.json), searched as before (no profile applies).
 
