@@ -59,8 +59,11 @@ class DenseIndex:
     ) -> DenseIndex:
         """:meth:`build` over embeddings that come in chunks (a build's shards), added chunk by
         chunk so that only one is in memory besides the index itself. A kind that must be
-        trained first (IVF, PQ) is trained on all of them, which needs them all at once.
-        ``row_doc``: as in :meth:`build`, the document of each row over all chunks."""
+        trained first (IVF, PQ) is trained on all of them, which needs them all at once; but a
+        scalar quantiser with min-max ranges (``SQ8``, ``SQ4``: a compact index's default) is
+        trained on the per-dimension minima and maxima of every chunk, found in one more pass over
+        them (its ranges, and so its file, are then those of training on all of them, in the memory
+        of one chunk). ``row_doc``: as in :meth:`build`, the document of each row over all chunks."""
         import faiss
 
         index = None
@@ -69,6 +72,12 @@ class DenseIndex:
             x = normalise(chunk @ projection if projection is not None else chunk)
             if index is None:
                 index = faiss.index_factory(x.shape[1], kind, faiss.METRIC_INNER_PRODUCT)
+                if not index.is_trained and _min_max_trained(index):
+                    lo, hi = x.min(axis=0), x.max(axis=0)
+                    for other in chunks():
+                        y = normalise(other @ projection if projection is not None else other)
+                        lo, hi = np.minimum(lo, y.min(axis=0)), np.maximum(hi, y.max(axis=0))
+                    index.train(np.stack([lo, hi]))
             if index.is_trained:
                 index.add(x)
             else:
@@ -137,6 +146,21 @@ class DenseIndex:
         depth = min(self.index.ntotal, k * self.max_rows_per_doc)
         scores, rows = self.index.search(normalise(q), depth)
         return best_per_document(rows, scores, self.row_doc, k)
+
+
+def _min_max_trained(index) -> bool:
+    """A FAISS scalar quantiser whose training is the per-dimension [min, max] of the vectors
+    (uniform or non-uniform 8/6/4-bit, RS_minmax ranges): training on the two vectors of minima and
+    maxima then gives what training on all the vectors gives (byte for byte, tests/test_compact.py)."""
+    import faiss
+
+    sq = faiss.downcast_index(index)
+    if not isinstance(sq, faiss.IndexScalarQuantizer):
+        return False
+    q = sq.sq
+    uniform = (faiss.ScalarQuantizer.QT_8bit_uniform, faiss.ScalarQuantizer.QT_4bit_uniform)
+    per_dim = (faiss.ScalarQuantizer.QT_8bit, faiss.ScalarQuantizer.QT_4bit, faiss.ScalarQuantizer.QT_6bit)
+    return q.rangestat == faiss.ScalarQuantizer.RS_minmax and q.rangestat_arg == 0 and q.qtype in uniform + per_dim
 
 
 # FAISS's serialised header: a four-character code, then d (int32), ntotal (int64), two unused

@@ -17,7 +17,7 @@ from both into a staging directory that is published in one rename. So:
 The cost: encoding the added documents (the only model work), then rewriting the index files
 (no model; ~linear in the index size). Batch many changes into one update where you can. The
 dense channels must be able to give their vectors back (FAISS Flat or HNSW, the defaults; an
-IVF or PQ index cannot, and is refused with a message to rebuild).
+IVF or PQ index cannot, and is refused with a message to rebuild; a compact index's SQ8 can).
 
 Semantics, as in the engines users know: an added document whose id is already indexed
 replaces it (an upsert); a deleted id that is not indexed is reported, not an error; a
