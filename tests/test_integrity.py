@@ -196,6 +196,9 @@ FILES = [
     "lexical/postings_docs.npy",
     "lexical/postings_weights.npy",
 ]
+# the stored documents (indexer/stored_documents.py): recorded and checksummed like every file, their
+# damage tested in tests/test_updates.py
+STORED = ["documents.jsonl", "documents_offsets.npy"]
 OUT_OF_RANGE: dict[str, Callable[[Path], None]] = {
     MANIFEST: lambda i: edit_json(MANIFEST, lambda m: set_item(m, "n_docs", -1))(i),
     DOC_IDS: edit_json(DOC_IDS, duplicate_id),
@@ -282,7 +285,7 @@ def test_fresh_index_passes_verify_and_search_verify(index):
     """The real entry points in fresh interpreters."""
     proc = fresh("indexer.verify_cli", str(index))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip().endswith(f"ok (index, {len(FILES) - 1} files checksummed)")
+    assert proc.stdout.strip().endswith(f"ok (index, {len(FILES) - 1 + len(STORED)} files checksummed)")
     proc = fresh("retriever.cli", "--index", str(index), "--verify", "--json", "cat and dog")
     assert proc.returncode == 0 and json.loads(proc.stdout)["hits"], proc.stderr
 
@@ -300,7 +303,7 @@ def test_damage_in_a_fresh_interpreter(index, rel, kind):
 # ------------------------------------------------------------------ in-process details
 def test_manifest_records_every_file(index):
     m = Manifest.read(index)
-    assert sorted(m.files) == sorted(f for f in FILES if f != MANIFEST)
+    assert sorted(m.files) == sorted([f for f in FILES if f != MANIFEST] + STORED)
     for rel, rec in m.files.items():
         assert rec == {"size": (index / rel).stat().st_size, CHECKSUM: file_checksum(index / rel)}
     assert m.checksum == json_checksum({k: v for k, v in json.loads((index / MANIFEST).read_text()).items() if k != "checksum"})
