@@ -133,5 +133,34 @@ def compact_copy(
     return out
 
 
-__all__ = ["COMPACT_DENSE_KIND", "DEFAULT_COMPACT", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "impacts_record",
+def main(argv: list[str] | None = None) -> int:
+    """``python -m indexer.compact INDEX OUT``: a compact copy of a built plain index (no model runs)."""
+    import argparse
+    import sys
+
+    from indexer.manifest import IndexFormatError
+
+    p = argparse.ArgumentParser(prog="python -m indexer.compact", description="Write a compact copy (format 3) of a plain index; no model runs.")
+    p.add_argument("index", type=Path, help="a plain index (format 1 or 2)")
+    p.add_argument("out", type=Path, help="the compact index to write")
+    p.add_argument("--dense-kind", default=COMPACT_DENSE_KIND, help=f"FAISS kind of the dense channels (default {COMPACT_DENSE_KIND}; SQfp16, Flat...)")
+    p.add_argument("--quantisation", choices=QUANTISATIONS, default=PER_LIST, help="one 8-bit map per posting list (default) or one for all")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    args = p.parse_args(argv)
+    try:
+        m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite)
+    except (IndexFormatError, OSError, ValueError, RuntimeError) as exc:  # FAISS reports a bad kind as a RuntimeError
+        print(f"compact: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    before = sum(f.stat().st_size for f in Path(args.index).resolve().rglob("*") if f.is_file())
+    after = sum(f.stat().st_size for f in Path(args.out).resolve().rglob("*") if f.is_file())
+    print(f"{args.out}: compact copy of {args.index} ({m.n_docs} documents): {before / m.n_docs:.0f} -> {after / m.n_docs:.0f} bytes per document")
+    return 0
+
+
+__all__ = ["COMPACT_DENSE_KIND", "DEFAULT_COMPACT", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "impacts_record", "main",
            "quantise_channel_files"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -316,3 +316,17 @@ def test_scalar_quantisers_built_chunk_by_chunk_equal_one_build(kind):
     parts = DenseIndex.build_from_chunks(chunks, kind)
     assert faiss.serialize_index(whole.index).tobytes() == faiss.serialize_index(parts.index).tobytes()
     assert len(passes) == (2 if kind != "SQfp16" else 1)  # SQfp16 needs no training
+
+
+def test_compact_command_converts_a_plain_index(pair, tmp_path, capsys):
+    from indexer.compact import main
+
+    plain, compact = pair
+    assert main([str(plain), str(tmp_path / "out"), "--dense-kind", "SQfp16"]) == 0
+    assert "bytes per document" in capsys.readouterr().out
+    m = Manifest.read((tmp_path / "out").resolve())
+    assert m.compact and m.dense["kind"] == "SQfp16" and verify(tmp_path / "out").ok
+    assert main([str(compact), str(tmp_path / "again")]) == 2
+    assert "already compact" in capsys.readouterr().err
+    assert main([str(plain), str(tmp_path / "out")]) == 2  # exists
+    assert main([str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
