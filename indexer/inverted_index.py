@@ -17,7 +17,7 @@ _FILES = ("indptr", "docs", "weights")
 # 8-bit impacts (indexer/compact.py): the weights file holds uint8 codes and these two float32
 # files, one entry per posting list, map them back: weight = offset[t] + scale[t] * code
 _QUANTISED_FILES = ("scale", "offset")
-UINT8 = "uint8"  # the manifest's "weights" of a channel with 8-bit impacts ("float32" or absent otherwise)
+UINT8 = "uint8"  # the weights file's element type with 8-bit impacts (the manifest records "impacts": "uint8")
 # batch_search runs a parallel kernel: one thread at a time (Numba's workqueue layer, used where neither
 # TBB nor OpenMP is installed, aborts the process when two threads enter one at once)
 _PARALLEL_KERNEL = threading.Lock()
