@@ -168,6 +168,8 @@ def _min_max_trained(index) -> bool:
 # count of floats and the floats. faiss/impl/index_write.cpp, write_index_header.
 _FAISS_HEADER = struct.Struct("<4siqqq?i")
 _FLAT_CODES = (b"IxFI", b"IxF2", b"IxFl")
+# IndexScalarQuantizer after the common header: qtype, rangestat, rangestat_arg, d, code_size, len(trained)
+_SQ_HEADER = struct.Struct("<iifQQQ")
 
 
 def check_faiss_header(path: Path, f, n_vectors: int | None, dim: int | None) -> None:
@@ -192,6 +194,23 @@ def check_faiss_header(path: Path, f, n_vectors: int | None, dim: int | None) ->
         need = f.tell() + 4 * max(count, 0)
         if count != ntotal * d or need != size:
             raise IndexFormatError(f"{path}: header declares {max(count, 0)} floats ({need} bytes) for {ntotal} x {d}, the file holds {size} bytes")
+    elif code == b"IxSQ":  # a scalar quantiser (compact indexes): its trained values, then the codes
+        if metric > 1:
+            f.read(4)
+        raw = f.read(_SQ_HEADER.size)
+        if len(raw) < _SQ_HEADER.size:
+            raise IndexFormatError(f"{path}: {size} bytes, too short for a scalar quantiser header")
+        _, _, _, sq_dim, code_size, n_trained = _SQ_HEADER.unpack(raw)
+        if sq_dim != d or not 0 < code_size <= 4 * d or n_trained > 2 * d:
+            raise IndexFormatError(f"{path}: scalar quantiser header declares {sq_dim} dimensions, {code_size} bytes a vector, "
+                                   f"{n_trained} trained values for {d} dimensions")
+        f.seek(4 * n_trained, os.SEEK_CUR)
+        raw = f.read(8)
+        count = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        need = f.tell() + max(count, 0)
+        if count != ntotal * code_size or need != size:
+            raise IndexFormatError(f"{path}: header declares {max(count, 0)} code bytes ({need} bytes) for {ntotal} x {code_size}, "
+                                   f"the file holds {size} bytes")
 
 
 def check_faiss(path: Path, index, n_docs: int | None, dim: int | None) -> None:

@@ -40,6 +40,17 @@ def built(tmp_path_factory, tiny_model_dir) -> Path:
     corpus = write_corpus(root / "corpus", toy_docs(30), "beir")
     index = root / "index"
     argv = ["--corpus", str(corpus), "--index", str(index), "--model", str(tiny_model_dir), "--adapter", "none",
+            "--top-k", "8", "--dense", "--no-compact", "--quiet"]  # fmt: skip
+    assert build_cli.main(argv) == 0
+    return index
+
+
+@pytest.fixture(scope="module")
+def built_compact(tmp_path_factory, tiny_model_dir) -> Path:
+    root = tmp_path_factory.mktemp("odd-compact")
+    corpus = write_corpus(root / "corpus", toy_docs(30), "beir")
+    index = root / "index"
+    argv = ["--corpus", str(corpus), "--index", str(index), "--model", str(tiny_model_dir), "--adapter", "none",
             "--top-k", "8", "--dense", "--quiet"]  # fmt: skip
     assert build_cli.main(argv) == 0
     return index
@@ -153,6 +164,21 @@ def test_a_faiss_header_declaring_more_than_the_file_is_refused_before_reading(i
     data[4:8] = struct.pack("<i", 10**6)  # the dimension
     path.write_bytes(bytes(data))
     with pytest.raises(IndexFormatError, match=r"dense\.faiss: header declares 1000000 dimensions"):
+        open_index(index)
+
+
+def test_a_scalar_quantiser_header_declaring_more_than_the_file_is_refused_before_reading(built_compact, tmp_path):
+    index = tmp_path / "index"
+    shutil.copytree(built_compact, index)
+    path = index / "dense.faiss"
+    data = bytearray(path.read_bytes())
+    assert data[:4] == b"IxSQ"
+    start = 4 + 4 + 8 * 3 + 1 + 4  # code, d, ntotal, two dummies, is_trained, metric
+    n_trained = struct.unpack_from("<Q", data, start + 4 + 4 + 4 + 8 + 8)[0]
+    codes_at = start + 4 + 4 + 4 + 8 + 8 + 8 + 4 * n_trained
+    data[codes_at:codes_at + 8] = struct.pack("<Q", 6 * 10**9)  # 6 GB of codes in a small file
+    path.write_bytes(bytes(data))
+    with pytest.raises(IndexFormatError, match=r"dense\.faiss: header declares 6000000000 code bytes"):
         open_index(index)
 
 
