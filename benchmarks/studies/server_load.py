@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             f"at most {max(found, default=float('nan')):.2f} s after its POST began."
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_table(args.out, title="Serving: throughput by clients, unique queries (loopback)", command=command,
+    title = "Serving: throughput by clients, unique queries (loopback)" + (", with updates during the largest level" if args.updates else "")
+    write_table(args.out, title=title, command=command,
                 description=description, columns=COLUMNS, rows=rows, details=results)
     for row in rows:
         print(" | ".join(str(c) for c in row))
