@@ -22,7 +22,6 @@ import asyncio
 import gc
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,11 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-import benchmarks
+from benchmarks.local_server import HOST, free_port, start_server
 from benchmarks.provenance import machine_info
 from benchmarks.tables import write_table
 
-HOST = "127.0.0.1"  # loopback only: this driver never sends load elsewhere
 DEFAULT_QUERIES = (
     "compress a file with gzip", "parse command line options", "read rows from a spreadsheet in comma separated format",
     "run an external program and capture its output", "compute the average and standard deviation of numbers",
@@ -143,34 +141,6 @@ def rss_mib(pid: int) -> float:
     import psutil
 
     return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def start_server(index: Path, port: int, extra: list[str], log: Path, timeout: float = 300) -> subprocess.Popen:
-    """``serve INDEX`` on 127.0.0.1:port; returns once /healthz answers (or raises, with its log)."""
-    import httpx
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(benchmarks.REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    with open(log, "w") as out:  # the child keeps its own descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "retriever.server.cli", str(index), "--host", HOST, "--port", str(port), *extra],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited with {proc.returncode}; its log: {log}")
-        try:
-            if httpx.get(f"http://{HOST}:{port}/healthz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"serve did not answer /healthz within {timeout:.0f} s; its log: {log}")
 
 
 def run(index: Path, queries: list[str], levels: list[int], seconds: float, max_requests: int, k: int, mode: str | None,

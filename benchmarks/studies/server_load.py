@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,11 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-import benchmarks
+from benchmarks.local_server import HOST, free_port, start_server
 from benchmarks.provenance import machine_info
 from benchmarks.tables import write_table
 
-HOST = "127.0.0.1"  # loopback only
 COLUMNS = ["max-concurrency", "clients", "requests", "seconds", "QPS", "p50 ms", "p99 ms", "errors", "requests per forward"]
 DEFAULT_QUERIES = [Path("../shared/data/cisi/queries.jsonl")]
 
@@ -77,33 +75,6 @@ def lscpu() -> dict:
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     return {"model": fields.get("Model name", "").strip() or None, "flags": fields.get("Flags", "").split(),
             "cpus": fields.get("CPU(s)", "").strip() or None}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def start_server(index: Path, port: int, extra: list[str], log: Path, timeout: float = 300) -> subprocess.Popen:
-    import httpx
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(benchmarks.REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "retriever.server.cli", str(index), "--host", HOST, "--port", str(port), *extra],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited with {proc.returncode}; its log: {log}")
-        try:
-            if httpx.get(f"http://{HOST}:{port}/healthz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"serve did not answer /healthz within {timeout:.0f} s; its log: {log}")
 
 
 async def write_while_loaded(http, url: str, n: int, seconds: float, out: list[dict]) -> None:
