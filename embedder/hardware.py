@@ -34,8 +34,11 @@ class Capability:
 
     def describe(self) -> str:
         """One line for logs and benchmark headers."""
+        bf16 = f"native bf16: {'yes' if self.native_bf16 else 'no'}"
+        if self.device != "cpu":  # CPU vector flags say nothing of an accelerator
+            return f"{self.device}: {self.name} {bf16}"
         flags = " ".join(self.flags) or "no AVX2"
-        return f"{self.device}: {self.name} [{flags}] native bf16: {'yes' if self.native_bf16 else 'no'}"
+        return f"{self.device}: {self.name} [{flags}] {bf16}"
 
 
 def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
