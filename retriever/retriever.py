@@ -11,7 +11,6 @@ Modes (channels of one index directory):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import threading
@@ -98,6 +97,18 @@ class Hit:
     query_encoder: str = ""  # who encoded the query for the LLM channels: "llm", "distilled:NAME", "none" ("": no LLM channel)
 
 
+class _BuiltOnFirstUse:
+    """What a Retriever builds on first use, held apart so that its fusion views
+    (:meth:`Retriever.with_fusion`) share one copy, whichever of them builds it first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # document_tokens: large, built once
+        self.explainer: TokenExplainer | None = None
+        self.document_tokens: DocumentTokens | None = None  # feedback's
+        self.student_head = None  # the LM head of distilled queries (embedder.query_encoder.LMHead)
+        self.metadata: list[dict | None] | None = None
+
+
 class Retriever:
     """Searches an index built by ``build-index``.
 
@@ -172,9 +183,7 @@ class Retriever:
         self.profile = get_profile(profile) if profile is not None else None
         if query_encoder is None:
             query_encoder = self.profile.query_encoder if self.profile is not None else "llm"
-        if fusion is None and self.profile is not None:
-            fusion = self.profile.fusion
-        self.fusion = check_fusion(fusion) if fusion is not None else (DEFAULT_FUSION_WITH_ENCODER if manifest.encoder else DEFAULT_FUSION)
+        self.fusion = self._fusion_setting(fusion)
         # every channel is checked against the manifest on opening, before any array reaches a kernel
         self.doc_ids: list[str] = doc_ids
         self.sparse: InvertedIndex = channels["sparse"]
@@ -197,18 +206,17 @@ class Retriever:
             encoder = SentenceEncoder.load(manifest.encoder["name"], device=getattr(embedder, "device", None))
         manifest.check_encoder(encoder.identity if encoder is not None else None)
         self.encoder = encoder
-        self._explainer: TokenExplainer | None = None
+        # what is built on first use, in one holder that fusion views (with_fusion) share with this Retriever
+        self._built = _BuiltOnFirstUse()
+        self._holds_generation = True  # False in a fusion view: the Retriever it was made from holds it
         self.model_free = isinstance(query_encoder, str) and query_encoder == "none"
         if isinstance(embedder, TokenizerOnly) and not self.model_free:
             raise ValueError(f"query_encoder {query_encoder!r} needs the LLM: this embedder is its tokenizer alone (TokenizerOnly)")
         self.student, self._student_encoder = (None, None) if self.model_free else self._query_encoder(query_encoder)
         self.feedback = feedback
-        self._document_tokens: DocumentTokens | None = None  # made on first use (feedback)
-        self._document_tokens_lock = threading.Lock()
         self._lock = threading.Lock()
         self._masks: dict[str, np.ndarray] = {}  # metadata filters' masks, the latest MASK_CACHE
         self._check_query_side()
-        self._student_head = None  # the LM head of distilled queries (embedder.query_encoder.LMHead), made on first use
         self.query_cache = QueryCache(query_cache_size)
 
     @property
@@ -226,21 +234,45 @@ class Retriever:
     @property
     def student_head(self):
         """The LM head that expands distilled query states (embedder.query_encoder.LMHead), made on first use."""
-        if self._student_head is None:
+        built = self._built
+        if built.student_head is None:
             from embedder.query_encoder import LMHead
 
-            self._student_head = LMHead.of(self.embedder)
-        return self._student_head
+            built.student_head = LMHead.of(self.embedder)
+        return built.student_head
 
-    def with_fusion(self, fusion: dict) -> Retriever:
-        """This Retriever with another hybrid ``fusion`` (checked as ``Retriever(fusion=...)`` checks
-        it): a shallow view sharing the index, the models and the query cache."""
+    def with_fusion(self, fusion: dict | None) -> Retriever:
+        """This Retriever searching "hybrid" with another ``fusion`` setting (see ``__init__``).
+
+        The setting is checked exactly as ``Retriever(fusion=...)`` and ``Retriever.load(fusion=...)``
+        check it (retriever.fusion.check_fusion, then the query-side checks against this Retriever's
+        query encoder and feedback): a bad one raises the same ValueError, with the same message.
+        None: the fusion the constructor gives where none is given (the profile's, else the default
+        for the index's channels).
+
+        The result is a view: it shares everything else with this Retriever, nothing reloaded or
+        copied: the index's channels and backend, the models and the query encoder, the query
+        cache, the metadata masks and what is built on first use (explanations' vocabulary,
+        feedback's document tokens, the distilled queries' LM head, the metadata). This
+        Retriever's own fusion is unchanged. The view holds no index generation of its own: its
+        :meth:`close` does nothing, this Retriever's lets the generation go for both."""
         import copy
 
-        other = copy.copy(self)
-        other.fusion = check_fusion(fusion)
+        other = copy.copy(self)  # a shallow copy: the same channel, model and cache objects
+        other.fusion = self._fusion_setting(fusion)
         other._check_query_side()
+        other._holds_generation = False
         return other
+
+    def _fusion_setting(self, fusion: dict | None) -> dict:
+        """The hybrid setting for a ``fusion`` argument (``__init__``, :meth:`with_fusion`): checked,
+        or where None the profile's, else DEFAULT_FUSION_WITH_ENCODER for an index with the encoder
+        channel, else DEFAULT_FUSION."""
+        if fusion is None and self.profile is not None:
+            fusion = self.profile.fusion
+        if fusion is not None:
+            return check_fusion(fusion)
+        return DEFAULT_FUSION_WITH_ENCODER if self.manifest.encoder else DEFAULT_FUSION
 
     def _check_query_side(self) -> None:
         """Refuse, when the Retriever is made, what a search would fail on later: a fusion that
@@ -382,8 +414,9 @@ class Retriever:
 
     def close(self) -> None:
         """Let go of the index generation this Retriever holds (a build may then remove it once
-        it is replaced); searching afterwards still works from what is already mapped."""
-        if self.generation is not None:
+        it is replaced); searching afterwards still works from what is already mapped. A fusion view
+        (:meth:`with_fusion`) holds none: closing it does nothing."""
+        if self.generation is not None and self._holds_generation:
             self.generation.close()
 
     def __enter__(self) -> Self:
@@ -601,14 +634,18 @@ class Retriever:
         self._check_mode(mode)
         return self._channel(q, mode, check_k(k), self.filter_mask(where))
 
-    @functools.cached_property
+    @property
     def metadata(self) -> list[dict | None]:
-        """Each document's stored metadata (None where it has none), by doc number."""
-        if self.manifest.documents is None:
-            return [None] * len(self.doc_ids)
-        held = self.generation.path if self.generation is not None else self.index_dir
-        stored = StoredDocuments.open(held, self.manifest.n_docs)
-        return [stored.record(i).get("metadata") for i in range(len(stored))]
+        """Each document's stored metadata (None where it has none), by doc number (read on first use)."""
+        built = self._built
+        if built.metadata is None:
+            if self.manifest.documents is None:
+                built.metadata = [None] * len(self.doc_ids)
+            else:
+                held = self.generation.path if self.generation is not None else self.index_dir
+                stored = StoredDocuments.open(held, self.manifest.n_docs)
+                built.metadata = [stored.record(i).get("metadata") for i in range(len(stored))]
+        return built.metadata
 
     def filter_mask(self, where: dict | None) -> np.ndarray | None:
         """The documents a metadata filter lets through (None: no filter); ValueError for a bad one."""
@@ -686,13 +723,14 @@ class Retriever:
     @property
     def explainer(self) -> TokenExplainer:
         """Spells matched tokens as words (built on first use: it decodes vocabulary entries)."""
-        if self._explainer is None:
+        built = self._built
+        if built.explainer is None:
             known = None
             if self.lexical is not None and self.lexical.analyzer == "words":
                 vocab, analyze = self.lexical.vocab, self._analyze
                 known = lambda word: all(t in vocab for t in analyze(word))  # stop words give no term: known
-            self._explainer = TokenExplainer(self.embedder.tokenizer, known)
-        return self._explainer
+            built.explainer = TokenExplainer(self.embedder.tokenizer, known)
+        return built.explainer
 
     def _decode_term(self, term: str) -> str:
         """A backbone-token BM25 term (``Ġparse``) as text."""
@@ -742,10 +780,11 @@ class Retriever:
     @property
     def document_tokens(self) -> DocumentTokens:
         """The index's aligned tokens, document by document (for feedback; built on first use)."""
-        with self._document_tokens_lock:
-            if self._document_tokens is None:
-                self._document_tokens = DocumentTokens(self.sparse.doc_vectors())
-            return self._document_tokens
+        built = self._built
+        with built.lock:
+            if built.document_tokens is None:
+                built.document_tokens = DocumentTokens(self.sparse.doc_vectors())
+            return built.document_tokens
 
     def with_feedback(self, q: EncodedQuery, first_pass: dict[str, tuple[np.ndarray, np.ndarray]]) -> EncodedQuery:
         """``q`` with its sparse side expanded from the top :attr:`feedback` documents of
