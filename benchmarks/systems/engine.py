@@ -139,10 +139,14 @@ class AlignedTokensEngine:
 
     def retriever_for(self, fusion: dict | None, query_encoder: str | None = None):
         """The index's Retriever with ``fusion`` as its hybrid setting and ``query_encoder`` encoding
-        its queries (None: the run's)."""
+        its queries (None: the run's). Another fusion alone is a view of the run's Retriever
+        (Retriever.with_fusion: same channels, models and query encoder, checked as the
+        constructor checks it); another query encoder is a Retriever of its own."""
         if fusion is None and query_encoder is None:
             return self.retriever
         key = json.dumps([fusion, query_encoder], sort_keys=True)
+        if key not in self._retrievers and query_encoder is None:
+            self._retrievers[key] = self.retriever.with_fusion(fusion)
         if key not in self._retrievers:
             from retriever.retriever import Retriever
 
@@ -153,6 +157,10 @@ class AlignedTokensEngine:
                                               query_encoder=query_encoder or run_encoder, query_cache_size=0,
                                               feedback=r.feedback, **extra)
         return self._retrievers[key]
+
+    def forget_encodings(self) -> None:
+        """Drop the encoded queries kept per query set (and their times): the next :meth:`encode` encodes again."""
+        self._encoded.clear()
 
     def encode(self, queries: list[str], mode: str | None = None, retriever=None) -> tuple[list, list[float]]:
         """Each query encoded alone, with what ``mode``'s channels need (Retriever.encode): the
@@ -253,7 +261,7 @@ class AlignedTokensSystem(System):
     def forget_encodings(self) -> None:
         # the engine keeps each query set's encodings and their times (sparse and dense share
         # them), warm-up queries included: a later measurement must encode again
-        self.engine._encoded.clear()
+        self.engine.forget_encodings()
 
     def params(self) -> dict:
         p = self.engine.params()
