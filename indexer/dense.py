@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from indexer.diskspace import save_npy, write_bytes
+from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.manifest import IndexFormatError
 from indexer.regular_files import open_regular
 
 DENSE_NAME = "dense"

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from indexer.checksums import CHECKSUM, file_checksum
-from indexer.manifest import MANIFEST, IndexFormatError
+from indexer.errors import IndexFormatError
+from indexer.layout import MANIFEST
 from indexer.regular_files import MAX_MANIFEST_BYTES, open_regular, read_regular
 
 # Arrays are scanned in blocks so that checking a large memory-mapped index never materialises

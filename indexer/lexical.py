@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from indexer.diskspace import write_bytes
+from indexer.errors import IndexFormatError
 from indexer.integrity import is_finite_number, read_json
 from indexer.inverted_index import InvertedIndex
-from indexer.manifest import IndexFormatError
 
 # org.apache.lucene.analysis.en.EnglishAnalyzer.ENGLISH_STOP_WORDS_SET
 LUCENE_STOPWORDS = frozenset(

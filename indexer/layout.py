@@ -1,0 +1,16 @@
+"""The names an index directory's top level shares between layers: the manifest's file, the doc-ids
+file, and the marker of 8-bit impacts.
+
+Their own module, below the manifest and the checked loaders (indexer/integrity.py), so that the
+channel readers and writers (indexer/channels.py, which the manifest reads for each channel's
+fields) never import the manifest back. ``indexer.manifest`` re-exports all three, where they
+lived first.
+"""
+from __future__ import annotations
+
+MANIFEST = "manifest.json"
+DOC_IDS = "doc_ids.json"  # document ids in doc-number order (a JSON list)
+# the "impacts" of a channel (manifest's sparse / lexical) stored as 8-bit codes; absent: float32
+UINT8_IMPACTS = "uint8"
+
+__all__ = ["DOC_IDS", "MANIFEST", "UINT8_IMPACTS"]
