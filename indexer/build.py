@@ -15,26 +15,34 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from embedder.embedfilter import embedfilter_projection
 from embedder.encoder import Embedder
+from indexer.channels import (
+    CHANNEL_SPECS,
+    LLM_EMBEDDINGS,
+    SENTENCE_ENCODER,
+    SPARSE,
+    TEXT,
+    ChannelSpec,
+    ChannelWriter,
+    WriteContext,
+)
+from indexer.channels import spec as channel_spec
 from indexer.compact import compact_dense_kind, impacts_record, quantise_channel_files
 from indexer.corpus import CorpusSpec, Document
-from indexer.dense import EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.diskspace import NoSpaceError, write_bytes
 from indexer.generations import build_lock, publish_staged, rename_exchange, stage
 from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
-from indexer.inverted_index import InvertedIndex
-from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
 from indexer.manifest import COMPACT_FORMAT_VERSION, DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
 from indexer.ray_workers import RayOptions
 from indexer.shard_encoder import EmbedderSpec, ShardPlan, chunks, encode_shard
@@ -71,6 +79,72 @@ def _count_lines(path: Path) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class Executor:
+    """Who encodes the shards: this process (``workers`` 1), ``workers`` spawned processes, or Ray
+    actors (``ray``); the last two load the embedder again from ``embedder_spec``."""
+
+    workers: int = 1
+    embedder_spec: EmbedderSpec | None = None
+    ray: RayOptions | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.workers == 1 and self.ray is None
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What a build writes and how, apart from the corpus, the target and the embedder.
+
+    ``channels``: {mode: setting} of the channels to build, as the channel table
+    (indexer/channels.py) names them (``{"sparse": True, "bm25": "words", "encoder": SentenceEncoder}``;
+    the aligned-token channel is always built); ``shards``: the committed shards' plan (K, documents
+    per shard, segment windows; whether the LLM states are kept follows from the channels);
+    ``executor``: who encodes them. ``dense_kind``: the FAISS kind of every dense channel (a compact
+    build turns the default Flat into SQ8); ``compact``: 8-bit impacts (indexer/compact.py)."""
+
+    channels: Mapping[str, Any]
+    shards: ShardPlan
+    executor: Executor = Executor()
+    dense_kind: str = "Flat"
+    compact: bool = False
+    progress: bool = True
+
+    @classmethod
+    def make(
+        cls, channels: Mapping[str, Any], embedder: Embedder, top_k: int = DEFAULT_TOP_K, shard_size: int = DEFAULT_SHARD_SIZE,
+        segments: bool = False, max_segments: int | None = None, executor: Executor = Executor(), dense_kind: str = "Flat",
+        compact: bool = False, progress: bool = True,
+    ) -> BuildPlan:
+        """A plan checked and completed: channels named any way the table knows them, in table
+        order, sparse included; K capped at the vocabulary; the dense kind of a compact build."""
+        if top_k < 1:
+            raise ValueError("top_k must be positive")
+        if shard_size < 1:
+            raise ValueError("chunk_size (the shard size) must be positive")
+        if executor.workers < 1 or (not executor.local and executor.embedder_spec is None):
+            raise ValueError("workers must be >= 1, and workers > 1 or ray need embedder_spec (how each worker loads the embedder)")
+        if max_segments is not None and max_segments < 1:
+            raise ValueError(f"max_segments must be positive, not {max_segments}")
+        named = {channel_spec(name).mode: setting for name, setting in channels.items()}
+        chosen = {s.mode: named.get(s.mode, True) for s in CHANNEL_SPECS if s.required or s.mode in named}
+        keep = any(LLM_EMBEDDINGS in s.build_needs for s in CHANNEL_SPECS if s.mode in chosen)
+        windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
+        shards = ShardPlan(min(top_k, embedder.vocab_size), keep, shard_size, windows)
+        return cls(chosen, shards, executor, compact_dense_kind(dense_kind, compact), compact, progress)
+
+    @property
+    def specs(self) -> tuple[ChannelSpec, ...]:
+        """The rows of the channels built, in table order."""
+        return tuple(s for s in CHANNEL_SPECS if s.mode in self.channels)
+
+    @property
+    def encoder(self) -> SentenceEncoder | None:
+        """The sentence encoder the shards run (the setting of a channel that needs one)."""
+        return next((self.channels[s.mode] for s in self.specs if SENTENCE_ENCODER in s.build_needs), None)
+
+
 def build_index(
     corpus: CorpusSpec | str | os.PathLike[str],
     index_dir: str | os.PathLike[str],
@@ -90,14 +164,18 @@ def build_index(
     max_segments: int | None = None,
     ray: RayOptions | None = None,
     compact: bool = False,
+    channels: Mapping[str, Any] | None = None,
 ) -> Manifest:
-    """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written.
+    """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written. The
+    keyword form of :func:`build` (a :class:`BuildPlan` made from these arguments).
 
-    Channels besides the aligned-token postings: ``dense`` (FAISS over the pooled embeddings),
-    ``embedfilter_tau`` (a second dense index of EmbedFilter-projected embeddings, see
-    embedder/embedfilter.py), ``lexical`` ("words" or "tokens": BM25 postings) and ``encoder``
-    (a sentence-transformers model, embedder/sentence_encoder.py: its normalised embeddings in
-    one more FAISS index, mode "encoder").
+    Channels besides the aligned-token postings (each a row of indexer/channels.py, turned on by
+    its ``option``): ``dense`` (FAISS over the pooled embeddings), ``embedfilter_tau`` (a second
+    dense index of EmbedFilter-projected embeddings, see embedder/embedfilter.py), ``lexical``
+    ("words" or "tokens": BM25 postings) and ``encoder`` (a sentence-transformers model,
+    embedder/sentence_encoder.py: its normalised embeddings in one more FAISS index, mode "encoder").
+    ``channels``: more channels by any of their names, {name: setting} (a channel without a
+    keyword of its own here is built this way).
 
     The corpus is encoded in shards of ``chunk_size`` documents, each committed to disk
     atomically (indexer/shards.py): a build killed at any point resumes, when run again with
@@ -117,22 +195,23 @@ def build_index(
     and BM25, and the dense channels as :data:`indexer.compact.COMPACT_DENSE_KIND` where
     ``dense_kind`` is the default Flat. The shards are those of a plain build (same resume key).
     """
-    dense_kind = compact_dense_kind(dense_kind, compact)
+    options = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical or None, "encoder": encoder}  # None: not built
+    chosen = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.option in options and options[s.option] is not None}
+    chosen |= {channel_spec(name).mode: setting for name, setting in (channels or {}).items()}
+    plan = BuildPlan.make(chosen, embedder, top_k, chunk_size, segments, max_segments, Executor(workers, embedder_spec, ray), dense_kind,
+                          compact, progress)
+    return build(corpus, index_dir, embedder, plan, overwrite)
+
+
+def build(
+    corpus: CorpusSpec | str | os.PathLike[str], index_dir: str | os.PathLike[str], embedder: Embedder, plan: BuildPlan, overwrite: bool = False,
+) -> Manifest:
+    """Index ``corpus`` into ``index_dir`` with ``embedder`` as ``plan`` says (see
+    :func:`build_index`, its keyword form); returns the manifest written."""
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(Path(corpus))
     target = Path(index_dir)
-    if top_k < 1:
-        raise ValueError("top_k must be positive")
-    if chunk_size < 1:
-        raise ValueError("chunk_size (the shard size) must be positive")
-    if workers < 1 or ((workers > 1 or ray is not None) and embedder_spec is None):
-        raise ValueError("workers must be >= 1, and workers > 1 or ray need embedder_spec (how each worker loads the embedder)")
-    k = min(top_k, embedder.vocab_size)
-    keep_embeddings = dense or embedfilter_tau is not None
-    if max_segments is not None and max_segments < 1:
-        raise ValueError(f"max_segments must be positive, not {max_segments}")
-    windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
-    plan = ShardPlan(k, keep_embeddings, chunk_size, windows)
-    if workers == 1 and ray is None and getattr(embedder, "runtime_name", None):
+    executor, encoder = plan.executor, plan.encoder
+    if executor.local and getattr(embedder, "runtime_name", None):
         # resolve (and, the first time on this machine, probe) the runtime now, so that the
         # shards' key and the manifest name the runtime that really encodes
         embedder.runtime()
@@ -141,14 +220,12 @@ def build_index(
         if os.path.lexists(target) and not overwrite:
             raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
         sweep_generations(target)
-        store = ShardStore(target, _shard_params(spec, embedder, encoder, plan))
+        store = ShardStore(target, _shard_params(spec, embedder, encoder, plan.shards))
         done = False
         try:
-            encode = _encode_all(spec, store, embedder, encoder, plan, progress, workers, embedder_spec, ray)
+            encode = _encode_all(spec, store, embedder, encoder, plan.shards, plan.progress, executor.workers, executor.embedder_spec, executor.ray)
             with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
-                manifest = _merge_into(
-                    spec, tmp, store, encode, embedder, plan, dense, dense_kind, embedfilter_tau, lexical, encoder, progress, compact
-                )
+                manifest = _merge_into(spec, tmp, store, encode, embedder, plan)
                 generation = stage(tmp, target)
             # the staging lock is let go first: readers of the new index never wait on the cleanup
             publish_staged(generation, target, overwrite)
@@ -300,22 +377,10 @@ def _encode_on_ray(
     return count["shards"], spec.n_empty, executor
 
 
-def _merge_into(
-    spec: CorpusSpec,
-    out: Path,
-    store: ShardStore,
-    encode: dict,
-    embedder: Embedder,
-    plan: ShardPlan,
-    dense: bool,
-    dense_kind: str,
-    embedfilter_tau: int | None,
-    lexical: str | None,
-    encoder: SentenceEncoder | None,
-    progress: bool,
-    compact: bool = False,
-) -> Manifest:
-    """Write the index from the committed shards, one shard in memory at a time."""
+def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, embedder: Embedder, plan: BuildPlan) -> Manifest:
+    """Write the index from the committed shards, one shard in memory at a time: each channel by
+    its row's writer (indexer/channels.py), those that need the documents' text fed in the pass
+    over the corpus that stores the documents."""
     start = time.perf_counter()
     numbers = range(encode["n_shards"])
 
@@ -332,72 +397,58 @@ def _merge_into(
     n_tokens = sum(m["n_tokens"] for m in metas)
     encode_seconds = sum(m["encode_seconds"] for m in metas)
     encoder_seconds = sum(m.get("encoder_seconds", 0.0) for m in metas)
-    t0 = time.perf_counter()
-    InvertedIndex.write_from_shards(arrays("tokens", "weights"), embedder.vocab_size, out)
-    if compact:
-        quantise_channel_files(out)
-    invert_seconds = time.perf_counter() - t0
-    write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
-    dense_info = ef_info = lexical_info = encoder_info = segments_info = row_doc = None
-    embeddings = lambda: (e for (e,) in arrays("embeddings")())
-    if plan.windows is not None:
+    segments_info = row_doc = None
+    if plan.shards.windows is not None:
         # shard-local document numbers of each window, made global
         offsets = np.cumsum([0] + [len(m["ids"]) for m in metas])
         row_doc = np.concatenate([r + offsets[i] for i, (r,) in zip(numbers, arrays("row_docs")())])
         per_doc = np.bincount(row_doc, minlength=len(ids))
         segments_info = {
-            "length": embedder.config.max_length, "max_segments": plan.windows or None, "n_segments": len(row_doc),
+            "length": embedder.config.max_length, "max_segments": plan.shards.windows or None, "n_segments": len(row_doc),
             "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum()),
             "sparse": "max over segments", "dense": "one vector per segment, document = best segment",
         }
-    if dense:
-        DenseIndex.build_from_chunks(embeddings, dense_kind, row_doc=row_doc).save(out)
-        dense_info = {"kind": dense_kind, "dim": embedder.dim, "normalised": True, "metric": "inner_product"}
-        if row_doc is not None:
-            dense_info["n_vectors"] = len(row_doc)
-    if embedfilter_tau is not None:
-        w_u = embedder.causal_lm.get_output_embeddings().weight.detach().float().cpu().numpy()
-        proj, left, right = embedfilter_projection(w_u, embedfilter_tau)
-        DenseIndex.build_from_chunks(embeddings, dense_kind, projection=proj, row_doc=row_doc).save(out, EMBEDFILTER_NAME)
-        ef_info = {"tau": embedfilter_tau, "left": left, "right": right, "dim": right - left, "kind": dense_kind, "normalised": True}
-    if encoder is not None:
-        DenseIndex.build_from_chunks(lambda: (e for (e,) in arrays("encoder")()), dense_kind).save(out, ENCODER_NAME)
-        encoder_info = {**encoder.describe(), "kind": dense_kind, "normalised": True, "metric": "inner_product"}
-    # the stored documents (and BM25, which needs no model) from one more pass over the corpus,
-    # rather than its text kept in the shards
-    bm25 = BM25Builder(make_analyzer(lexical, embedder.tokenizer)) if lexical else None
-    stored_info = write_documents(out, _feeding(bm25, tqdm(
+    quantise = _quantise if plan.compact else None
+    writers = {
+        s.mode: s.writer(WriteContext(out, embedder, plan.channels[s.mode], arrays, plan.shards.k, plan.dense_kind, row_doc, quantise))
+        for s in plan.specs
+    }
+    write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
+    records: dict[str, dict] = {}
+    seconds: dict[str, float] = {}
+    for s in plan.specs:  # the channels written from the shards, in table order
+        if TEXT not in s.build_needs:
+            t0 = time.perf_counter()
+            records[s.manifest_key] = writers[s.mode].finish()
+            seconds[s.mode] = time.perf_counter() - t0
+    # the stored documents (and the channels that read text, which need no model: BM25) from one
+    # more pass over the corpus, rather than its text kept in the shards
+    readers = [writers[s.mode] for s in plan.specs if TEXT in s.build_needs]
+    stored_info = write_documents(out, _feeding(readers, tqdm(
         CorpusSpec(spec.path, spec.fmt, spec.id_field, spec.text_field, spec.title_field, spec.on_empty),
-        total=len(ids), unit="doc", desc="storing documents" + (" + bm25" if bm25 else ""), disable=not progress)))
+        total=len(ids), unit="doc", desc="storing documents" + "".join(f" + {s.mode}" for s in plan.specs if TEXT in s.build_needs),
+        disable=not plan.progress)))
     if stored_info["n_docs"] != len(ids):
         raise RuntimeError(f"{spec.file}: changed while being indexed ({stored_info['n_docs']} documents now, {len(ids)} encoded)")
-    if bm25 is not None:
-        lex = bm25.finish()
-        lex.save(out / LEXICAL_DIR)
-        lexical_info = {"analyzer": lex.analyzer, "k1": lex.k1, "b": lex.b, "n_terms": len(lex.vocab)}
-        if compact:
-            quantise_channel_files(out / LEXICAL_DIR)
-            lexical_info |= impacts_record()
+    for s in plan.specs:
+        if TEXT in s.build_needs:
+            records[s.manifest_key] = writers[s.mode].finish()
     total = encode_seconds + encoder_seconds + time.perf_counter() - start
     manifest = Manifest(
         model=embedder.identity,
         adapter=embedder.adapter,
         embedding=embedder.config.to_dict(),
         runtime=_runtime_record(embedder.runtime_info(), _runtimes_of(metas)),
-        sparse={"top_k": plan.k, "vocab_size": embedder.vocab_size, "weight": "logit", **(impacts_record() if compact else {})},
         n_docs=len(ids),
         corpus=spec.describe(),
-        dense=dense_info,
-        embedfilter=ef_info,
-        lexical=lexical_info,
-        encoder=encoder_info,
+        **{s.manifest_key: records.get(s.manifest_key) for s in CHANNEL_SPECS},
         segments=segments_info,
         documents=stored_info,
-        format_version=COMPACT_FORMAT_VERSION if compact else SEGMENTS_FORMAT_VERSION if plan.windows is not None else FORMAT_VERSION,
+        format_version=COMPACT_FORMAT_VERSION if plan.compact else SEGMENTS_FORMAT_VERSION if plan.shards.windows is not None else FORMAT_VERSION,
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),
-            "invert_seconds": round(invert_seconds, 3),
+            "invert_seconds": round(seconds[SPARSE.mode], 3),
             "docs_per_s": round(len(ids) / max(encode_seconds, 1e-9), 2),
             "tokens_per_s": round(n_tokens / max(encode_seconds, 1e-9), 1),
             "n_tokens": n_tokens,
@@ -406,8 +457,8 @@ def _merge_into(
             "executor": encode["executor"],
             "encoded_with": _runtimes_of(metas),
             # documents longer than max_length tokens, read by the LLM channels up to there (--segments reads them whole)
-            **({"documents_cut": sum(m.get("n_cut", 0) for m in metas)} if plan.windows is None else {}),
-            **({"encoder_seconds": round(encoder_seconds, 3)} if encoder is not None else {}),
+            **({"documents_cut": sum(m.get("n_cut", 0) for m in metas)} if plan.shards.windows is None else {}),
+            **({"encoder_seconds": round(encoder_seconds, 3)} if plan.encoder is not None else {}),
             "device": embedder.device,
             "torch_threads": torch.get_num_threads(),
         },
@@ -418,11 +469,18 @@ def _merge_into(
     return manifest
 
 
-def _feeding(bm25: BM25Builder | None, docs: Iterable[Document]) -> Iterator[Document]:
-    """``docs``, each also added to ``bm25`` (when there is one) on its way through."""
+def _quantise(directory: Path) -> dict:
+    """A compact build's 8-bit impacts for the postings saved in ``directory``: what the
+    channel's manifest record gains."""
+    quantise_channel_files(directory)
+    return impacts_record()
+
+
+def _feeding(channels: list[ChannelWriter], docs: Iterable[Document]) -> Iterator[Document]:
+    """``docs``, each text also given to the channels that read text on its way through."""
     for doc in docs:
-        if bm25 is not None:
-            bm25.add(doc.text)
+        for channel in channels:
+            channel.add_text(doc.text)
         yield doc
 
 
@@ -452,4 +510,4 @@ def index_size_bytes(index_dir: Path) -> int:
     return sum(p.stat().st_size for p in Path(index_dir).iterdir() if p.is_file())
 
 
-__all__ = ["DEFAULT_SHARD_SIZE", "DEFAULT_TOP_K", "DOC_IDS", "MANIFEST", "EmbedderSpec", "build_index", "index_size_bytes"]
+__all__ = ["DEFAULT_SHARD_SIZE", "DEFAULT_TOP_K", "DOC_IDS", "MANIFEST", "BuildPlan", "EmbedderSpec", "Executor", "build", "build_index", "index_size_bytes"]

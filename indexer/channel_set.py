@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import importlib.util
 
-CHANNELS = ("sparse", "dense", "dense-ef", "bm25", "encoder")
-DEFAULT_ENCODER = "minilm"
-DEFAULT_ANALYZER = "words"
+from indexer.channels import CHANNEL_SPECS, MODES
+from indexer.channels import spec as channel_spec
+
+CHANNELS = MODES  # every channel, in the table's order (indexer/channels.py)
+DEFAULT_ENCODER = channel_spec("encoder").default
+DEFAULT_ANALYZER = channel_spec("bm25").default
 WITH_ENCODER = ("sparse", "dense", "bm25", "encoder")
 WITHOUT_ENCODER = ("sparse", "dense", "bm25")
 
@@ -54,7 +57,7 @@ def parse_channels(text: str) -> tuple[str, ...]:
     if unknown or not names:
         problem = f"unknown channel {unknown[0]!r}" if unknown else "no channel named"
         raise ValueError(f"--channels {text!r}: {problem} (choose from {', '.join(CHANNELS)})")
-    return tuple(c for c in CHANNELS if c in names or c == "sparse")
+    return tuple(s.mode for s in CHANNEL_SPECS if s.mode in names or s.required)
 
 
 def resolve(channels: str | None, dense: bool = False, embedfilter_tau: int | None = None, lexical: str | None = None,
@@ -63,32 +66,29 @@ def resolve(channels: str | None, dense: bool = False, embedfilter_tau: int | No
     ``channels`` (``--channels LIST``) and the older per-channel flags, which add their channel
     and set its option (``--lexical tokens``, ``--encoder NAME``, ``--embedfilter TAU``). With
     neither, :func:`default_channels`."""
-    flagged = {"dense": dense, "dense-ef": embedfilter_tau is not None, "bm25": lexical is not None, "encoder": encoder is not None}
-    named = [c for c, on in flagged.items() if on]
+    flags = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical, "encoder": encoder}
+    named = [s.mode for s in CHANNEL_SPECS if flags.get(s.option) is not None]
     if channels is None and not named:
         chosen, default = default_channels(), True
     else:
-        listed = parse_channels(channels) if channels is not None else ("sparse",)
+        listed = parse_channels(channels) if channels is not None else tuple(s.mode for s in CHANNEL_SPECS if s.required)
         chosen, default = tuple(c for c in CHANNELS if c in listed or c in named), False
     return chosen, build_options(chosen, encoder, lexical, embedfilter_tau), default
 
 
 def build_options(channels: tuple[str, ...], encoder: str | None = None, lexical: str | None = None, embedfilter_tau: int | None = None) -> dict:
     """Keyword arguments of ``indexer.build.build_index`` for a channel set (the encoder by name):
-    ``encoder`` / ``lexical`` / ``embedfilter_tau`` override the defaults of their channel."""
-    options: dict = {"dense": "dense" in channels}
-    if "bm25" in channels:
-        options["lexical"] = lexical or DEFAULT_ANALYZER
-    if "encoder" in channels:
-        options["encoder"] = encoder or DEFAULT_ENCODER
-    if "dense-ef" in channels:
-        from embedder.embedfilter import DEFAULT_TAU
-
-        options["embedfilter_tau"] = embedfilter_tau or DEFAULT_TAU
+    ``encoder`` / ``lexical`` / ``embedfilter_tau`` override the defaults of their channel (each
+    channel's ``option`` and ``default`` in indexer/channels.py)."""
+    given = {"encoder": encoder, "lexical": lexical, "embedfilter_tau": embedfilter_tau}
+    options: dict = {"dense": "dense" in channels}  # build_index's dense is a bool, False where not built
+    for s in CHANNEL_SPECS:
+        if s.option is not None and s.mode in channels:
+            options[s.option] = given.get(s.option) or s.default_setting()
     return options
 
 
 def describe(channels: tuple[str, ...], options: dict) -> str:
     """One line for the build's output: ``channels: sparse, bm25 (words), encoder (minilm)``."""
-    detail = {"bm25": options.get("lexical"), "encoder": options.get("encoder"), "dense-ef": options.get("embedfilter_tau")}
-    return "channels: " + ", ".join(f"{c} ({detail[c]})" if detail.get(c) else c for c in channels)
+    detail = {s.mode: options.get(s.option) for s in CHANNEL_SPECS if s.option is not None}
+    return "channels: " + ", ".join(f"{c} ({detail[c]})" if detail.get(c) and detail[c] is not True else c for c in channels)

@@ -28,7 +28,8 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
+from indexer.channels import CHANNEL_SPECS
+from indexer.dense import DenseIndex
 from indexer.generations import build_lock, publish_staged, stage
 from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
@@ -50,9 +51,9 @@ COMPACT_DENSE_KIND = "SQ8"
 DEFAULT_COMPACT = True  # build-index's default; build_index()'s stays False (the exact float32 reference)
 PER_LIST, GLOBAL = "per-list", "global"
 QUANTISATIONS = (PER_LIST, GLOBAL)
-# the dense channels: (manifest field, file name)
-_DENSE_CHANNELS = (("dense", DENSE_NAME), ("embedfilter", EMBEDFILTER_NAME), ("encoder", ENCODER_NAME))
-_MODES = {"dense": "dense", "embedfilter": "dense-ef", "encoder": "encoder"}
+# the dense channels (FAISS files, the channel table's query_kind "dense"): (manifest field, file name)
+_DENSE_CHANNELS = tuple((s.manifest_key, s.name) for s in CHANNEL_SPECS if s.query_kind == "dense")
+_MODES = {s.manifest_key: s.mode for s in CHANNEL_SPECS}
 
 
 def impacts_record(quantisation: str = PER_LIST) -> dict:

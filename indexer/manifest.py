@@ -12,9 +12,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from embedder.util import write_json_atomic
+from indexer.channels import CHANNEL_SPECS, field_problem
 from indexer.checksums import json_checksum
 from indexer.errors import IndexFormatError  # also imported from here (its first home)
+from indexer.layout import DOC_IDS, MANIFEST, UINT8_IMPACTS  # also imported from here (their first home)
 from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
+
+_REQUIRED_CHANNELS = tuple(s.manifest_key for s in CHANNEL_SPECS if s.required)  # ("sparse",): every index holds it
 
 FORMAT_VERSION = 1
 # Multi-vector documents (indexer/segments.py) are written as format 2, so that a reader that
@@ -26,10 +30,6 @@ SEGMENTS_FORMAT_VERSION = 2
 # float32 weights, so it must refuse them. Plain indexes keep formats 1 and 2, byte for byte.
 COMPACT_FORMAT_VERSION = 3
 READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, COMPACT_FORMAT_VERSION)
-# the "impacts" of a channel (manifest's sparse / lexical) stored as 8-bit codes; absent: float32
-UINT8_IMPACTS = "uint8"
-MANIFEST = "manifest.json"
-DOC_IDS = "doc_ids.json"  # document ids in doc-number order (a JSON list)
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Manifest:
     model: dict  # {"name", "sha256"}
     adapter: dict | None  # {"path", "sha256"} or None for the raw backbone
     embedding: dict  # EmbedderConfig.to_dict()
+    # the channels' records, one field per row of indexer/channels.py (its manifest_key); None: not built
     sparse: dict  # {"top_k", "vocab_size", "weight"}
     n_docs: int
     corpus: dict = field(default_factory=dict)
@@ -90,7 +91,7 @@ class Manifest:
         if version != COMPACT_FORMAT_VERSION and (version == SEGMENTS_FORMAT_VERSION) != isinstance(data.get("segments"), dict):
             raise IndexFormatError(f"{path}: field 'segments': format {version} {'needs' if version == SEGMENTS_FORMAT_VERSION else 'has no'} a segments object")
         known = set(cls.__dataclass_fields__)
-        missing = [k for k in ("model", "embedding", "sparse", "n_docs") if k not in data]
+        missing = [k for k in ("model", "embedding", *_REQUIRED_CHANNELS, "n_docs") if k not in data]
         if missing:
             raise IndexFormatError(f"{path}: missing field(s) {', '.join(missing)}")
         problem = _field_problem(data) or _impacts_problem(data, version)
@@ -134,10 +135,11 @@ def _positive_int(x) -> bool:
 
 def _field_problem(data: dict) -> str | None:
     """The first field whose type or range the loaders cannot work with (hand edits, damage)."""
-    for key in ("model", "embedding", "sparse"):
+    for key in ("model", "embedding", *_REQUIRED_CHANNELS):
         if not isinstance(data[key], dict):
             return f"field {key!r}: not an object"
-    for key in ("adapter", "dense", "embedfilter", "lexical", "encoder", "documents", "files"):
+    optional = tuple(s.manifest_key for s in CHANNEL_SPECS if not s.required)
+    for key in ("adapter", *optional, "documents", "files"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f"field {key!r}: neither an object nor null"
     problem = _embedding_problem(data["embedding"])
@@ -147,18 +149,9 @@ def _field_problem(data: dict) -> str | None:
         return "field 'model': needs string 'name' and 'sha256'"
     if not _positive_int(data["n_docs"]):
         return f"field 'n_docs': {data['n_docs']!r} is not a positive integer"
-    for key in ("top_k", "vocab_size"):
-        if not _positive_int(data["sparse"].get(key)):
-            return f"field 'sparse.{key}': {data['sparse'].get(key)!r} is not a positive integer"
-    for channel in ("dense", "embedfilter", "encoder"):
-        if data.get(channel) is not None and not _positive_int(data[channel].get("dim")):
-            return f"field '{channel}.dim': {data[channel].get('dim')!r} is not a positive integer"
-    if data.get("encoder") is not None:  # the sentence encoder's identity, checked against the one loaded
-        for key in ("name", "sha256"):
-            if not isinstance(data["encoder"].get(key), str):
-                return f"field 'encoder.{key}': {data['encoder'].get(key)!r} is not a string"
-    if data.get("lexical") is not None and not isinstance(data["lexical"].get("n_terms"), int):
-        return f"field 'lexical.n_terms': {data['lexical'].get('n_terms')!r} is not an integer"
+    problem = field_problem(data)  # every channel's own fields (its row's ``fields``)
+    if problem:
+        return problem
     if data.get("documents") is not None:
         if data["documents"].get("n_docs") != data["n_docs"]:
             return f"field 'documents.n_docs': {data['documents'].get('n_docs')!r} is not n_docs ({data['n_docs']})"
@@ -173,7 +166,7 @@ def _field_problem(data: dict) -> str | None:
 def _impacts_problem(data: dict, version: int) -> str | None:
     """Format 3 and 8-bit impacts go together: a format-1 manifest naming uint8 impacts (or a
     format-3 one without them) would have its postings read with the wrong element type."""
-    for key in ("sparse", "lexical"):
+    for key in (s.manifest_key for s in CHANNEL_SPECS if s.postings is not None):
         impacts = (data.get(key) or {}).get("impacts")
         if impacts is not None and impacts != UINT8_IMPACTS:
             return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}"
@@ -202,3 +195,7 @@ def _embedding_problem(embedding: dict) -> str | None:
             return f"field 'embedding.{key}': {value!r} is less than {least}"
     return None
 
+
+
+__all__ = ["COMPACT_FORMAT_VERSION", "DOC_IDS", "FORMAT_VERSION", "MANIFEST", "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "UINT8_IMPACTS",
+           "IndexFormatError", "Manifest"]

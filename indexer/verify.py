@@ -5,8 +5,9 @@ Three layers, cheapest first, as Lucene's CheckIndex does:
 2. every recorded file exists with its recorded size and checksum;
 3. every channel opens with its structural checks (the ones ``Retriever.load`` always runs).
 
-Each channel is opened through :data:`CHANNELS`, the same table the Retriever opens channels
-with, so a new channel adds one entry and is validated on load and verified here alike.
+Each channel is opened through :data:`CHANNELS`, its row's reader in the channel table
+(indexer/channels.py), the same the Retriever opens channels with, so a new channel (one row there)
+is validated on load and verified here alike.
 The command line is indexer/verify_cli.py (``verify-index``): exit status 0 clean, 1 damaged,
 2 not an index.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
+from indexer.channels import ANALYZERS, CHANNEL_SPECS
 from indexer.generations import dangling, open_generation
 from indexer.integrity import (
     check_doc_ids,
@@ -27,9 +28,7 @@ from indexer.integrity import (
     read_json,
     size_problems,
 )
-from indexer.inverted_index import InvertedIndex
-from indexer.lexical import LEXICAL_DIR, BM25Index
-from indexer.manifest import DOC_IDS, MANIFEST, UINT8_IMPACTS, IndexFormatError, Manifest
+from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
 from indexer.stored_documents import StoredDocuments
 
 # indexer.exports.lucene.EXPORT_MANIFEST; not imported from there, which would pull in torch
@@ -39,36 +38,8 @@ EXPORT_MANIFEST = "export.json"
 # when the manifest says the index was built without it. It raises IndexFormatError.
 ChannelOpener = Callable[[Path, Manifest, bool], Any]
 
-
-def _sparse(d: Path, m: Manifest, mmap: bool) -> InvertedIndex:
-    return InvertedIndex.load(d, m.n_docs, mmap=mmap, n_lists=int(m.sparse["vocab_size"]), quantised=m.compact)
-
-
-def _dense(d: Path, m: Manifest, mmap: bool) -> DenseIndex | None:
-    return DenseIndex.load(d, DENSE_NAME, m.n_docs, int(m.dense["dim"])) if m.dense else None
-
-
-def _embedfilter(d: Path, m: Manifest, mmap: bool) -> DenseIndex | None:
-    return DenseIndex.load(d, EMBEDFILTER_NAME, m.n_docs, int(m.embedfilter["dim"])) if m.embedfilter else None
-
-
-def _encoder(d: Path, m: Manifest, mmap: bool) -> DenseIndex | None:
-    return DenseIndex.load(d, ENCODER_NAME, m.n_docs, int(m.encoder["dim"])) if m.encoder else None
-
-
-def _lexical(d: Path, m: Manifest, mmap: bool) -> BM25Index | None:
-    if not m.lexical:
-        return None
-    if m.lexical.get("analyzer") not in ANALYZERS:
-        raise IndexFormatError(f"{d / MANIFEST}: field 'lexical.analyzer': {m.lexical.get('analyzer')!r} is not one of {ANALYZERS}")
-    return BM25Index.load(d / LEXICAL_DIR, m.n_docs, m.lexical.get("n_terms"), m.lexical.get("analyzer"),
-                          quantised=m.lexical.get("impacts") == UINT8_IMPACTS)
-
-
-ANALYZERS = ("words", "tokens")  # indexer.lexical.make_analyzer's names
-
-# keyed by search mode
-CHANNELS: dict[str, ChannelOpener] = {"sparse": _sparse, "dense": _dense, "dense-ef": _embedfilter, "bm25": _lexical, "encoder": _encoder}
+# keyed by search mode: each row of the channel table (indexer/channels.py) opened by its reader
+CHANNELS: dict[str, ChannelOpener] = {s.mode: s.open for s in CHANNEL_SPECS}
 
 
 def open_channels(index_dir: Path, manifest: Manifest, mmap: bool = True) -> dict[str, Any]:
@@ -189,3 +160,7 @@ def _file_problems(directory: Path, files: dict[str, dict]) -> list[str]:
     damaged = size_problems(directory, files)
     sized = {rel: rec for rel, rec in files.items() if (directory / rel).is_file() and (directory / rel).stat().st_size == rec.get("size")}
     return damaged + checksum_problems(directory, sized)
+
+
+__all__ = ["ANALYZERS", "CHANNELS", "EXPORT_MANIFEST", "ChannelOpener", "NotAnIndex", "Report", "check_stored_documents", "open_channels", "verify",
+           "verify_export", "verify_index"]

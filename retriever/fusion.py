@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from indexer.channels import MODES
+
 METHODS = ("minmax", "rrf")
 
 
@@ -57,9 +59,9 @@ def fuse(
     return [FusedDoc(d, s, parts[d]) for d, s in ranked]
 
 
-# the channels a fusion may weigh (retriever.retriever.MODES without "hybrid"), and the
+# the channels a fusion may weigh (every row of the channel table, indexer/channels.py), and the
 # methods the Milvus backend fuses itself (retriever/backends/milvus.py)
-CHANNELS = ("sparse", "dense", "dense-ef", "bm25", "encoder")
+CHANNELS = MODES
 ENGINE_METHODS = ("milvus-weighted", "milvus-rrf")
 _KEYS = ("method", "weights", "rrf_k", "norm_score")
 

@@ -20,10 +20,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from indexer.channels import of_kind
 from indexer.manifest import Manifest
 
-SPARSE_CHANNELS = ("sparse", "bm25")  # queried with (ids, weights)
-DENSE_CHANNELS = ("dense", "dense-ef", "encoder")  # queried with one vector
+# each channel's query_kind in the channel table (indexer/channels.py)
+SPARSE_CHANNELS = of_kind("sparse")  # queried with (ids, weights): ("sparse", "bm25")
+DENSE_CHANNELS = of_kind("dense")  # queried with one vector: ("dense", "dense-ef", "encoder")
 BACKENDS = ("numba", "lucene", "milvus")
 
 

@@ -5,6 +5,8 @@ from typing import Any
 
 import numpy as np
 
+from indexer.channels import of_kind
+
 
 class LocalBackend:
     """Answers every channel an index directory holds (``channels``: indexer.verify.open_channels)."""
@@ -15,11 +17,12 @@ class LocalBackend:
         self.channels = channels
 
     def _postings(self, channel: str):
-        if channel == "sparse":
-            return self.channels["sparse"]
-        if channel == "bm25":
-            return self.channels["bm25"].postings
-        raise ValueError(f"{channel!r} is not a sparse channel")
+        """A sparse channel's inverted index: the channel itself (aligned tokens), or the one it
+        scores with (BM25's ``postings``)."""
+        if channel not in of_kind("sparse"):
+            raise ValueError(f"{channel!r} is not a sparse channel")
+        opened = self.channels[channel]
+        return getattr(opened, "postings", opened)
 
     def search_sparse(self, channel: str, ids: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self._postings(channel).search(ids, weights, k)

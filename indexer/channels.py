@@ -1,0 +1,329 @@
+"""The table of channels: one :class:`ChannelSpec` row per channel, every name of it said once.
+
+A channel is a way of scoring documents that an index may hold. Each row says, for one channel:
+
+- its names: the search mode (what fusion weights and ``Retriever.search(mode=...)`` use), the
+  manifest's key, the file (or folder) its data lives in, the Retriever's attribute, and the
+  older spellings that still resolve (:func:`spec` takes any of them);
+- what it needs at build time (:data:`BUILD_NEEDS`) and at query time (:data:`QUERY_NEEDS`), and
+  how a backend is asked for it (``query_kind``: ``sparse`` = ids and weights, ``dense`` = one vector);
+- how ``build_index`` and ``build-index`` turn it on (``option``, ``flag``) and its default setting;
+- the manifest fields its loaders rely on (checked by ``Manifest.read``, indexer/manifest.py);
+- its writer (the build's, over the committed shards and the corpus' texts: indexer/build.py) and its
+  validating reader (what ``Retriever.load`` and ``verify-index`` open it with: indexer/verify.py).
+
+The writers and readers wrap the formats' own code (indexer/inverted_index.py, dense.py,
+lexical.py); nothing here defines a format. Build, manifest validation, verify-index, the
+``--channels`` parsing (indexer/channel_set.py), fusion's channel names and the backends' read the
+table, so a new channel is one row here (and its format's module).
+
+This module sits below the manifest (which reads :func:`field_problem`) and so never imports it:
+a reader is given the channel's own manifest record, not the manifest.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
+from indexer.errors import IndexFormatError
+from indexer.inverted_index import InvertedIndex
+from indexer.layout import MANIFEST, UINT8_IMPACTS
+from indexer.lexical import LEXICAL_DIR, BM25Builder, BM25Index, make_analyzer
+
+# ------------------------------------------------------------------ what a channel needs
+# at build time
+LLM_TOKENS = "llm-tokens"  # the top-K aligned tokens of each document's LLM state (always computed: the sparse channel)
+LLM_EMBEDDINGS = "llm-embeddings"  # the documents' pooled LLM states, kept in the shards
+LM_HEAD = "lm-head"  # the model's LM head (EmbedFilter's projection is computed from it)
+TEXT = "text"  # the documents' raw text, read in the build's pass over the corpus that stores them
+SENTENCE_ENCODER = "sentence-encoder"  # an external sentence encoder's embeddings, computed in the shards
+BUILD_NEEDS = (LLM_TOKENS, LLM_EMBEDDINGS, LM_HEAD, TEXT, SENTENCE_ENCODER)
+# at query time
+LLM_STATE = "llm-state"  # the query's LLM state h (the LLM or a distilled student computes it)
+LITERAL_TOKENS = "literal-tokens"  # the query's own tokens in the LLM's vocabulary (no model needed)
+ANALYSED_TERMS = "analysed-terms"  # the query's terms through the channel's analyser (BM25)
+ENCODER_EMBEDDING = "encoder-embedding"  # the sentence encoder's embedding of the query
+QUERY_NEEDS = (LLM_STATE, LITERAL_TOKENS, ANALYSED_TERMS, ENCODER_EMBEDDING)
+QUERY_KINDS = ("sparse", "dense")  # how a backend is asked: (ids, weights) or one vector
+
+# manifest field checks: kind -> (test, what the message says the value is not)
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "positive-int": (lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0, "a positive integer"),
+    "int": (lambda x: isinstance(x, int), "an integer"),
+    "str": (lambda x: isinstance(x, str), "a string"),
+}
+
+
+# ------------------------------------------------------------------ writing
+@dataclass
+class WriteContext:
+    """What a channel's writer is handed by the build (indexer/build.py): the index directory
+    being written, the build's embedder and settings, the channel's own setting, and the
+    committed shards' arrays (``arrays("tokens", "weights")``: a function that streams them, one
+    shard at a time). ``quantise(directory)``: a compact build's 8-bit impacts for the postings
+    saved there (indexer/compact.py), returning what the channel's record gains; None in a plain
+    build. ``row_doc``: multi-vector documents' document of each row (indexer/segments.py)."""
+
+    out: Path
+    embedder: Any
+    setting: Any
+    arrays: Callable[..., Callable[[], Iterator[tuple[np.ndarray, ...]]]]
+    top_k: int
+    dense_kind: str
+    row_doc: np.ndarray | None = None
+    quantise: Callable[[Path], dict] | None = None
+
+    def column(self, name: str) -> Callable[[], Iterator[np.ndarray]]:
+        """One array of every shard, streamed (``column("embeddings")``)."""
+        return lambda: (a for (a,) in self.arrays(name)())
+
+
+class ChannelWriter:
+    """One channel being written. The build feeds every document's text to :meth:`add_text` of
+    the channels that need it (:data:`TEXT`), in document order, then calls :meth:`finish`, which
+    writes the channel's files under ``ctx.out`` and returns its manifest record."""
+
+    def __init__(self, ctx: WriteContext) -> None:
+        self.ctx = ctx
+
+    def add_text(self, text: str) -> None:
+        """A document's text (only channels that need :data:`TEXT` are given any)."""
+
+    def finish(self) -> dict:
+        raise NotImplementedError
+
+
+class _SparseWriter(ChannelWriter):
+    def finish(self) -> dict:
+        ctx = self.ctx
+        InvertedIndex.write_from_shards(ctx.arrays("tokens", "weights"), ctx.embedder.vocab_size, ctx.out)
+        impacts = ctx.quantise(ctx.out) if ctx.quantise is not None else {}
+        return {"top_k": ctx.top_k, "vocab_size": ctx.embedder.vocab_size, "weight": "logit", **impacts}
+
+
+class _DenseWriter(ChannelWriter):
+    def finish(self) -> dict:
+        ctx = self.ctx
+        DenseIndex.build_from_chunks(ctx.column("embeddings"), ctx.dense_kind, row_doc=ctx.row_doc).save(ctx.out, DENSE_NAME)
+        info = {"kind": ctx.dense_kind, "dim": ctx.embedder.dim, "normalised": True, "metric": "inner_product"}
+        if ctx.row_doc is not None:
+            info["n_vectors"] = len(ctx.row_doc)
+        return info
+
+
+class _EmbedFilterWriter(ChannelWriter):
+    def finish(self) -> dict:
+        from embedder.embedfilter import embedfilter_projection
+
+        ctx, tau = self.ctx, self.ctx.setting
+        w_u = ctx.embedder.causal_lm.get_output_embeddings().weight.detach().float().cpu().numpy()
+        proj, left, right = embedfilter_projection(w_u, tau)
+        DenseIndex.build_from_chunks(ctx.column("embeddings"), ctx.dense_kind, projection=proj, row_doc=ctx.row_doc).save(ctx.out, EMBEDFILTER_NAME)
+        return {"tau": tau, "left": left, "right": right, "dim": right - left, "kind": ctx.dense_kind, "normalised": True}
+
+
+class _EncoderWriter(ChannelWriter):
+    def finish(self) -> dict:
+        ctx, encoder = self.ctx, self.ctx.setting
+        DenseIndex.build_from_chunks(ctx.column("encoder"), ctx.dense_kind).save(ctx.out, ENCODER_NAME)
+        return {**encoder.describe(), "kind": ctx.dense_kind, "normalised": True, "metric": "inner_product"}
+
+
+class _BM25Writer(ChannelWriter):
+    def __init__(self, ctx: WriteContext) -> None:
+        super().__init__(ctx)
+        self.builder = BM25Builder(make_analyzer(ctx.setting, ctx.embedder.tokenizer))
+
+    def add_text(self, text: str) -> None:
+        self.builder.add(text)
+
+    def finish(self) -> dict:
+        lex = self.builder.finish()
+        lex.save(self.ctx.out / LEXICAL_DIR)
+        info = {"analyzer": lex.analyzer, "k1": lex.k1, "b": lex.b, "n_terms": len(lex.vocab)}
+        if self.ctx.quantise is not None:
+            info |= self.ctx.quantise(self.ctx.out / LEXICAL_DIR)
+        return info
+
+
+# ------------------------------------------------------------------ reading
+# A reader opens one channel, checked against its manifest record (its loaders' structural
+# checks), or raises IndexFormatError naming the file: reader(index directory, the channel's
+# manifest record, the index's n_docs, mmap).
+ChannelReader = Callable[[Path, dict, int, bool], Any]
+
+
+def _read_sparse(d: Path, info: dict, n_docs: int, mmap: bool) -> InvertedIndex:
+    return InvertedIndex.load(d, n_docs, mmap=mmap, n_lists=int(info["vocab_size"]), quantised=info.get("impacts") == UINT8_IMPACTS)
+
+
+def _read_dense(name: str) -> ChannelReader:
+    def read(d: Path, info: dict, n_docs: int, mmap: bool) -> DenseIndex:
+        return DenseIndex.load(d, name, n_docs, int(info["dim"]))
+
+    return read
+
+
+ANALYZERS = ("words", "tokens")  # indexer.lexical.make_analyzer's names
+
+
+def _read_bm25(d: Path, info: dict, n_docs: int, mmap: bool) -> BM25Index:
+    if info.get("analyzer") not in ANALYZERS:
+        raise IndexFormatError(f"{d / MANIFEST}: field 'lexical.analyzer': {info.get('analyzer')!r} is not one of {ANALYZERS}")
+    return BM25Index.load(d / LEXICAL_DIR, n_docs, info.get("n_terms"), info.get("analyzer"), quantised=info.get("impacts") == UINT8_IMPACTS)
+
+
+def _default_tau() -> int:
+    # embedder/__init__ imports torch: not on the manifest's import path
+    from embedder.embedfilter import DEFAULT_TAU
+
+    return DEFAULT_TAU
+
+
+# ------------------------------------------------------------------ the row
+@dataclass(frozen=True)
+class ChannelSpec:
+    """One channel, every name and need of it (see the module docstring)."""
+
+    mode: str  # the search mode and fusion weight key
+    manifest_key: str  # the Manifest field holding its record (None there: not built)
+    name: str  # the file stem (or folder) its data is saved under
+    attribute: str  # the Retriever's attribute holding the opened channel
+    files: tuple[str, ...]  # glob patterns of its files, relative to the index directory
+    build_needs: frozenset[str]
+    query_needs: frozenset[str]
+    query_kind: str  # "sparse" (ids, weights) or "dense" (one vector): how a backend is asked
+    writer: Callable[[WriteContext], ChannelWriter]
+    reader: ChannelReader
+    option: str | None  # the build_index keyword that builds it (None: always built)
+    flag: str | None  # build-index's flag that builds it (None: always built)
+    # its setting when named in --channels without one (the analyser, the encoder's name...); a
+    # function is called for it (a default that lives in a module this one should not import)
+    default: Any = True
+    fields: tuple[tuple[str, str], ...] = ()  # (field of its manifest record, kind in _KINDS)
+    postings: str | None = None  # folder (relative) of its postings, 8-bit impacts in a compact index ("": the index's own)
+    aliases: tuple[str, ...] = ()  # older spellings that still resolve
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        """Every index holds it (the aligned-token channel)."""
+        return self.option is None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every spelling :func:`spec` resolves to this row."""
+        return tuple(dict.fromkeys((self.mode, self.manifest_key, self.name, self.attribute, *self.aliases)))
+
+    def default_setting(self) -> Any:
+        return self.default() if callable(self.default) else self.default
+
+    def record(self, manifest: Any) -> dict | None:
+        """The channel's manifest record (None, or empty: not built)."""
+        return getattr(manifest, self.manifest_key, None) or None
+
+    def open(self, index_dir: Path, manifest: Any, mmap: bool = True) -> Any:
+        """The channel opened and checked (:attr:`reader`), or None where the manifest says the
+        index was built without it."""
+        info = self.record(manifest)
+        return None if info is None else self.reader(Path(index_dir), info, manifest.n_docs, mmap)
+
+
+CHANNEL_SPECS: tuple[ChannelSpec, ...] = (
+    ChannelSpec(
+        mode="sparse", manifest_key="sparse", name="postings", attribute="sparse", files=("postings_*.npy",),
+        build_needs=frozenset({LLM_TOKENS}), query_needs=frozenset({LLM_STATE, LITERAL_TOKENS}), query_kind="sparse",
+        writer=_SparseWriter, reader=_read_sparse, option=None, flag=None,
+        fields=(("top_k", "positive-int"), ("vocab_size", "positive-int")), postings="", aliases=("aligned",),
+        doc="aligned tokens: the top-K tokens of the LM head's reading of each document (Eq. 15-16), a Numba inverted index",
+    ),
+    ChannelSpec(
+        mode="dense", manifest_key="dense", name=DENSE_NAME, attribute="dense", files=(f"{DENSE_NAME}.faiss", f"{DENSE_NAME}_rows.npy"),
+        build_needs=frozenset({LLM_EMBEDDINGS}), query_needs=frozenset({LLM_STATE}), query_kind="dense",
+        writer=_DenseWriter, reader=_read_dense(DENSE_NAME), option="dense", flag="--dense",
+        fields=(("dim", "positive-int"),), doc="cosine over the pooled LLM states (FAISS)",
+    ),
+    ChannelSpec(
+        mode="dense-ef", manifest_key="embedfilter", name=EMBEDFILTER_NAME, attribute="dense_ef",
+        files=(f"{EMBEDFILTER_NAME}.faiss", f"{EMBEDFILTER_NAME}_projection.npy", f"{EMBEDFILTER_NAME}_rows.npy"),
+        build_needs=frozenset({LLM_EMBEDDINGS, LM_HEAD}), query_needs=frozenset({LLM_STATE}), query_kind="dense",
+        writer=_EmbedFilterWriter, reader=_read_dense(EMBEDFILTER_NAME), option="embedfilter_tau", flag="--embedfilter TAU",
+        default=_default_tau,
+        fields=(("dim", "positive-int"),), aliases=("dense_ef",), doc="cosine over EmbedFilter-projected LLM states (embedder/embedfilter.py)",
+    ),
+    ChannelSpec(
+        mode="bm25", manifest_key="lexical", name=LEXICAL_DIR, attribute="lexical", files=(f"{LEXICAL_DIR}/*",),
+        build_needs=frozenset({TEXT}), query_needs=frozenset({ANALYSED_TERMS}), query_kind="sparse",
+        writer=_BM25Writer, reader=_read_bm25, option="lexical", flag="--lexical words", default="words",
+        fields=(("n_terms", "int"),), postings=LEXICAL_DIR, doc="BM25 on stemmed words or sub-word tokens, this engine's own inverted index",
+    ),
+    ChannelSpec(
+        mode="encoder", manifest_key="encoder", name=ENCODER_NAME, attribute="encoder_index", files=(f"{ENCODER_NAME}.faiss",),
+        build_needs=frozenset({SENTENCE_ENCODER}), query_needs=frozenset({ENCODER_EMBEDDING}), query_kind="dense",
+        writer=_EncoderWriter, reader=_read_dense(ENCODER_NAME), option="encoder", flag="--encoder NAME", default="minilm",
+        fields=(("dim", "positive-int"), ("name", "str"), ("sha256", "str")),
+        doc="cosine over an external sentence-transformers encoder's embeddings (embedder/sentence_encoder.py)",
+    ),
+)
+
+MODES: tuple[str, ...] = tuple(s.mode for s in CHANNEL_SPECS)  # in table order: the order of --channels, fusion, verify
+SPARSE = CHANNEL_SPECS[0]
+_BY_NAME: dict[str, ChannelSpec] = {n: s for s in CHANNEL_SPECS for n in s.names}
+_BY_KEY: dict[str, ChannelSpec] = {s.manifest_key: s for s in CHANNEL_SPECS}
+
+
+def spec(name: str) -> ChannelSpec:
+    """The row of a channel named any way it is or was spelled (mode ``bm25``, manifest key
+    ``lexical``; ``dense-ef``, ``embedfilter``, ``dense_ef``...); KeyError naming the modes otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown channel {name!r} (channels: {', '.join(MODES)})") from None
+
+
+def by_manifest_key(key: str) -> ChannelSpec:
+    return _BY_KEY[key]
+
+
+def mode_of(name: str) -> str:
+    """A channel's search mode from any of its names (``lexical`` -> ``bm25``)."""
+    return spec(name).mode
+
+
+def with_need(need: str) -> tuple[ChannelSpec, ...]:
+    """The rows that need ``need`` (one of :data:`BUILD_NEEDS` or :data:`QUERY_NEEDS`)."""
+    if need not in BUILD_NEEDS + QUERY_NEEDS:
+        raise ValueError(f"unknown need {need!r}")
+    return tuple(s for s in CHANNEL_SPECS if need in s.build_needs or need in s.query_needs)
+
+
+def of_kind(query_kind: str) -> tuple[str, ...]:
+    """The modes a backend is asked with ``query_kind`` ("sparse": ids and weights; "dense": a vector)."""
+    return tuple(s.mode for s in CHANNEL_SPECS if s.query_kind == query_kind)
+
+
+def field_problem(data: dict) -> str | None:
+    """The first channel field of a manifest's ``data`` (parsed JSON) that a channel's loaders
+    cannot work with, as ``Manifest.read`` reports it; records that are not objects are the
+    manifest's own check (indexer/manifest.py)."""
+    for s in CHANNEL_SPECS:
+        info = data.get(s.manifest_key)
+        if info is None:
+            continue
+        for name, kind in s.fields:
+            test, what = _KINDS[kind]
+            if not test(info.get(name)):
+                return f"field '{s.manifest_key}.{name}': {info.get(name)!r} is not {what}"
+    return None
+
+
+__all__ = [
+    "ANALYSED_TERMS", "ANALYZERS", "BUILD_NEEDS", "CHANNEL_SPECS", "ENCODER_EMBEDDING", "LITERAL_TOKENS", "LLM_EMBEDDINGS", "LLM_STATE",
+    "LLM_TOKENS", "LM_HEAD", "MODES", "QUERY_KINDS", "QUERY_NEEDS", "SENTENCE_ENCODER", "SPARSE", "TEXT", "ChannelReader", "ChannelSpec",
+    "ChannelWriter", "WriteContext", "by_manifest_key", "field_problem", "mode_of", "of_kind", "spec", "with_need",
+]

@@ -1,0 +1,170 @@
+"""The channel table (indexer/channels.py, issue 49): every row is built, validated by the
+manifest check, verified by verify-index and searched through the public Retriever API, on one
+tiny index with every channel; and every layer that names channels reads its names from the table.
+
+A new channel is one more row: the parametrised tests below then cover it without an edit (its
+setting for the test index is its row's default, or one of :data:`SETTINGS`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import build_tiny_model, save_tiny_sentence_encoder, tiny_identity, toy_docs, write_corpus
+
+from embedder.encoder import Embedder, EmbedderConfig
+from indexer import channel_set, channels
+from indexer.build import BuildPlan, build, build_index
+from indexer.channels import CHANNEL_SPECS, MODES, ChannelSpec, spec
+from indexer.manifest import MANIFEST, IndexFormatError, Manifest
+from indexer.verify import CHANNELS as VERIFY_CHANNELS
+from indexer.verify import open_channels, verify
+from retriever.backends import DENSE_CHANNELS, SPARSE_CHANNELS
+from retriever.fusion import CHANNELS as FUSION_CHANNELS
+from retriever.fusion import check_fusion
+
+pytest.importorskip("sentence_transformers")
+
+QUERY = "cat and dog near the river"
+
+
+@dataclasses.dataclass
+class Built:
+    root: Path
+    corpus: Path
+    index: Path
+    embedder: Embedder
+    encoder: object
+    settings: dict
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_tokenizer) -> Built:
+    """The toy corpus indexed with every row of the table, through the plan (indexer.build.build)."""
+    from embedder.sentence_encoder import SentenceEncoder
+
+    root = tmp_path_factory.mktemp("channel-table")
+    embedder = Embedder(build_tiny_model(tiny_tokenizer, 0), tiny_tokenizer, EmbedderConfig(max_length=64, batch_size=4), identity=tiny_identity(0))
+    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st"))
+    # each row's setting: its default, except what a test index cannot load by name
+    settings = {s.mode: s.default_setting() for s in CHANNEL_SPECS} | {"encoder": encoder}
+    corpus = write_corpus(root / "corpus", toy_docs(40), "beir")
+    build(corpus, root / "index", embedder, BuildPlan.make(settings, embedder, top_k=16, progress=False))
+    return Built(root, corpus, root / "index", embedder, encoder, settings)
+
+
+# ------------------------------------------------------------------ the table itself
+def test_every_name_is_said_once_and_old_names_resolve():
+    for attr in ("mode", "manifest_key", "name", "attribute"):
+        values = [getattr(s, attr) for s in CHANNEL_SPECS]
+        assert len(values) == len(set(values)), attr
+    for s in CHANNEL_SPECS:
+        for name in s.names:
+            assert spec(name) is s
+        assert s.build_needs <= set(channels.BUILD_NEEDS) and s.query_needs <= set(channels.QUERY_NEEDS)
+        assert s.query_kind in channels.QUERY_KINDS and s.manifest_key in {f.name for f in dataclasses.fields(Manifest)}
+    # the spellings the layers used before the table (manifest keys, file stems, attributes)
+    assert spec("lexical").mode == "bm25" and spec("embedfilter").mode == spec("dense_ef").mode == "dense-ef"
+    assert spec("encoder_index").mode == "encoder" and channels.mode_of("lexical") == "bm25"
+    with pytest.raises(KeyError, match="unknown channel 'nope'"):
+        spec("nope")
+    assert [s for s in CHANNEL_SPECS if s.required] == [channels.SPARSE]
+
+
+def test_the_layers_read_their_channel_names_from_the_table():
+    assert MODES == channel_set.CHANNELS == FUSION_CHANNELS == tuple(VERIFY_CHANNELS)
+    assert sorted(SPARSE_CHANNELS + DENSE_CHANNELS) == sorted(MODES)
+    assert channel_set.parse_channels(",".join(reversed(MODES))) == MODES
+    for mode in MODES:
+        check_fusion({"method": "minmax", "weights": {mode: 1.0}})
+
+
+def test_the_plan_is_the_keyword_form(built, tmp_path):
+    """``build_index(...)`` (the keyword form) writes the index the plan writes, byte for byte
+    (the manifest's timings and date aside)."""
+    kw = {"dense": True, "embedfilter_tau": built.settings["dense-ef"], "lexical": built.settings["bm25"], "encoder": built.encoder}
+    build_index(built.corpus, tmp_path / "kw", built.embedder, top_k=16, progress=False, **kw)
+    a, b = built.index.resolve(), (tmp_path / "kw").resolve()
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file() and p.name != MANIFEST)
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file() and p.name != MANIFEST)
+    for rel in files:
+        assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
+    ma, mb = (json.loads((d / MANIFEST).read_text()) for d in (a, b))
+    for m in (ma, mb):
+        m.pop("build"), m.pop("created"), m.pop("checksum")
+    assert ma == mb
+
+
+# ------------------------------------------------------------------ every row
+@pytest.fixture(params=CHANNEL_SPECS, ids=[s.mode for s in CHANNEL_SPECS])
+def row(request) -> ChannelSpec:
+    return request.param
+
+
+def _copy(built: Built, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(built.index.resolve(), out)
+    return out
+
+
+def test_row_is_built(built, row):
+    m = Manifest.read(built.index)
+    record = row.record(m)
+    assert isinstance(record, dict) and record
+    index = built.index.resolve()
+    for pattern in row.files[:1]:  # the first pattern names the file every build of it writes
+        assert list(index.glob(pattern)), pattern
+    assert set(m.files) >= {str(p.relative_to(index)) for pattern in row.files for p in index.glob(pattern)}
+    assert row.mode in open_channels(built.index, m)
+
+
+def test_row_is_validated_by_the_manifest_check(built, row, tmp_path):
+    index = _copy(built, tmp_path)
+    original = json.loads((index / MANIFEST).read_text())
+    damages = [(name, value) for name, _ in row.fields for value in (None, [], 2.5)]  # wrong for every kind of field
+    if not row.required:
+        damages.append((None, 7))  # the record itself neither an object nor null
+    assert damages
+    for name, value in damages:
+        data = json.loads(json.dumps(original))
+        if name is None:
+            data[row.manifest_key] = value
+        else:
+            data[row.manifest_key][name] = value
+        (index / MANIFEST).write_text(json.dumps(data))
+        where = row.manifest_key if name is None else f"{row.manifest_key}.{name}"
+        with pytest.raises(IndexFormatError, match=rf"field '{where}'"):
+            Manifest.read(index)
+        report = verify(index)
+        assert len(report.problems) == 1 and f"field '{where}'" in report.problems[0]
+
+
+def test_row_is_verified(built, row, tmp_path):
+    assert verify(built.index).ok
+    index = _copy(built, tmp_path)
+    damaged = min(p for pattern in row.files for p in index.glob(pattern) if p.is_file())
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    report = verify(index)
+    assert not report.ok and any(str(damaged.name) in p for p in report.problems), report.problems
+
+
+def test_row_is_searched(built, row):
+    from retriever.retriever import Retriever
+
+    r = Retriever.load(built.index, embedder=built.embedder, encoder=built.encoder, query_encoder="llm", profile=None, warm=False,
+                       fusion={"method": "minmax", "weights": {row.mode: 1.0}})
+    try:
+        alone = r.search(QUERY, k=20, mode=row.mode)
+        fused = r.search(QUERY, k=5, mode="hybrid")
+    finally:
+        r.close()
+    assert alone and fused
+    # the hybrid of one channel is that channel's ranking (up to its near-ties, which min-max
+    # rounding may reorder)
+    assert {h.doc_id for h in fused} <= {h.doc_id for h in alone}
+    assert all(set(h.channels) == {row.mode} for h in fused)
