@@ -23,7 +23,8 @@ import numpy as np
 
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.tokenization import TokenizerOnly
-from indexer.dense import DenseIndex
+from indexer import channels as channel_table
+from indexer.channels import ANALYSED_TERMS, CHANNEL_SPECS, ENCODER_EMBEDDING, LITERAL_TOKENS, LLM_STATE, ChannelSpec, spec
 from indexer.generations import Generation
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import BM25Index, make_analyzer
@@ -46,8 +47,14 @@ if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are not evaluated at run 
 
 log = logging.getLogger(__name__)
 
-MODES = ("sparse", "dense", "dense-ef", "bm25", "encoder", "hybrid")
-LLM_MODES = ("sparse", "dense", "dense-ef")  # channels whose queries the backbone LLM encodes
+# every channel of the table (indexer/channels.py), in its order, then their fusion
+MODES: tuple[str, ...] = channel_table.MODES + ("hybrid",)
+# channels whose queries the backbone LLM (or its distilled student) encodes: those that need its query state
+LLM_MODES: tuple[str, ...] = tuple(s.mode for s in channel_table.with_need(LLM_STATE))
+# channels whose query is the LLM state alone: a model-free query (query_encoder "none") has nothing
+# to search them with (the aligned-token channel still has the query's literal tokens)
+MODEL_ONLY_MODES: tuple[str, ...] = tuple(s.mode for s in CHANNEL_SPECS if s.query_needs == {LLM_STATE})
+_QUERY_NEEDS: dict[str, frozenset[str]] = {s.mode: s.query_needs for s in CHANNEL_SPECS}
 QUERY_WEIGHTINGS = ("one", "idf")
 # Query tokens weighted by their IDF in the aligned-token index: measured better than the
 # paper's weight 1 on every collection of the sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py).
@@ -114,7 +121,14 @@ class Retriever:
 
     >>> r = Retriever.load("my-index")             # doctest: +SKIP
     >>> r.search("how do parrots get sick?", k=5)  # doctest: +SKIP
+
+    Each channel of the index is held under its row's ``attribute`` (indexer/channels.py), None
+    where the index was built without it: ``sparse``, ``dense``, ``dense_ef``, ``lexical`` (BM25),
+    ``encoder_index`` (``encoder`` is the sentence model that encodes its queries).
     """
+
+    sparse: InvertedIndex  # the aligned-token channel, in every index
+    lexical: BM25Index | None  # BM25 (mode "bm25"), whose query is analysed here
 
     def __init__(
         self,
@@ -186,7 +200,10 @@ class Retriever:
         self.fusion = self._fusion_setting(fusion)
         # every channel is checked against the manifest on opening, before any array reaches a kernel
         self.doc_ids: list[str] = doc_ids
-        self.sparse: InvertedIndex = channels["sparse"]
+        # each channel opened under its row's attribute (sparse, dense, dense_ef, lexical, encoder_index);
+        # None where the index was built without it. The aligned-token channel is in every index.
+        for s in CHANNEL_SPECS:
+            setattr(self, s.attribute, channels[s.mode] if s.required else channels.get(s.mode))
         self.backend = backend  # its name, as recorded in benchmark results
         self.engine: Backend = open_backend(
             backend, self.index_dir, manifest, channels, lucene_index=lucene_index, milvus_uri=milvus_uri,
@@ -195,11 +212,7 @@ class Retriever:
         df = np.diff(np.asarray(self.sparse.indptr))
         # smoothed IDF of each token among the documents' aligned tokens
         self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
-        self.dense: DenseIndex | None = channels.get("dense")
-        self.dense_ef: DenseIndex | None = channels.get("dense-ef")
-        self.lexical: BM25Index | None = channels.get("bm25")
         self._analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
-        self.encoder_index: DenseIndex | None = channels.get("encoder")
         if manifest.encoder and encoder is None:
             from embedder.sentence_encoder import SentenceEncoder
 
@@ -281,7 +294,7 @@ class Retriever:
             raise TypeError(f"feedback must be a retriever.feedback.Feedback or None, got {type(self.feedback).__name__}")
         weights = self.fusion["weights"]
         if self.model_free:
-            weighed = [c for c in ("dense", "dense-ef") if weights.get(c, 0) > 0 and getattr(self, c.replace("-", "_")) is not None]
+            weighed = [s.mode for s in map(spec, MODEL_ONLY_MODES) if weights.get(s.mode, 0) > 0 and getattr(self, s.attribute) is not None]
             if weighed:
                 raise ValueError(
                     f"query_encoder 'none' gives the {' and '.join(weighed)} channel no query, and the hybrid weighs it "
@@ -442,14 +455,9 @@ class Retriever:
     @property
     def modes(self) -> list[str]:
         """The modes this index supports."""
-        have = {
-            "sparse": True,
-            "dense": self.dense is not None and not self.model_free,  # a model-free query has no embedding
-            "dense-ef": self.dense_ef is not None and not self.model_free,
-            "bm25": self.lexical is not None,
-            "encoder": self.encoder_index is not None,
-        }
-        return [m for m in MODES if m == "hybrid" or have[m]]
+        # a channel the index holds, unless its query is the LLM state alone and no model encodes queries
+        have = {s.mode for s in CHANNEL_SPECS if getattr(self, s.attribute) is not None and not (self.model_free and s.mode in MODEL_ONLY_MODES)}
+        return [m for m in MODES if m == "hybrid" or m in have]
 
     @property
     def default_mode(self) -> str:
@@ -492,8 +500,8 @@ class Retriever:
         sentence-transformers encoder only for "encoder" and for the student (a bm25 + encoder
         hybrid never runs the LLM). ``None``: everything the index's channels need. Encoded
         queries are kept in :attr:`query_cache`."""
-        channels = self.channels_of(mode)
-        needs = (any(c in LLM_MODES for c in channels), "encoder" in channels and self.encoder is not None)
+        wanted = {need for c in self.channels_of(mode) for need in _QUERY_NEEDS.get(c, ())}  # the query needs of its channels
+        needs = (LLM_STATE in wanted, ENCODER_EMBEDDING in wanted and self.encoder is not None)
         keys = [(q, needs, self.query_encoder) for q in queries]
         out: list[EncodedQuery | None] = [self.query_cache.get(key) for key in keys]
         todo = list(dict.fromkeys(q for q, got in zip(queries, out) if got is None))
@@ -617,13 +625,13 @@ class Retriever:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if mode not in self.modes:
-            if self.model_free and {"dense": self.dense, "dense-ef": self.dense_ef}.get(mode) is not None:
+            row = spec(mode)
+            if self.model_free and getattr(self, row.attribute) is not None:  # held, but its query is the LLM state alone
                 raise ValueError(
                     f"mode {mode!r}: query_encoder 'none' gives queries no embedding to search it with; use another query encoder "
                     "(profile 'best', or query_encoder 'llm' / 'auto')"
                 )
-            flag = {"dense": "--dense", "dense-ef": "--embedfilter TAU", "bm25": "--lexical words", "encoder": "--encoder NAME"}[mode]
-            raise ValueError(f"{self.index_dir}: mode {mode!r} needs an index built with {flag}")
+            raise ValueError(f"{self.index_dir}: mode {mode!r} needs an index built with {row.flag}")
 
     def search_channel(self, q: EncodedQuery, mode: str, k: int, where: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One channel's top-``k`` for an encoded query (:meth:`encode` with that ``mode``): document
@@ -682,21 +690,30 @@ class Retriever:
             depth *= 4
 
     def _channel_all(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """One channel's (doc numbers, scores), best first, -1 padded."""
-        if mode in LLM_MODES and q.embedding.size == 0 and not (mode == "sparse" and q.query_encoder == "none"):
+        """One channel's (doc numbers, scores), best first, -1 padded: the backend asked as the
+        channel's row says (its query kind), with the query its needs name."""
+        row = spec(mode)
+        query = self._query(q, row)
+        if row.query_kind == "sparse":
+            return self.engine.search_sparse(mode, *query, k)
+        return self.engine.search_dense(mode, query, k)
+
+    def _query(self, q: EncodedQuery, row: ChannelSpec) -> Any:
+        """``q`` as channel ``row`` is searched with: (ids, weights) for a sparse query kind, one
+        vector for a dense one; ValueError where ``q`` was encoded without what the channel needs."""
+        mode, needs = row.mode, row.query_needs
+        if LLM_STATE in needs and q.embedding.size == 0 and not (LITERAL_TOKENS in needs and q.query_encoder == "none"):
             if q.query_encoder == "none":
                 raise ValueError(f"mode {mode!r}: a query encoded with query_encoder 'none' has no embedding to search it with")
             raise ValueError(f"mode {mode!r}: the query was encoded without the LLM (Retriever.encode(queries, mode={mode!r}))")
-        if mode == "encoder":
+        if ENCODER_EMBEDDING in needs:
             if q.encoder_embedding is None:
-                raise ValueError("mode 'encoder': the query was encoded without the encoder (Retriever.encode(queries, mode='encoder'))")
-            return self.engine.search_dense(mode, q.encoder_embedding, k)
-        if mode == "sparse":
-            return self.engine.search_sparse(mode, q.tokens, q.weights, k)
-        if mode in ("dense", "dense-ef"):
-            return self.engine.search_dense(mode, q.embedding, k)
-        terms, weights, _ = self.lexical.encode_query(self._analyze(q.text))
-        return self.engine.search_sparse(mode, terms, weights, k)
+                raise ValueError(f"mode {mode!r}: the query was encoded without the encoder (Retriever.encode(queries, mode={mode!r}))")
+            return q.encoder_embedding
+        if ANALYSED_TERMS in needs:
+            terms, weights, _ = getattr(self, row.attribute).encode_query(self._analyze(q.text))
+            return terms, weights
+        return (q.tokens, q.weights) if row.query_kind == "sparse" else q.embedding
 
     def _matched(self, q: EncodedQuery, mode: str, doc: int) -> Hit:
         """A hit's explanation in ``mode`` ("sparse" or "bm25"): readable words and raw ids/terms
@@ -808,16 +825,11 @@ class Retriever:
         if not hasattr(self.engine, "hybrid"):
             raise ValueError(f"fusion method {method!r} needs backend='milvus', not {self.backend!r}")
         queries: dict[str, Any] = {}
+        held = getattr(self.engine, "channels", ())  # the channels the collection holds (retriever/backends: Routed)
         for m in used:
-            if m == "sparse":
-                queries[m] = (q.tokens, q.weights)
-            elif m == "bm25":
-                terms, weights, _ = self.lexical.encode_query(self._analyze(q.text))
-                queries[m] = (terms, weights)
-            elif m == "dense":
-                queries[m] = q.embedding
-            else:
+            if m not in held:
                 raise ValueError(f"fusion method {method!r}: channel {m!r} is not in the Milvus collection (give it weight 0)")
+            queries[m] = self._query(q, spec(m))
         docs, scores = self.engine.hybrid(
             queries, self.fusion["weights"], k, method, FUSION_DEPTH, self.fusion.get("rrf_k", 60), self.fusion.get("norm_score", True)
         )
