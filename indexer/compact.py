@@ -19,6 +19,13 @@ misread. Plain indexes are unchanged (format 1, or 2 with segments). Two ways to
 ``build_index(..., compact=True)`` (``build-index --compact``), or :func:`compact_copy` of a
 built index (no model runs: the float32 weights and vectors are read back and quantised).
 The measured quality and size: benchmarks/studies/compact_index.py.
+
+Format 4 (:data:`indexer.manifest.PACKED_FORMAT_VERSION`) adds, to the 8-bit impacts, doc numbers
+delta-coded and bit-packed in blocks of 128 (indexer/packed_docs.py: ``postings_blockfirst``,
+``postings_blockwidth``, ``postings_packed`` in place of ``postings_docs``; lossless, the search
+kernels decode a block at a time); the manifest's ``sparse`` and ``lexical`` record
+``"doc_ids": "bitpacked-128"``. For now only :func:`compact_copy` writes it (``pack_doc_ids``,
+``python -m indexer.compact --pack-doc-ids``); a build's compact index is still format 3.
 """
 from __future__ import annotations
 
@@ -35,7 +42,7 @@ from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import LEXICAL_DIR
-from indexer.manifest import COMPACT_FORMAT_VERSION, MANIFEST, UINT8_IMPACTS, Manifest
+from indexer.manifest import BITPACKED_DOC_IDS, COMPACT_FORMAT_VERSION, MANIFEST, PACKED_FORMAT_VERSION, UINT8_IMPACTS, Manifest
 from indexer.reader import open_index
 from indexer.staging import staging_dir
 
@@ -69,6 +76,13 @@ def quantise_channel_files(directory: Path, quantisation: str = PER_LIST) -> Non
     InvertedIndex.quantise_saved(Path(directory), per_list=quantisation == PER_LIST)
 
 
+def pack_channel_files(directory: Path) -> dict:
+    """Saved postings' doc numbers (``postings_docs.npy`` in ``directory``, 8-bit impacts already)
+    bit-packed in place; returns what the channel's manifest record gains."""
+    InvertedIndex.pack_saved(Path(directory))
+    return {"doc_ids": BITPACKED_DOC_IDS}
+
+
 def compact_dense_kind(kind: str, compact: bool) -> str:
     """The dense kind a build writes: a compact build turns the default Flat into
     :data:`COMPACT_DENSE_KIND`; any other kind asked for is kept."""
@@ -77,14 +91,15 @@ def compact_dense_kind(kind: str, compact: bool) -> str:
 
 def compact_copy(
     index_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dense_kind: str = COMPACT_DENSE_KIND,
-    quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False,
+    quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False, pack_doc_ids: bool = False,
 ) -> Manifest:
     """Write a compact copy of the plain index at ``index_dir`` to ``out_dir`` (published as a
     generation, as a build publishes) and return its manifest. No model runs: the postings'
     float32 weights are quantised (``quantisation``: per posting list, or one global map), BM25's
     too unless ``lexical`` is False, and every dense channel's vectors are read back and
     re-indexed as ``dense_kind`` (a FAISS factory string: ``SQ8``, ``SQfp16``, or ``Flat`` to
-    keep them exact). Everything else (documents, ids, projections) is copied as it is."""
+    keep them exact). Everything else (documents, ids, projections) is copied as it is.
+    ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 4; BM25's where it is quantised)."""
     impacts_record(quantisation)
     target = Path(out_dir)
     opened = open_index(index_dir)
@@ -104,10 +119,15 @@ def compact_copy(
                         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                         shutil.copyfile(src, tmp / rel)
                 quantise_channel_files(tmp, quantisation)
+                sparse_info = {**m.sparse, **impacts_record(quantisation)}
+                if pack_doc_ids:
+                    sparse_info |= pack_channel_files(tmp)
                 lexical_info = m.lexical
                 if m.lexical is not None and lexical:
                     quantise_channel_files(tmp / LEXICAL_DIR, quantisation)
                     lexical_info = {**m.lexical, **impacts_record(quantisation)}
+                    if pack_doc_ids:
+                        lexical_info |= pack_channel_files(tmp / LEXICAL_DIR)
                 changed: dict = {}
                 for field, name in _DENSE_CHANNELS:
                     info = getattr(m, field)
@@ -120,9 +140,9 @@ def compact_copy(
                     index.save(tmp, name)
                     changed[field] = {**info, "kind": dense_kind}
                 out = dataclasses.replace(
-                    m, format_version=COMPACT_FORMAT_VERSION, sparse={**m.sparse, **impacts_record(quantisation)}, lexical=lexical_info,
+                    m, format_version=PACKED_FORMAT_VERSION if pack_doc_ids else COMPACT_FORMAT_VERSION, sparse=sparse_info, lexical=lexical_info,
                     build={**m.build, "compacted": {"from": str(index_dir), "generation": opened.path.name, "dense_kind": dense_kind,
-                                                    "quantisation": quantisation, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
+                                                    "quantisation": quantisation, "doc_ids": BITPACKED_DOC_IDS if pack_doc_ids else "int32", "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
                     files=None, checksum=None, **changed,
                 )
                 out.files = record_files(tmp)
@@ -141,15 +161,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from indexer.manifest import IndexFormatError
 
-    p = argparse.ArgumentParser(prog="python -m indexer.compact", description="Write a compact copy (format 3) of a plain index; no model runs.")
+    p = argparse.ArgumentParser(prog="python -m indexer.compact", description="Write a compact copy (format 3, or 4 with --pack-doc-ids) of a plain index; no model runs.")
     p.add_argument("index", type=Path, help="a plain index (format 1 or 2)")
     p.add_argument("out", type=Path, help="the compact index to write")
     p.add_argument("--dense-kind", default=COMPACT_DENSE_KIND, help=f"FAISS kind of the dense channels (default {COMPACT_DENSE_KIND}; SQfp16, Flat...)")
     p.add_argument("--quantisation", choices=QUANTISATIONS, default=PER_LIST, help="one 8-bit map per posting list (default) or one for all")
+    p.add_argument("--pack-doc-ids", action="store_true", help="doc numbers delta-coded and bit-packed in blocks of 128 (format 4; lossless)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     args = p.parse_args(argv)
     try:
-        m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite)
+        m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite, pack_doc_ids=args.pack_doc_ids)
     except (IndexFormatError, OSError, ValueError, RuntimeError) as exc:  # FAISS reports a bad kind as a RuntimeError
         print(f"compact: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -160,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["COMPACT_DENSE_KIND", "DEFAULT_COMPACT", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "impacts_record", "main",
-           "quantise_channel_files"]
+           "pack_channel_files", "quantise_channel_files"]
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def check_csr(
     directory: Path,
     prefix: str,
     indptr: np.ndarray,
-    docs: np.ndarray,
+    docs: np.ndarray | None,
     weights: np.ndarray,
     n_docs: int,
     n_rows: int | None = None,
@@ -156,7 +156,9 @@ def check_csr(
     per list, finite, scale >= 0 (and, ``positive``, offset > 0 for every non-empty list).
     """
     f = {name: Path(directory) / f"{prefix}{name}.npy" for name in ("indptr", "docs", "weights", "scale", "offset")}
-    nnz = int(docs.shape[0])
+    if docs is None:  # doc numbers bit-packed (indexer/packed_docs.py checks them): the weights say how many postings
+        f["docs"] = f["weights"]
+    nnz = int(docs.shape[0]) if docs is not None else int(weights.shape[0])
     if indptr.shape[0] < 1:
         raise IndexFormatError(f"{f['indptr']}: empty (needs at least one entry)")
     if n_rows is not None and indptr.shape[0] != n_rows + 1:
@@ -178,16 +180,17 @@ def check_csr(
     # A posting list holds ascending doc numbers (kernels.contributions binary-searches it), so
     # docs may only fail to increase where a new list starts.
     for s in _blocks(nnz):
-        block = np.asarray(docs[s])
-        if block.size and (int(block.min()) < 0 or int(block.max()) >= n_docs):
-            bad = int(np.argmax((block < 0) | (block >= n_docs)))
-            raise IndexFormatError(f"{f['docs']}: doc number {int(block[bad])} at {s.start + bad} is outside 0..{n_docs - 1}")
-        step = np.diff(docs[s.start : min(s.stop + 1, nnz)])
-        drop = np.flatnonzero(step <= 0) + s.start + 1
-        at = np.minimum(np.searchsorted(indptr, drop), indptr.shape[0] - 1)
-        drop = drop[np.asarray(indptr[at]) != drop]
-        if drop.size:
-            raise IndexFormatError(f"{f['docs']}: doc numbers not ascending within a posting list at {int(drop[0])}")
+        if docs is not None:  # packed doc numbers: indexer/packed_docs.py checks them
+            block = np.asarray(docs[s])
+            if block.size and (int(block.min()) < 0 or int(block.max()) >= n_docs):
+                bad = int(np.argmax((block < 0) | (block >= n_docs)))
+                raise IndexFormatError(f"{f['docs']}: doc number {int(block[bad])} at {s.start + bad} is outside 0..{n_docs - 1}")
+            step = np.diff(docs[s.start : min(s.stop + 1, nnz)])
+            drop = np.flatnonzero(step <= 0) + s.start + 1
+            at = np.minimum(np.searchsorted(indptr, drop), indptr.shape[0] - 1)
+            drop = drop[np.asarray(indptr[at]) != drop]
+            if drop.size:
+                raise IndexFormatError(f"{f['docs']}: doc numbers not ascending within a posting list at {int(drop[0])}")
         if quantised:
             continue  # every uint8 code is a valid level; scale and offset were checked
         w = np.asarray(weights[s])

@@ -12,6 +12,7 @@ import numpy as np
 from indexer import kernels
 from indexer.diskspace import allocate_npy, save_npy
 from indexer.integrity import check_csr, load_npy
+from indexer.packed_docs import PackedDocs, pack_saved
 
 _FILES = ("indptr", "docs", "weights")
 # 8-bit impacts (indexer/compact.py): the weights file holds uint8 codes and these two float32
@@ -28,18 +29,35 @@ class InvertedIndex:
     """Postings of token t: doc numbers ``docs[indptr[t]:indptr[t+1]]`` with ``weights``.
 
     With 8-bit impacts (``scale`` and ``offset`` given), ``weights`` holds uint8 codes and the
-    weight of posting p of list t is ``offset[t] + scale[t] * weights[p]`` (:meth:`float_weights`)."""
+    weight of posting p of list t is ``offset[t] + scale[t] * weights[p]`` (:meth:`float_weights`).
+
+    With packed doc numbers (``packed`` given, format 4: indexer/packed_docs.py; 8-bit impacts
+    only), ``docs`` is None: the kernels decode them block by block, and :meth:`doc_numbers`
+    gives them all back."""
 
     indptr: np.ndarray  # int64, (vocab_size + 1,)
-    docs: np.ndarray  # int32, (nnz,), ascending within each posting list
+    docs: np.ndarray | None  # int32, (nnz,), ascending within each posting list; None when packed
     weights: np.ndarray  # float32, (nnz,); uint8 codes when quantised
     n_docs: int
     scale: np.ndarray | None = None  # float32, (vocab_size,): 8-bit impacts only
     offset: np.ndarray | None = None  # float32, (vocab_size,)
+    packed: PackedDocs | None = None  # the doc numbers delta-coded and bit-packed (docs None)
 
     @property
     def quantised(self) -> bool:
         return self.scale is not None
+
+    def doc_numbers(self) -> np.ndarray:
+        """Every posting's doc number (int32; decoded whole where packed)."""
+        return self.docs if self.packed is None else self.packed.decode(self.indptr)
+
+    def pack(self) -> InvertedIndex:
+        """This index (8-bit impacts) with its doc numbers bit-packed (indexer/packed_docs.py)."""
+        if not self.quantised:
+            raise ValueError("packed doc numbers go with 8-bit impacts (a compact index)")
+        if self.packed is not None:
+            return self
+        return InvertedIndex(self.indptr, None, self.weights, self.n_docs, self.scale, self.offset, PackedDocs.pack(self.indptr, self.docs))
 
     def float_weights(self) -> np.ndarray:
         """Every posting's weight as float32 (dequantised where quantised)."""
@@ -50,7 +68,7 @@ class InvertedIndex:
     def quantise(self, per_list: bool = True) -> InvertedIndex:
         """This index with 8-bit impacts (see indexer/compact.py); ``per_list`` False: one scale for all lists."""
         codes, scale, offset = quantise_weights(self.indptr, np.asarray(self.float_weights(), np.float32), per_list)
-        return InvertedIndex(self.indptr, self.docs, codes, self.n_docs, scale, offset)
+        return InvertedIndex(self.indptr, self.docs, codes, self.n_docs, scale, offset, self.packed)
 
     @property
     def vocab_size(self) -> int:
@@ -59,7 +77,8 @@ class InvertedIndex:
     @property
     def nbytes(self) -> int:
         extra = self.scale.nbytes + self.offset.nbytes if self.quantised else 0
-        return int(self.indptr.nbytes + self.docs.nbytes + self.weights.nbytes + extra)
+        docs = self.docs.nbytes if self.packed is None else self.packed.nbytes
+        return int(self.indptr.nbytes + docs + self.weights.nbytes + extra)
 
     @classmethod
     def from_forward(cls, token_ids: np.ndarray, weights: np.ndarray, vocab_size: int) -> InvertedIndex:
@@ -125,7 +144,15 @@ class InvertedIndex:
 
     def save(self, directory: Path) -> None:
         for name in _FILES + (_QUANTISED_FILES if self.quantised else ()):
+            if name == "docs" and self.packed is not None:
+                self.packed.save(directory)
+                continue
             save_npy(directory / f"postings_{name}.npy", getattr(self, name))
+
+    @staticmethod
+    def pack_saved(directory: Path) -> None:
+        """Turn saved postings' ``postings_docs.npy`` into packed doc numbers in place (indexer/packed_docs.py)."""
+        pack_saved(Path(directory))
 
     @staticmethod
     def quantise_saved(directory: Path, per_list: bool = True) -> None:
@@ -151,24 +178,30 @@ class InvertedIndex:
     @classmethod
     def load(
         cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False,
-        quantised: bool = False,
+        quantised: bool = False, packed: bool = False,
     ) -> InvertedIndex:
         """Open saved postings, checked (indexer/integrity.py) before any kernel can read them:
         an out-of-range doc number or offset would make the kernels read or write out of bounds.
         ``n_lists``: the number of posting lists expected (vocabulary size); ``positive``:
-        weights must be > 0 (BM25); ``quantised``: 8-bit impacts (what the manifest records)."""
+        weights must be > 0 (BM25); ``quantised``: 8-bit impacts, ``packed``: bit-packed doc
+        numbers (what the manifest records)."""
+        if packed and not quantised:
+            raise ValueError("packed doc numbers go with 8-bit impacts (a compact index)")
         dtypes = {"indptr": "int64", "docs": "int32", "weights": UINT8 if quantised else "float32", "scale": "float32", "offset": "float32"}
-        names = _FILES + (_QUANTISED_FILES if quantised else ())
+        names = tuple(n for n in _FILES if not (packed and n == "docs")) + (_QUANTISED_FILES if quantised else ())
         # the small per-list arrays are read whole: every query reads them
         arrays = {name: load_npy(Path(directory) / f"postings_{name}.npy", dtypes[name], 1, mmap and name not in _QUANTISED_FILES) for name in names}
-        check_csr(Path(directory), "postings_", arrays["indptr"], arrays["docs"], arrays["weights"], n_docs, n_lists, positive,
+        check_csr(Path(directory), "postings_", arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, n_lists, positive,
                   arrays.get("scale"), arrays.get("offset"))
-        return cls(arrays["indptr"], arrays["docs"], arrays["weights"], n_docs, arrays.get("scale"), arrays.get("offset"))
+        packed_docs = PackedDocs.load(Path(directory), arrays["indptr"], n_docs, mmap) if packed else None
+        return cls(arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, arrays.get("scale"), arrays.get("offset"), packed_docs)
 
     def search(self, q_tokens: np.ndarray, q_weights: np.ndarray | None = None, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (doc numbers, scores) of one query, best first."""
         q_tokens = np.asarray(q_tokens, dtype=np.int64)
         q_weights = np.ones(len(q_tokens), np.float32) if q_weights is None else np.asarray(q_weights, np.float32)
+        if self.packed is not None:
+            return self.packed.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
         if self.quantised:
             return kernels.search_one_u8(self.indptr, self.docs, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
         return kernels.search_one(self.indptr, self.docs, self.weights, q_tokens, q_weights, self.n_docs, k)
@@ -180,6 +213,8 @@ class InvertedIndex:
         q_tokens = np.concatenate([np.asarray(t, np.int64) for t, _ in queries]) if queries else np.zeros(0, np.int64)
         q_weights = np.concatenate([np.asarray(w, np.float32) for _, w in queries]) if queries else np.zeros(0, np.float32)
         with _PARALLEL_KERNEL:
+            if self.packed is not None:
+                return self.packed.search_many(self.indptr, self.weights, self.scale, self.offset, q_indptr, q_tokens, q_weights, self.n_docs, k)
             if self.quantised:
                 return kernels.search_many_u8(
                     self.indptr, self.docs, self.weights, self.scale, self.offset, q_indptr, q_tokens, q_weights, self.n_docs, k
@@ -188,6 +223,13 @@ class InvertedIndex:
 
     def contributions(self, q_tokens: np.ndarray, doc: int) -> np.ndarray:
         """The document's weight for each query token (0 where the document lacks it)."""
+        if self.packed is not None:
+            out = np.zeros(len(q_tokens), np.float32)
+            for j, t in enumerate(np.asarray(q_tokens, np.int64)):
+                p = self.packed.find(self.indptr, int(t), int(doc)) if 0 <= t < self.vocab_size else -1
+                if p >= 0:
+                    out[j] = self.offset[t] + self.scale[t] * np.float32(self.weights[p])
+            return out
         if self.quantised:
             return kernels.contributions_u8(self.indptr, self.docs, self.weights, self.scale, self.offset, np.asarray(q_tokens, np.int64), doc)
         return kernels.contributions(self.indptr, self.docs, self.weights, np.asarray(q_tokens, np.int64), doc)
@@ -196,7 +238,7 @@ class InvertedIndex:
         """Documents x tokens sparse matrix (scipy CSR), e.g. for export."""
         import scipy.sparse as sp
 
-        return sp.csr_matrix((self.float_weights(), self.docs, self.indptr), shape=(self.vocab_size, self.n_docs)).T.tocsr()
+        return sp.csr_matrix((self.float_weights(), self.doc_numbers(), self.indptr), shape=(self.vocab_size, self.n_docs)).T.tocsr()
 
 
 def quantise_weights(indptr: np.ndarray, weights: np.ndarray, per_list: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -12,5 +12,8 @@ MANIFEST = "manifest.json"
 DOC_IDS = "doc_ids.json"  # document ids in doc-number order (a JSON list)
 # the "impacts" of a channel (manifest's sparse / lexical) stored as 8-bit codes; absent: float32
 UINT8_IMPACTS = "uint8"
+# the "doc_ids" of a channel (manifest's sparse / lexical) delta-coded and bit-packed in blocks of
+# 128 (indexer/packed_docs.py, format 4); absent: int32 doc numbers (postings_docs.npy)
+BITPACKED_DOC_IDS = "bitpacked-128"
 
-__all__ = ["DOC_IDS", "MANIFEST", "UINT8_IMPACTS"]
+__all__ = ["BITPACKED_DOC_IDS", "DOC_IDS", "MANIFEST", "UINT8_IMPACTS"]

@@ -15,7 +15,7 @@ from embedder.util import write_json_atomic
 from indexer.channels import CHANNEL_SPECS, field_problem
 from indexer.checksums import json_checksum
 from indexer.errors import IndexFormatError  # also imported from here (its first home)
-from indexer.layout import DOC_IDS, MANIFEST, UINT8_IMPACTS  # also imported from here (their first home)
+from indexer.layout import BITPACKED_DOC_IDS, DOC_IDS, MANIFEST, UINT8_IMPACTS  # also imported from here (their first home)
 from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
 
 _REQUIRED_CHANNELS = tuple(s.manifest_key for s in CHANNEL_SPECS if s.required)  # ("sparse",): every index holds it
@@ -29,7 +29,12 @@ SEGMENTS_FORMAT_VERSION = 2
 # without segments, are format 3: a reader that predates them would take the uint8 codes for
 # float32 weights, so it must refuse them. Plain indexes keep formats 1 and 2, byte for byte.
 COMPACT_FORMAT_VERSION = 3
-READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, COMPACT_FORMAT_VERSION)
+# Compact indexes whose postings' doc numbers are delta-coded and bit-packed in blocks
+# (indexer/packed_docs.py: no postings_docs.npy) are format 4, with or without segments: a reader of
+# format 3 would find no doc numbers. Formats 1-3 are read as before.
+PACKED_FORMAT_VERSION = 4
+COMPACT_VERSIONS = (COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION)  # 8-bit impacts
+READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION)
 
 
 @dataclass
@@ -67,8 +72,13 @@ class Manifest:
 
     @property
     def compact(self) -> bool:
-        """8-bit impacts (format 3, indexer/compact.py)."""
+        """8-bit impacts (format 3 or 4, indexer/compact.py)."""
         return self.sparse.get("impacts") == UINT8_IMPACTS
+
+    @property
+    def packed(self) -> bool:
+        """Bit-packed doc numbers in the aligned-token postings (format 4, indexer/packed_docs.py)."""
+        return self.sparse.get("doc_ids") == BITPACKED_DOC_IDS
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
@@ -88,7 +98,7 @@ class Manifest:
             raise IndexFormatError(
                 f"{path}: field 'format_version': index format {version!r}, this version reads {', '.join(map(str, READABLE_VERSIONS))}; rebuild the index"
             )
-        if version != COMPACT_FORMAT_VERSION and (version == SEGMENTS_FORMAT_VERSION) != isinstance(data.get("segments"), dict):
+        if version not in COMPACT_VERSIONS and (version == SEGMENTS_FORMAT_VERSION) != isinstance(data.get("segments"), dict):
             raise IndexFormatError(f"{path}: field 'segments': format {version} {'needs' if version == SEGMENTS_FORMAT_VERSION else 'has no'} a segments object")
         known = set(cls.__dataclass_fields__)
         missing = [k for k in ("model", "embedding", *_REQUIRED_CHANNELS, "n_docs") if k not in data]
@@ -164,16 +174,27 @@ def _field_problem(data: dict) -> str | None:
 
 
 def _impacts_problem(data: dict, version: int) -> str | None:
-    """Format 3 and 8-bit impacts go together: a format-1 manifest naming uint8 impacts (or a
-    format-3 one without them) would have its postings read with the wrong element type."""
+    """Formats 3-4 and 8-bit impacts go together: a format-1 manifest naming uint8 impacts (or a
+    format-3 one without them) would have its postings read with the wrong element type. Format 4
+    and bit-packed doc numbers go together too (in the aligned-token postings; BM25's may be packed
+    or not), and only with 8-bit impacts."""
     for key in (s.manifest_key for s in CHANNEL_SPECS if s.postings is not None):
         impacts = (data.get(key) or {}).get("impacts")
         if impacts is not None and impacts != UINT8_IMPACTS:
             return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}"
-        if impacts is not None and version != COMPACT_FORMAT_VERSION:
-            return f"field '{key}.impacts': 8-bit impacts in an index of format {version} (they are format {COMPACT_FORMAT_VERSION})"
-    if version == COMPACT_FORMAT_VERSION and data["sparse"].get("impacts") != UINT8_IMPACTS:
-        return f"field 'sparse.impacts': format {COMPACT_FORMAT_VERSION} needs {UINT8_IMPACTS!r}"
+        if impacts is not None and version not in COMPACT_VERSIONS:
+            return f"field '{key}.impacts': 8-bit impacts in an index of format {version} (they are format {COMPACT_FORMAT_VERSION} or {PACKED_FORMAT_VERSION})"
+        doc_ids = (data.get(key) or {}).get("doc_ids")
+        if doc_ids is not None and doc_ids != BITPACKED_DOC_IDS:
+            return f"field '{key}.doc_ids': {doc_ids!r} is not {BITPACKED_DOC_IDS!r}"
+        if doc_ids is not None and version != PACKED_FORMAT_VERSION:
+            return f"field '{key}.doc_ids': bit-packed doc numbers in an index of format {version} (they are format {PACKED_FORMAT_VERSION})"
+        if doc_ids is not None and impacts is None:
+            return f"field '{key}.doc_ids': bit-packed doc numbers without 8-bit impacts ('{key}.impacts')"
+    if version in COMPACT_VERSIONS and data["sparse"].get("impacts") != UINT8_IMPACTS:
+        return f"field 'sparse.impacts': format {version} needs {UINT8_IMPACTS!r}"
+    if version == PACKED_FORMAT_VERSION and data["sparse"].get("doc_ids") != BITPACKED_DOC_IDS:
+        return f"field 'sparse.doc_ids': format {PACKED_FORMAT_VERSION} needs {BITPACKED_DOC_IDS!r}"
     return None
 
 
@@ -197,5 +218,5 @@ def _embedding_problem(embedding: dict) -> str | None:
 
 
 
-__all__ = ["COMPACT_FORMAT_VERSION", "DOC_IDS", "FORMAT_VERSION", "MANIFEST", "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "UINT8_IMPACTS",
-           "IndexFormatError", "Manifest"]
+__all__ = ["BITPACKED_DOC_IDS", "COMPACT_FORMAT_VERSION", "COMPACT_VERSIONS", "DOC_IDS", "FORMAT_VERSION", "MANIFEST", "PACKED_FORMAT_VERSION",
+           "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "UINT8_IMPACTS", "IndexFormatError", "Manifest"]

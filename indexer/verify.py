@@ -112,6 +112,9 @@ def verify_index(index_dir: Path) -> Report:
     else:
         report.n_files = len(manifest.files)
         report.problems += _file_problems(Path(index_dir), manifest.files)
+    # a file whose size or checksum is wrong is said once: its structural problems (a flipped byte
+    # that no longer decodes, say) would name it again, on a second line, for the same damage
+    damaged = {p.split(": ", 1)[0] for p in report.problems}
     checks: dict[str, Callable[[], Any]] = {DOC_IDS: lambda: check_doc_ids(Path(index_dir) / DOC_IDS, manifest.n_docs)}
     checks.update({name: (lambda o=opener: o(Path(index_dir), manifest, True)) for name, opener in CHANNELS.items()})
     checks["documents"] = lambda: check_stored_documents(Path(index_dir), manifest)
@@ -119,7 +122,7 @@ def verify_index(index_dir: Path) -> Report:
         try:
             check()
         except IndexFormatError as exc:
-            if str(exc) not in report.problems:
+            if str(exc) not in report.problems and str(exc).split(": ", 1)[0] not in damaged:
                 report.problems.append(str(exc))
     return report
 

@@ -135,7 +135,7 @@ def quantise_index(index: InvertedIndex, scale: float = DOC_SCALE) -> tuple[Inve
     token_of = np.repeat(np.arange(index.vocab_size, dtype=np.int64), lengths)
     indptr = np.zeros(index.vocab_size + 1, dtype=np.int64)
     np.cumsum(np.bincount(token_of[keep], minlength=index.vocab_size), out=indptr[1:])
-    out = InvertedIndex(indptr, np.asarray(index.docs)[keep].astype(np.int32), q[keep].astype(np.float32), index.n_docs)
+    out = InvertedIndex(indptr, np.asarray(index.doc_numbers())[keep].astype(np.int32), q[keep].astype(np.float32), index.n_docs)
     return out, int((~keep).sum())
 
 
@@ -372,7 +372,7 @@ def export_pyserini(
         raise ValueError(f"{len(tokens)} vocabulary strings for an index over {vocab_size} tokens")
 
     t0 = time.perf_counter()
-    floats = InvertedIndex.load(index_dir, manifest.n_docs, mmap=True, quantised=manifest.compact)
+    floats = InvertedIndex.load(index_dir, manifest.n_docs, mmap=True, quantised=manifest.compact, packed=manifest.packed)
     quantised, n_dropped = quantise_index(floats, scale)
     spellings = token_spellings(tokens)
     max_doc_sum = int(quantised.doc_vectors().astype(np.float64).sum(axis=1).max()) if quantised.weights.size else 0

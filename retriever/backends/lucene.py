@@ -132,7 +132,8 @@ class LuceneBackend:
         """The Numba index over the very integers Lucene holds (built on first use)."""
         if self._quantised is None:
             manifest = Manifest.read(self.index_dir)
-            self._quantised, _ = quantise_index(InvertedIndex.load(self.index_dir, manifest.n_docs, quantised=manifest.compact), self.doc_scale)
+            self._quantised, _ = quantise_index(InvertedIndex.load(self.index_dir, manifest.n_docs, quantised=manifest.compact, packed=manifest.packed),
+                                                 self.doc_scale)
         return self._quantised
 
     def close(self) -> None:

@@ -1,0 +1,261 @@
+"""Bit-packed doc numbers (indexer/packed_docs.py, format 4): lossless against the compact index
+they come from (the same top-k ids and scores, bit for bit), checked at load, and verified."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import save_tiny_sentence_encoder, toy_docs, write_corpus
+
+from indexer.build import build_index
+from indexer.compact import compact_copy
+from indexer.inverted_index import InvertedIndex, quantise_weights
+from indexer.manifest import (
+    BITPACKED_DOC_IDS,
+    COMPACT_FORMAT_VERSION,
+    MANIFEST,
+    PACKED_FORMAT_VERSION,
+    IndexFormatError,
+    Manifest,
+)
+from indexer.packed_docs import BLOCK, PackedDocs
+from indexer.reader import open_index
+from indexer.verify import verify
+
+N_DOCS = 2**31 - 1  # the largest doc number an int32 holds + 1: gaps of 31 bits
+
+
+def edge_lists(rng: np.random.Generator) -> list[np.ndarray]:
+    """Posting lists of the shapes the block layout must get right."""
+    def sample(n: int, high: int) -> np.ndarray:
+        return np.sort(rng.choice(high, n, replace=False)).astype(np.int32)
+
+    return [
+        np.zeros(0, np.int32),  # empty
+        np.array([7], np.int32),  # one posting
+        np.array([N_DOCS - 1], np.int32),  # one posting, the last doc number
+        sample(BLOCK, 10**6),  # exactly a block
+        sample(BLOCK + 1, 10**6),  # a block plus one
+        sample(2 * BLOCK - 1, 10**6),
+        sample(3 * BLOCK, 3 * BLOCK),  # consecutive: width 0
+        np.array([0, N_DOCS - 1], np.int32),  # the largest gap
+        np.array([0, 1, 2, N_DOCS - 2, N_DOCS - 1], np.int32),
+        np.concatenate([np.arange(BLOCK, dtype=np.int32), [N_DOCS - 1]]).astype(np.int32),  # a wide block of one gap
+        np.zeros(0, np.int32),
+        sample(1000, 2**30) + 2**30,  # wide gaps in every block
+        sample(5 * BLOCK + 17, 10**5),
+    ]
+
+
+def index_of(lists: list[np.ndarray], n_docs: int, seed: int) -> InvertedIndex:
+    rng = np.random.default_rng(seed)
+    indptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+    docs = np.concatenate(lists).astype(np.int32)
+    weights = rng.gamma(2.0, 1.0, docs.shape[0]).astype(np.float32)
+    codes, scale, offset = quantise_weights(indptr, weights)
+    return InvertedIndex(indptr, docs, codes, n_docs, scale, offset)
+
+
+def random_lists(rng: np.random.Generator, n_lists: int, n_docs: int) -> list[np.ndarray]:
+    lengths = np.minimum(rng.zipf(1.3, n_lists), n_docs)
+    lengths[rng.random(n_lists) < 0.1] = 0
+    return [np.sort(rng.choice(n_docs, int(n), replace=False)).astype(np.int32) for n in lengths]
+
+
+def assert_same_search(plain: InvertedIndex, packed: InvertedIndex, queries: list[tuple[np.ndarray, np.ndarray]], k: int) -> None:
+    for tokens, weights in queries:
+        want, got = plain.search(tokens, weights, k), packed.search(tokens, weights, k)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])  # bit for bit: the same sums in the same order
+    want, got = plain.batch_search(queries, k), packed.batch_search(queries, k)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_edge_lists_round_trip_and_search_exactly(tmp_path):
+    rng = np.random.default_rng(0)
+    lists = edge_lists(rng)
+    q8 = index_of(lists, N_DOCS, 0)
+    packed = q8.pack()
+    assert packed.docs is None and packed.packed is not None
+    np.testing.assert_array_equal(packed.doc_numbers(), q8.docs)
+    assert int(packed.packed.width.max()) == 31  # a gap of 2**31 - 2 (+ 1)
+    # saved, loaded and checked as an index is
+    packed.save(tmp_path)
+    assert not (tmp_path / "postings_docs.npy").exists()
+    loaded = InvertedIndex.load(tmp_path, N_DOCS, quantised=True, packed=True)
+    np.testing.assert_array_equal(loaded.doc_numbers(), q8.docs)
+    for t, lst in enumerate(lists):
+        for d in lst[:: max(1, len(lst) // 40)]:
+            p = loaded.packed.find(loaded.indptr, t, int(d))
+            assert p >= 0 and q8.docs[p] == d
+        absent = next(i for i in range(10**6) if i not in set(lst.tolist()))
+        assert loaded.packed.find(loaded.indptr, t, absent) == -1
+    tokens = np.arange(len(lists), dtype=np.int64)
+    np.testing.assert_array_equal(loaded.contributions(tokens, 0), q8.contributions(tokens, 0))
+    np.testing.assert_array_equal(loaded.contributions(tokens, N_DOCS - 1), q8.contributions(tokens, N_DOCS - 1))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_lists_search_exactly_as_unpacked(seed):
+    rng = np.random.default_rng(seed)
+    n_docs = int(rng.integers(300, 5000))
+    lists = random_lists(rng, 200, n_docs) + [np.zeros(0, np.int32), np.arange(n_docs, dtype=np.int32)]
+    q8 = index_of(lists, n_docs, seed)
+    packed = q8.pack()
+    np.testing.assert_array_equal(packed.doc_numbers(), q8.docs)
+    queries = []
+    for _ in range(25):
+        n = int(rng.integers(0, 40))
+        tokens = rng.integers(-2, len(lists) + 2, n).astype(np.int64)  # out-of-range tokens are skipped
+        queries.append((tokens, rng.random(n).astype(np.float32)))
+    for k in (1, 10, 100):
+        assert_same_search(q8, packed, queries, k)
+    doc = int(rng.integers(n_docs))
+    tokens = np.arange(len(lists), dtype=np.int64)
+    np.testing.assert_array_equal(packed.contributions(tokens, doc), q8.contributions(tokens, doc))
+    np.testing.assert_array_equal(packed.doc_vectors().toarray(), q8.doc_vectors().toarray())
+
+
+def test_packing_needs_8_bit_impacts_and_ascending_docs():
+    plain = InvertedIndex(np.array([0, 2], np.int64), np.array([3, 5], np.int32), np.ones(2, np.float32), 10)
+    with pytest.raises(ValueError, match="8-bit impacts"):
+        plain.pack()
+    with pytest.raises(ValueError, match="not ascending"):
+        PackedDocs.pack(np.array([0, 2], np.int64), np.array([5, 3], np.int32))
+
+
+# ------------------------------------------------------------------ indexes
+QUERIES = ["cat and dog near the river", "computer memory", "game", "a puzzle for the team", "snow", "river bank money"]
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory, tiny_tokenizer):
+    """A plain tiny index and its compact copies: format 3 (int32 doc numbers) and 4 (packed)."""
+    pytest.importorskip("sentence_transformers")
+    from conftest import build_tiny_model, tiny_identity
+
+    from embedder.encoder import Embedder, EmbedderConfig
+    from embedder.sentence_encoder import SentenceEncoder
+
+    root = tmp_path_factory.mktemp("packed")
+    embedder = Embedder(build_tiny_model(tiny_tokenizer, 0), tiny_tokenizer, EmbedderConfig(max_length=64, batch_size=4), identity=tiny_identity(0))
+    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / "tiny-st", seed=0))
+    corpus = write_corpus(root / "c", toy_docs(40, seed=3), "beir")
+    build_index(corpus, root / "plain", embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False)
+    compact_copy(root / "plain", root / "compact")
+    m = compact_copy(root / "plain", root / "packed", pack_doc_ids=True)
+    assert m.format_version == PACKED_FORMAT_VERSION
+    return root, embedder
+
+
+def test_a_packed_copy_is_format_4_and_verifies(indexes):
+    root, _ = indexes
+    m = Manifest.read((root / "packed").resolve())
+    assert m.packed and m.compact and m.sparse["doc_ids"] == m.lexical["doc_ids"] == BITPACKED_DOC_IDS
+    assert Manifest.read((root / "compact").resolve()).format_version == COMPACT_FORMAT_VERSION
+    d = (root / "packed").resolve()
+    assert not (d / "postings_docs.npy").exists() and not (d / "lexical" / "postings_docs.npy").exists()
+    for rel in ("postings_blockfirst.npy", "postings_blockwidth.npy", "postings_packed.npy", "lexical/postings_packed.npy"):
+        assert rel in m.files
+    report = verify(root / "packed")
+    assert report.ok, report.problems
+
+
+def test_a_packed_index_searches_exactly_as_the_compact_one(indexes):
+    from retriever.retriever import Retriever
+
+    root, embedder = indexes
+    a, b = open_index(root / "compact"), open_index(root / "packed")
+    try:
+        for mode in ("sparse", "bm25"):
+            x, y = a.channels[mode], b.channels[mode]
+            x, y = (x.postings, y.postings) if mode == "bm25" else (x, y)
+            assert y.packed is not None and y.docs is None and x.packed is None
+            np.testing.assert_array_equal(y.doc_numbers(), x.docs)
+    finally:
+        a.close()
+        b.close()
+    for mode in ("sparse", "bm25", "hybrid"):
+        runs = []
+        for name in ("compact", "packed"):
+            with Retriever.load(root / name, embedder=embedder, query_encoder="llm", profile=None) as r:
+                runs.append([[(h.doc_id, h.score) for h in hits] for hits in r.batch_search(QUERIES, k=10, mode=mode)])
+        assert runs[0] == runs[1], mode
+        assert any(runs[0]), mode
+
+
+def _copy(indexes, tmp_path: Path, name: str) -> Path:
+    index = tmp_path / name
+    shutil.copytree((indexes[0] / "packed").resolve(), index)
+    return index
+
+
+def _reseal(index: Path) -> None:
+    from indexer.checksums import json_checksum
+    from indexer.integrity import record_files
+
+    data = json.loads((index / MANIFEST).read_text())
+    data.pop("checksum", None)
+    data["files"] = record_files(index)
+    data["checksum"] = json_checksum(data)
+    (index / MANIFEST).write_text(json.dumps(data))
+
+
+def test_a_flipped_byte_is_one_line_of_verify(indexes, tmp_path):
+    index = _copy(indexes, tmp_path, "flipped")
+    data = bytearray((index / "postings_packed.npy").read_bytes())
+    data[-4 * 3 - 4] ^= 0xFF  # a byte of the first word of the last block's gaps (two words of padding follow)
+    (index / "postings_packed.npy").write_bytes(bytes(data))
+    report = verify(index)
+    assert not report.ok
+    lines = [p for p in report.problems if "postings_packed.npy" in p]
+    assert len(lines) == 1 and "checksum" in lines[0], report.problems
+
+
+@pytest.mark.parametrize("rel, damage, says", [
+    ("postings_packed.npy", lambda a: np.full_like(a, 0xFFFFFFFF), "undecodable"),
+    ("postings_packed.npy", lambda a: a[:-1], "words"),
+    ("postings_blockwidth.npy", lambda a: np.where(np.arange(a.size) == 0, 40, a).astype(np.uint8), "over 32"),
+    ("postings_blockfirst.npy", lambda a: a[:-1], "blocks of 128"),
+    ("postings_blockfirst.npy", lambda a: np.full_like(a, -1), "outside"),
+    ("lexical/postings_packed.npy", lambda a: np.full_like(a, 0xFFFFFFFF), "undecodable"),
+])  # fmt: skip
+def test_structural_damage_is_refused_by_name(indexes, tmp_path, rel, damage, says):
+    index = _copy(indexes, tmp_path, "damaged")
+    np.save(index / rel, damage(np.load(index / rel)))
+    _reseal(index)  # only the structural checks can see it now
+    with pytest.raises(IndexFormatError, match=says) as err:
+        open_index(index)
+    assert Path(rel).name in str(err.value)
+    report = verify(index)
+    assert not report.ok and any(Path(rel).name in p for p in report.problems)
+
+
+def test_format_and_packed_doc_ids_must_agree(indexes, tmp_path):
+    root, _ = indexes
+    for name, src, change, says in (
+        ("packed-as-3", "packed", lambda m: m.update(format_version=COMPACT_FORMAT_VERSION), "doc numbers in an index of format 3"),
+        ("compact-as-4", "compact", lambda m: m.update(format_version=PACKED_FORMAT_VERSION), "format 4 needs 'bitpacked-128'"),
+        ("unknown", "packed", lambda m: m["sparse"].update(doc_ids="vbyte"), "is not 'bitpacked-128'"),
+        ("no-impacts", "packed", lambda m: m["lexical"].pop("impacts"), "without 8-bit impacts"),
+    ):
+        index = tmp_path / name
+        shutil.copytree((root / src).resolve(), index)
+        data = json.loads((index / MANIFEST).read_text())
+        change(data)
+        (index / MANIFEST).write_text(json.dumps(data))
+        with pytest.raises(IndexFormatError, match=says):
+            Manifest.read(index)
+
+
+def test_a_reader_of_formats_1_to_3_refuses_a_packed_index(indexes, monkeypatch):
+    from indexer import manifest
+
+    monkeypatch.setattr(manifest, "READABLE_VERSIONS", (1, 2, 3))
+    with pytest.raises(IndexFormatError, match="index format 4"):
+        Manifest.read((indexes[0] / "packed").resolve())
+    Manifest.read((indexes[0] / "compact").resolve())
