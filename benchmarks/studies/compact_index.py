@@ -8,8 +8,8 @@ Per collection (a BEIR folder):
    ``--cache`` (a rerun reuses it: encoding is the slow part);
 2. each compact variant written from it by :func:`indexer.compact.compact_copy` (no model:
    the float32 weights and vectors are read back and quantised), one per ``--variants`` entry
-   ``QUANTISATION:DENSE_KIND`` (per-list or global 8-bit impacts; a FAISS kind for the dense
-   channels);
+   ``QUANTISATION:DENSE_KIND[:packed]`` (per-list or global 8-bit impacts; a FAISS kind for the
+   dense channels; ``packed``: doc numbers bit-packed too, format 4, indexer/packed_docs.py);
 3. the queries encoded once per operating point (profile ``best``: the LLM reads the query;
    ``fast``: the query's own tokens), then searched on every index: channels sparse (LLM
    query), dense, encoder, bm25, sparse (own tokens), and the two profiles' hybrids; nDCG@10
@@ -53,18 +53,19 @@ MEASURES = (
 PER_VOCABULARY = ("postings_indptr.npy", "postings_scale.npy", "postings_offset.npy")
 
 
-def parse_variants(text: str) -> list[tuple[str, str]]:
+def parse_variants(text: str) -> list[tuple[str, str, bool]]:
     out = []
     for item in text.split(","):
-        quantisation, _, kind = item.strip().partition(":")
-        if quantisation not in QUANTISATIONS or not kind:
-            raise ValueError(f"--variants: {item!r} is not QUANTISATION:DENSE_KIND with QUANTISATION one of {QUANTISATIONS}")
-        out.append((quantisation, kind))
+        quantisation, _, rest = item.strip().partition(":")
+        kind, _, packed = rest.partition(":")
+        if quantisation not in QUANTISATIONS or not kind or packed not in ("", "packed"):
+            raise ValueError(f"--variants: {item!r} is not QUANTISATION:DENSE_KIND[:packed] with QUANTISATION one of {QUANTISATIONS}")
+        out.append((quantisation, kind, packed == "packed"))
     return out
 
 
-def variant_name(quantisation: str, kind: str) -> str:
-    return f"compact-{quantisation}-{kind}"
+def variant_name(quantisation: str, kind: str, packed: bool = False) -> str:
+    return f"compact-{quantisation}-{kind}" + ("-packed" if packed else "")
 
 
 def bytes_per_doc(index_dir: Path, n_docs: int) -> dict:
@@ -75,8 +76,11 @@ def bytes_per_doc(index_dir: Path, n_docs: int) -> dict:
     fixed = sum(size for rel, size in sizes.items() if Path(rel).name in PER_VOCABULARY)
     text = sum(size for rel, size in sizes.items() if rel.startswith("documents"))
     total = sum(sizes.values())
+    # the aligned-token postings' doc numbers and weights (docs or the packed files, weights), per-vocabulary files apart
+    postings = sum(size for rel, size in sizes.items() if "/" not in rel and rel.startswith("postings_") and rel not in PER_VOCABULARY)
     return {
         "files": per_file,
+        "sparse_postings": round(postings / n_docs, 1),
         "total": round(total / n_docs, 1),
         "total_without_per_vocabulary_files": round((total - fixed) / n_docs, 1),
         "total_without_per_vocabulary_files_and_text": round((total - fixed - text) / n_docs, 1),
@@ -159,14 +163,14 @@ def evaluate(indexes: dict[str, Path], queries: dict[str, str], qrels: dict) -> 
     return out
 
 
-def measure(data: Path, cache: Path, variants: list[tuple[str, str]], models: dict, embedding_cache: Path | None) -> dict:
+def measure(data: Path, cache: Path, variants: list[tuple[str, str, bool]], models: dict, embedding_cache: Path | None) -> dict:
     base, built = ensure_float32(data, cache, models, embedding_cache)
     indexes = {"float32": base}
     convert_s = {}
-    for quantisation, kind in variants:
-        name = variant_name(quantisation, kind)
+    for quantisation, kind, packed in variants:
+        name = variant_name(quantisation, kind, packed)
         t0 = time.perf_counter()
-        compact_copy(base, cache / data.name / name, dense_kind=kind, quantisation=quantisation, overwrite=True)
+        compact_copy(base, cache / data.name / name, dense_kind=kind, quantisation=quantisation, overwrite=True, pack_doc_ids=packed)
         convert_s[name] = round(time.perf_counter() - t0, 2)
         indexes[name] = cache / data.name / name
     ds = load_beir_folder(data)
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path(".cache/compact-study"), help="where the indexes are kept between runs")
     p.add_argument("--embedding-cache", type=Path, default=Path(".cache/compact-study/embeddings"),
                    help="pooled document embeddings reused by the float32 builds (embedder/cache.py); 'none': encode everything")
-    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated QUANTISATION:DENSE_KIND (default {DEFAULT_VARIANTS})")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated QUANTISATION:DENSE_KIND[:packed] (default {DEFAULT_VARIANTS})")
     p.add_argument("--tolerance", type=float, default=0.003, help="the largest nDCG@10 loss accepted (issue 53)")
     p.add_argument("--out", required=True, type=Path, help="the table's JSON file")
     args = p.parse_args(argv)
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     for data in args.data:
         results[data.name] = measure(data, args.cache, variants, models, None if str(args.embedding_cache) == "none" else args.embedding_cache)
         print(data.name, json.dumps({k: results[data.name][k] for k in ("ndcg@10", "delta")}), flush=True)
-    names = [variant_name(q, k) for q, k in variants]
+    names = [variant_name(*v) for v in variants]
     labels = [label for label, _, _ in MEASURES]
     rows = []
     for coll, r in results.items():
