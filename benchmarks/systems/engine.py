@@ -6,11 +6,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from fnmatch import fnmatch
 from typing import Any
 
 from benchmarks.datasets import Dataset
 from benchmarks.systems.base import Hits, IndexStats, Settings, System, SystemUnavailable, register, register_each, torch_threads
 from benchmarks.timing import Stopwatch
+
+
+def _query_models(channels: list[str]) -> tuple[bool, bool]:
+    """Whether queries for ``channels`` run the LLM (or its distilled student) and the sentence
+    encoder: the channels' query needs in the channel table (indexer/channels.py; imported here,
+    as the engine's modules are, on first use)."""
+    from indexer.channels import CHANNEL_SPECS, ENCODER_EMBEDDING, LLM_STATE
+
+    needs = {need for s in CHANNEL_SPECS if s.mode in channels for need in s.query_needs}
+    return LLM_STATE in needs, ENCODER_EMBEDDING in needs
 
 
 class AlignedTokensEngine:
@@ -168,7 +179,7 @@ class AlignedTokensEngine:
         ``mode`` None: every channel of the index (older callers)."""
         r = retriever or self.retriever
         channels = r.channels_of(mode) if hasattr(r, "channels_of") else []
-        needs = (any(c in ("sparse", "dense", "dense-ef") for c in channels), "encoder" in channels)
+        needs = _query_models(channels)
         # who encoded is part of the key: systems of one run may encode with different query encoders
         key = (needs, r.query_encoder, tuple(queries)) if hasattr(r, "channels_of") else tuple(queries)
         if key not in self._encoded:
@@ -216,15 +227,17 @@ def shared_engine(settings: Settings, shared: dict) -> AlignedTokensEngine:
     return shared["aligned-tokens"]
 
 
-# Index files that belong to each channel (the rest, e.g. doc_ids.json and the manifest,
-# is shared by all channels and counted in each).
-_CHANNEL_FILES: dict[str, Callable[[str], bool]] = {
-    "sparse": lambda name: name.startswith("postings_"),
-    "dense": lambda name: name.startswith(("dense.", "dense_projection")),
-    "dense-ef": lambda name: name.startswith("dense_ef"),
-    "bm25": lambda name: name.startswith("lexical/"),
-    "encoder": lambda name: name.startswith("encoder."),
-}
+def _channel_files(mode: str) -> Callable[[str], bool] | None:
+    """Whether an index file (its path relative to the index) belongs to channel ``mode``: the
+    file patterns of its row in the channel table (indexer/channels.py); None for a mode that is
+    no channel (hybrid). The rest, e.g. doc_ids.json and the manifest, is shared by all channels
+    and counted in each."""
+    from indexer.channels import CHANNEL_SPECS
+
+    patterns = next((s.files for s in CHANNEL_SPECS if s.mode == mode), None)
+    return None if patterns is None else (lambda name: any(fnmatch(name, p) for p in patterns))
+
+
 _SHARED_FILES = ("doc_ids.json", "manifest.json")
 
 
@@ -300,7 +313,7 @@ class AlignedTokensSystem(System):
 
     def index(self, ds: Dataset) -> IndexStats:
         b = self.engine.index(ds)
-        own = _CHANNEL_FILES.get(self.mode)
+        own = _channel_files(self.mode)
         files = b["files"]
         size = b["total_bytes"] if own is None else sum(v for k, v in files.items() if own(k) or k in _SHARED_FILES)
         details = {
