@@ -37,15 +37,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
+from indexer.channels import CHANNEL_SPECS, LLM_EMBEDDINGS, LM_HEAD, SENTENCE_ENCODER, ChannelSpec, spec
 from indexer.compact import PER_LIST, quantise_channel_files
 from indexer.corpus import CorpusError, Document
-from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex, normalise
+from indexer.dense import DenseIndex, normalise
 from indexer.diskspace import write_bytes
 from indexer.generations import build_lock, publish_staged, stage
 from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
-from indexer.lexical import LEXICAL_DIR, BM25Builder, make_analyzer
+from indexer.lexical import BM25Builder, make_analyzer
 from indexer.manifest import DOC_IDS, UINT8_IMPACTS, IndexFormatError, Manifest
 from indexer.reader import open_index
 from indexer.shard_encoder import ShardPlan, chunks, encode_shard
@@ -58,6 +59,15 @@ if TYPE_CHECKING:
 
 # documents encoded at once: bounds the memory of a large update (as a build's shard does)
 UPDATE_CHUNK = 1024
+# the channels of one vector per document (or window), read back from FAISS and written again with
+# the added documents' vectors (indexer/channels.py: query kind "dense"), and BM25, recomputed from the texts
+DENSE_SPECS: tuple[ChannelSpec, ...] = tuple(s for s in CHANNEL_SPECS if s.query_kind == "dense")
+BM25 = spec("bm25")
+
+
+def _source(s: ChannelSpec) -> str:
+    """The shards' array a dense channel's vectors come from (indexer/shard_encoder.py)."""
+    return "encoder" if SENTENCE_ENCODER in s.build_needs else "embeddings"
 
 
 class UpdateError(ValueError):
@@ -197,10 +207,11 @@ def _read_kept(path: Path, m: Manifest, channels: dict, keep: np.ndarray) -> _Ke
     tokens = vectors.indices.reshape(len(keep), k).astype(np.int32)
     weights = vectors.data.reshape(len(keep), k).astype(np.float32)
     dense, rows = {}, None
-    for mode, name in (("dense", DENSE_NAME), ("dense-ef", EMBEDFILTER_NAME), ("encoder", ENCODER_NAME)):
-        if mode not in channels:
+    for s in DENSE_SPECS:
+        if s.mode not in channels:
             continue
-        index: DenseIndex = channels[mode]
+        name = s.name
+        index: DenseIndex = channels[s.mode]
         x = _reconstruct(index, path / f"{name}.faiss")
         if index.row_doc is None:
             dense[name] = x[keep]
@@ -209,7 +220,7 @@ def _read_kept(path: Path, m: Manifest, channels: dict, keep: np.ndarray) -> _Ke
         renumber[keep] = np.arange(len(keep))
         mine = renumber[index.row_doc] >= 0
         dense[name] = x[mine]
-        if name == DENSE_NAME or rows is None:
+        if rows is None:  # the first multi-vector channel's (every one of them has the same windows)
             rows = renumber[index.row_doc[mine]]
     return _Kept(keep, tokens, weights, dense, rows)
 
@@ -247,7 +258,8 @@ def _encode(docs: list[Document], m: Manifest, embedder, encoder, progress: bool
     windows = None
     if m.segments is not None:
         windows = m.segments.get("max_segments") or 0
-    plan = ShardPlan(int(m.sparse["top_k"]), m.dense is not None or m.embedfilter is not None, UPDATE_CHUNK, windows)
+    keep = any(s.record(m) is not None for s in CHANNEL_SPECS if LLM_EMBEDDINGS in s.build_needs)  # the LLM states kept
+    plan = ShardPlan(int(m.sparse["top_k"]), keep, UPDATE_CHUNK, windows)
     parts: list[dict] = []
     n_tokens, base = 0, 0
     bar = tqdm(total=len(docs), unit="doc", desc="encoding added documents", disable=not progress)
@@ -286,31 +298,36 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
     if m.segments is not None and rows is not None:
         per_doc = np.bincount(rows, minlength=n_docs)
         segments = {**m.segments, "n_segments": len(rows), "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum())}
-    for name, info, source in ((DENSE_NAME, m.dense, "embeddings"), (EMBEDFILTER_NAME, m.embedfilter, "embeddings"), (ENCODER_NAME, m.encoder, "encoder")):
+    records = {s.manifest_key: getattr(m, s.manifest_key) for s in CHANNEL_SPECS if not s.required}
+    for s in DENSE_SPECS:
+        name, info = s.name, getattr(m, s.manifest_key)
         if info is None:
             continue
+        if rows is not None and "n_vectors" in info:  # a multi-vector channel's count of vectors
+            records[s.manifest_key] = {**info, "n_vectors": len(rows)}
         projection = None
-        if name == EMBEDFILTER_NAME:
+        if LM_HEAD in s.build_needs:  # EmbedFilter: the projection computed from the LM head, kept as it was
             from indexer.integrity import load_npy
 
             projection = load_npy(current / f"{name}_projection.npy", "float32", 2, mmap=False)
         parts = [kept.dense[name]]
         if new is not None:
-            fresh = getattr(new, source)
+            fresh = getattr(new, _source(s))
             parts.append(normalise(fresh @ projection if projection is not None else fresh))
-        index = DenseIndex.build(np.concatenate(parts), info.get("kind", "Flat"), row_doc=rows if name != ENCODER_NAME else None)
+        row_doc = rows if LLM_EMBEDDINGS in s.build_needs else None  # windows are the LLM's; the encoder reads each document once
+        index = DenseIndex.build(np.concatenate(parts), info.get("kind", "Flat"), row_doc=row_doc)
         index.projection = projection
         index.save(out, name)
-    lexical = None
+    lexical = getattr(m, BM25.manifest_key)
     bm25 = None
-    if m.lexical is not None:
+    if lexical is not None:
         tokenizer = embedder.tokenizer if embedder is not None else None
-        if m.lexical["analyzer"] == "tokens" and tokenizer is None:
+        if lexical["analyzer"] == "tokens" and tokenizer is None:
             from embedder.encoder import EmbedderConfig
             from embedder.tokenization import TokenizerOnly
 
             tokenizer = TokenizerOnly.load(m.model["name"], (m.adapter or {}).get("path", "none"), EmbedderConfig(**{"fold_all_caps": False, **m.embedding})).tokenizer
-        bm25 = BM25Builder(make_analyzer(m.lexical["analyzer"], tokenizer), k1=m.lexical.get("k1", 0.9), b=m.lexical.get("b", 0.4))
+        bm25 = BM25Builder(make_analyzer(lexical["analyzer"], tokenizer), k1=lexical.get("k1", 0.9), b=lexical.get("b", 0.4))
 
     def feed() -> Iterator[Document]:
         for doc in [*kept_docs, *added]:
@@ -321,23 +338,16 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
     stored = write_documents(out, feed())
     if bm25 is not None:
         lex = bm25.finish()
-        lex.save(out / LEXICAL_DIR)
-        lexical = {**m.lexical, "n_terms": len(lex.vocab)}
-        if m.lexical.get("impacts") == UINT8_IMPACTS:
-            quantise_channel_files(out / LEXICAL_DIR, m.lexical.get("quantisation", PER_LIST))
+        lex.save(out / BM25.name)
+        if lexical.get("impacts") == UINT8_IMPACTS:
+            quantise_channel_files(out / BM25.name, lexical.get("quantisation", PER_LIST))
+        records[BM25.manifest_key] = {**lexical, "n_terms": len(lex.vocab)}
     corpus = {**m.corpus, "updated": True}
     return Manifest(
         model=m.model, adapter=m.adapter, embedding=m.embedding, sparse=m.sparse, n_docs=n_docs, corpus=corpus,
-        dense=_with_vectors(m.dense, rows), embedfilter=m.embedfilter, lexical=lexical, encoder=m.encoder, segments=segments,
-        documents=stored, runtime=m.runtime, build=dict(m.build), format_version=m.format_version,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        segments=segments, documents=stored, runtime=m.runtime, build=dict(m.build), format_version=m.format_version,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), **records,
     )
-
-
-def _with_vectors(dense: dict | None, rows: np.ndarray | None) -> dict | None:
-    if dense is None or rows is None:
-        return dense
-    return {**dense, "n_vectors": len(rows)}
 
 
 def read_delete_ids(path: Path) -> list[str]:
