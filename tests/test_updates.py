@@ -18,8 +18,9 @@ import pytest
 from conftest import REPO, save_tiny_sentence_encoder, toy_docs, write_corpus
 
 from indexer.build import build_index
+from indexer.compact import compact_copy
 from indexer.corpus import CorpusError, CorpusSpec, document_from_object
-from indexer.manifest import Manifest
+from indexer.manifest import BITPACKED_DOC_IDS, PACKED_FORMAT_VERSION, Manifest
 from indexer.reader import open_index
 from indexer.stored_documents import StoredDocuments
 from indexer.updates import UpdateError, update_index
@@ -102,6 +103,46 @@ def test_every_channel_matches_a_rebuild(tmp_path, tiny_embedder, encoder):
     finally:
         up.close()
         re.close()
+
+
+def test_a_packed_index_updates_as_its_unpacked_compact_copy(tmp_path, tiny_embedder, encoder):
+    """Format 4 (bit-packed doc numbers) stays format 4 through an update, and ranks exactly as the
+    same update of the format-3 copy (int32 doc numbers) of the same index."""
+    initial, add, deleted, _ = changes()
+    build(write_corpus(tmp_path / "a", initial, "beir"), tmp_path / "plain", tiny_embedder, encoder)
+    compact_copy(tmp_path / "plain", tmp_path / "compact")
+    compact_copy(tmp_path / "plain", tmp_path / "packed", pack_doc_ids=True)
+    for name in ("compact", "packed"):
+        report = update_index(tmp_path / name, add=as_documents(add), delete=deleted, embedder=tiny_embedder, encoder=encoder, progress=False)
+        assert (report.added, report.replaced, report.deleted, report.n_docs) == (10, 3, 3, 37), name
+    m = Manifest.read((tmp_path / "packed").resolve())
+    assert m.format_version == PACKED_FORMAT_VERSION and m.packed and m.compact
+    assert m.sparse["doc_ids"] == m.lexical["doc_ids"] == BITPACKED_DOC_IDS and m.build["updates"] == 1
+    d = (tmp_path / "packed").resolve()
+    assert not (d / "postings_docs.npy").exists() and not (d / "lexical" / "postings_docs.npy").exists()
+    assert {"postings_packed.npy", "lexical/postings_packed.npy"} <= set(m.files)
+    report = verify(tmp_path / "packed")
+    assert report.ok, report.problems
+    assert "doc_ids" not in Manifest.read((tmp_path / "compact").resolve()).sparse  # the format-3 copy stays unpacked
+    a, b = open_index(tmp_path / "compact"), open_index(tmp_path / "packed")
+    try:
+        assert a.doc_ids == b.doc_ids
+        for x, y in ((a.channels["sparse"], b.channels["sparse"]), (a.channels["bm25"].postings, b.channels["bm25"].postings)):
+            assert x.packed is None and y.packed is not None and y.docs is None
+            np.testing.assert_array_equal(y.indptr, x.indptr)
+            np.testing.assert_array_equal(y.doc_numbers(), x.docs)
+            np.testing.assert_array_equal(y.weights, x.weights)
+    finally:
+        a.close()
+        b.close()
+    with (Retriever.load(tmp_path / "compact", embedder=tiny_embedder, query_encoder="llm") as x,
+          Retriever.load(tmp_path / "packed", embedder=tiny_embedder, query_encoder="llm") as y):
+        for mode in MODES:
+            want = [[(h.doc_id, h.score) for h in hits] for hits in x.batch_search(QUERIES, k=10, mode=mode)]
+            assert [[(h.doc_id, h.score) for h in hits] for hits in y.batch_search(QUERIES, k=10, mode=mode)] == want, mode
+            assert any(want), mode
+            for query in QUERIES:  # one query at a time too (the single-query kernel)
+                assert [(h.doc_id, h.score) for h in y.search(query, k=10, mode=mode)] == [(h.doc_id, h.score) for h in x.search(query, k=10, mode=mode)]
 
 
 def test_stored_documents_round_trip_with_metadata(tmp_path, tiny_embedder):
