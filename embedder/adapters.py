@@ -22,6 +22,10 @@ SHIPPED_DIR = Path(__file__).parent / "adapters"
 # (held-out weights) and STS-B Spearman: Text2Token alone 0.295 / 0.304 / 0.483, 0.681; the first
 # contrastive adapter (40 steps, smollm2-135m-contrastive, still shipped so that indexes built
 # with it load) 0.411 / 0.407 / 0.512, 0.759; this one 0.430 / 0.456 / 0.522, 0.786.
+# smollm2-135m-contrastive-v3 is this adapter after 2,400 of epoch 1's 3,577 batches (training/epoch1/chunk-0019):
+# better alone on every shared collection (sparse 0.449 vs 0.430, dense 0.471 vs 0.456, model-free sparse 0.375
+# vs 0.345) and +0.009 held out in sparse + dense + BM25, but neutral where MiniLM is fused (the operating points);
+# shipped by name, not yet the default (benchmarks/results/release-chunk19/NOTES.md says what the switch needs).
 DEFAULT_ADAPTERS = {"smollm2-135m": "smollm2-135m-contrastive-v2"}
 
 
