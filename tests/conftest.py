@@ -198,6 +198,20 @@ def write_corpus(directory: Path, docs: list[dict[str, str]], fmt: str) -> Path:
     raise ValueError(fmt)
 
 
+def reseal(index: Path) -> None:
+    """Record an index's current files' sizes and checksums in its manifest, as a (buggy) builder
+    would have: damage done to a file is then visible to the structural checks only."""
+    from indexer.checksums import json_checksum
+    from indexer.integrity import record_files
+    from indexer.layout import MANIFEST
+
+    data = json.loads((index / MANIFEST).read_text())
+    data.pop("checksum", None)
+    data["files"] = record_files(index)
+    data["checksum"] = json_checksum(data)
+    (index / MANIFEST).write_text(json.dumps(data))
+
+
 def listing(parent: Path) -> list[str]:
     """The names in ``parent``, less the generations its index links point at (an index is a
     link to its current generation, indexer/generations.py): what a user sees as there."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import save_tiny_sentence_encoder, toy_docs, write_corpus
+from conftest import reseal, save_tiny_sentence_encoder, toy_docs, write_corpus
 from test_kernels import dense_scores, random_index, random_query
 
 from indexer import kernels
@@ -198,15 +198,6 @@ def test_a_compact_index_stays_compact_through_an_update(pair, tiny_embedder, en
 
 
 # ------------------------------------------------------------------ damage and versions
-def _reseal(index: Path) -> None:
-    from indexer.checksums import json_checksum
-    from indexer.integrity import record_files
-
-    data = json.loads((index / MANIFEST).read_text())
-    data.pop("checksum", None)
-    data["files"] = record_files(index)
-    data["checksum"] = json_checksum(data)
-    (index / MANIFEST).write_text(json.dumps(data))
 
 
 @pytest.mark.parametrize("rel, value, says", [
@@ -222,7 +213,7 @@ def test_damaged_dequantisation_is_refused_by_name(pair, tmp_path, rel, value, s
     used = np.flatnonzero(np.diff(np.load(index / Path(rel).with_name("postings_indptr.npy"))) > 0)
     arr[used[0]] = value
     np.save(index / rel, arr)
-    _reseal(index)  # only the structural checks can see it now
+    reseal(index)  # only the structural checks can see it now
     with pytest.raises(IndexFormatError, match=says) as err:
         open_index(index)
     assert Path(rel).name in str(err.value)

@@ -19,12 +19,11 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, reseal
 
 from indexer import cli as build_cli
 from indexer import verify, verify_cli
 from indexer.checksums import CHECKSUM, file_checksum, json_checksum
-from indexer.integrity import record_files
 from indexer.manifest import DOC_IDS, MANIFEST, IndexFormatError, Manifest
 from retriever.retriever import Retriever
 
@@ -115,14 +114,6 @@ def flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def reseal(index: Path) -> None:
-    """Record the current files' sizes and checksums, as a (buggy) builder would have: the
-    damage is then visible to the structural checks only."""
-    data = json.loads((index / MANIFEST).read_text())
-    data.pop("checksum", None)
-    data["files"] = record_files(index)
-    data["checksum"] = json_checksum(data)
-    (index / MANIFEST).write_text(json.dumps(data))
 
 
 def edit_npy(rel: str, change: Callable[[np.ndarray], None]) -> Callable[[Path], None]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import save_tiny_sentence_encoder, toy_docs, write_corpus
+from conftest import reseal, save_tiny_sentence_encoder, toy_docs, write_corpus
 
 from indexer.build import build_index
 from indexer.compact import compact_copy
@@ -194,15 +194,6 @@ def _copy(indexes, tmp_path: Path, name: str) -> Path:
     return index
 
 
-def _reseal(index: Path) -> None:
-    from indexer.checksums import json_checksum
-    from indexer.integrity import record_files
-
-    data = json.loads((index / MANIFEST).read_text())
-    data.pop("checksum", None)
-    data["files"] = record_files(index)
-    data["checksum"] = json_checksum(data)
-    (index / MANIFEST).write_text(json.dumps(data))
 
 
 def test_a_flipped_byte_is_one_line_of_verify(indexes, tmp_path):
@@ -227,7 +218,7 @@ def test_a_flipped_byte_is_one_line_of_verify(indexes, tmp_path):
 def test_structural_damage_is_refused_by_name(indexes, tmp_path, rel, damage, says):
     index = _copy(indexes, tmp_path, "damaged")
     np.save(index / rel, damage(np.load(index / rel)))
-    _reseal(index)  # only the structural checks can see it now
+    reseal(index)  # only the structural checks can see it now
     with pytest.raises(IndexFormatError, match=says) as err:
         open_index(index)
     assert Path(rel).name in str(err.value)
