@@ -17,12 +17,21 @@ BM25 channel, its stem is a term of the corpus (``Schu`` is not).
 
 BM25 terms are stems (``pars`` for "parsing"): each is shown as the query word it came from.
 The raw token ids and analysed terms stay on the hit (``Hit.matched_ids``, ``Hit.matched_terms``)
-for tools.
+for tools. :class:`HitExplainer` puts them on each hit, channel by channel, as the channel table
+says how each channel's query is made.
 """
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from indexer.channels import ANALYSED_TERMS, CHANNEL_SPECS, ChannelSpec, spec
+from retriever.channel_search import ChannelSearch
+from retriever.hit import Hit
+from retriever.query import EncodedQuery
 
 SYMBOLS = "(symbols)"  # the one entry grouping pieces with no letter or digit
 WORD_START = "…"  # appended to a word start (``Schu…``), prepended to an inner piece (``…ellig``)
@@ -120,3 +129,87 @@ def term_words(terms: Sequence[str], query: str, analyze: Callable[[str], list[s
 def _ids(tokenizer, text: str) -> list[int]:
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     return [i for i in tokenizer(text, add_special_tokens=False)["input_ids"] if i not in special]
+
+
+class HitExplainer:
+    """Explains hits: for each channel searched by a sparse query (aligned-token ids, or analysed
+    terms where its row's query is analysed terms: indexer/channels.py), what of the query matched
+    the document and what each part added to the score. The TokenExplainer that spells aligned
+    tokens is built on first use (it decodes vocabulary entries), once for a Retriever and its
+    fusion views."""
+
+    def __init__(self, tokenizer, channels: ChannelSearch, doc_ids: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.channels = channels
+        self.doc_ids = doc_ids
+        self._words: TokenExplainer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def words(self) -> TokenExplainer:
+        """Spells matched aligned tokens as words."""
+        with self._lock:
+            if self._words is None:
+                self._words = TokenExplainer(self.tokenizer, self._known_word())
+            return self._words
+
+    def _known_word(self) -> Callable[[str], bool] | None:
+        """A test of a word against the corpus, where a channel of analysed words (a stemmed-words
+        BM25) can tell: all its terms are in that channel's vocabulary. None where none can."""
+        for row in CHANNEL_SPECS:
+            held = self.channels.channels.get(row.mode)
+            if ANALYSED_TERMS in row.query_needs and held is not None and getattr(held, "analyzer", None) == "words":
+                vocab, analyze = held.vocab, self.channels.analyze
+                return lambda word: all(t in vocab for t in analyze(word))  # stop words give no term: known
+        return None
+
+    def hit(self, q: EncodedQuery, mode: str, doc: int, score: float, explain: bool, used: Sequence[str] = (),
+            channels: dict[str, float] | None = None) -> Hit:
+        """The hit of document ``doc``; with ``explain``, what matched in ``mode``'s channel, or
+        for "hybrid" in each sparse channel it reads (``used``) and in the aligned-token channel
+        whenever the query has aligned tokens, every channel's words but the aligned tokens'
+        prefixed ``MODE:`` (``bm25:parsing``)."""
+        hit = Hit(self.doc_ids[doc], float(score), channels=dict(channels or {}))
+        if not explain:
+            return hit
+        if mode != "hybrid":
+            if spec(mode).query_kind == "sparse":
+                self._add(hit, q, spec(mode), doc, prefix="")
+            return hit
+        for row in CHANNEL_SPECS:
+            if row.query_kind != "sparse" or self.channels.channels.get(row.mode) is None:
+                continue
+            # the aligned tokens say why the query matched even where the fusion weighs them 0
+            explained = row.mode in used if ANALYSED_TERMS in row.query_needs else q.tokens.size > 0
+            if explained:
+                self._add(hit, q, row, doc, prefix="" if row.required else f"{row.mode}:")
+        return hit
+
+    def _add(self, hit: Hit, q: EncodedQuery, row: ChannelSpec, doc: int, prefix: str) -> None:
+        """Adds to ``hit`` what of ``q`` matched ``doc`` in channel ``row``, largest first."""
+        engine = self.channels.engine
+        if ANALYSED_TERMS in row.query_needs:
+            terms, weights, names = self.channels.terms(row.mode, q.text)
+            contrib = engine.contributions(row.mode, terms, doc) * weights
+            nz = _largest_first(contrib)
+            raw = [names[j] for j in nz]
+            hit.matched_terms.update({t: float(contrib[j]) for t, j in zip(raw, nz)})
+            shown = term_words(raw, q.text, self.channels.analyze, self._decode_term)
+            matched = merge(zip(shown, contrib[nz].tolist()))
+        else:
+            contrib = engine.contributions(row.mode, q.tokens, doc) * q.weights
+            nz = _largest_first(contrib)
+            ids, values = q.tokens[nz].tolist(), contrib[nz].tolist()
+            hit.matched_ids.update(zip(ids, values))
+            matched = self.words.words(ids, values, q.text)
+        hit.matched_tokens.update({f"{prefix}{t}": w for t, w in matched.items()})
+
+    def _decode_term(self, term: str) -> str:
+        """A backbone-token BM25 term (``Ġparse``) as text."""
+        return self.tokenizer.convert_tokens_to_string([term]).strip() or term
+
+
+def _largest_first(contrib: np.ndarray) -> np.ndarray:
+    """Positions of the nonzero contributions, largest first (ties: first position)."""
+    nz = np.flatnonzero(contrib)
+    return nz[np.argsort(-contrib[nz], kind="stable")]

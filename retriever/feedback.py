@@ -16,10 +16,16 @@ on the other collections helps the one left out. So it is off unless asked for.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from retriever.query import EncodedQuery
 
 
 @dataclass(frozen=True)
@@ -103,3 +109,31 @@ def feedback_arg(text: str) -> Feedback:
         return Feedback.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class FeedbackExpander:
+    """The index side of feedback: its documents' aligned tokens (:class:`DocumentTokens`, built
+    on first use and once for a Retriever and its fusion views) and how a query is expanded
+    from a first pass's top documents."""
+
+    def __init__(self, doc_vectors: Callable[[], Any], weights_of: Callable[[np.ndarray], np.ndarray]) -> None:
+        """``doc_vectors``: gives the documents x tokens matrix (``InvertedIndex.doc_vectors``);
+        ``weights_of``: the weight each added token's feedback weight multiplies (its IDF, or 1)."""
+        self._doc_vectors = doc_vectors
+        self._weights_of = weights_of
+        self._lock = threading.Lock()  # the document tokens are large: built once
+        self._document_tokens: DocumentTokens | None = None
+
+    @property
+    def document_tokens(self) -> DocumentTokens:
+        with self._lock:
+            if self._document_tokens is None:
+                self._document_tokens = DocumentTokens(self._doc_vectors())
+            return self._document_tokens
+
+    def expand(self, q: EncodedQuery, docs: np.ndarray, setting: Feedback) -> EncodedQuery:
+        """``q`` with the ``setting.tokens`` aligned tokens that weigh most in ``docs`` (document
+        numbers) added to its sparse side, each weighing ``setting.weight`` times its weight."""
+        ids, _ = self.document_tokens.expansion(docs, q.tokens, setting.tokens)
+        added = setting.weight * self._weights_of(ids)
+        return dataclasses.replace(q, tokens=np.concatenate([q.tokens, ids]), weights=np.concatenate([q.weights, added]).astype(np.float32))

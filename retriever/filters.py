@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,4 +96,44 @@ def filter_mask(conditions: list[Condition], metadata: list[dict | None]) -> np.
     return mask
 
 
-__all__ = ["RANGE_OPS", "Condition", "filter_mask", "parse_filter"]
+MASK_CACHE = 32  # filters whose document masks are kept
+
+
+class MetadataFilters:
+    """An index's metadata filters: the documents' metadata (read on first use, once for a
+    Retriever and its fusion views) and the masks of the latest :data:`MASK_CACHE` filters (a
+    server asks for the same few again and again)."""
+
+    def __init__(self, fields: list[str], read_metadata: Callable[[], list[dict | None]]) -> None:
+        """``fields``: the metadata fields the index stores; ``read_metadata``: reads each
+        document's metadata (None where it has none), by doc number."""
+        self.fields = fields
+        self._read_metadata = read_metadata
+        self._metadata: list[dict | None] | None = None
+        self._masks: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def metadata(self) -> list[dict | None]:
+        if self._metadata is None:
+            self._metadata = self._read_metadata()
+        return self._metadata
+
+    def mask(self, where: Mapping | None) -> np.ndarray | None:
+        """The documents filter ``where`` lets through (None: no filter); ValueError for a bad one."""
+        if not where:
+            return None
+        conditions = parse_filter(where, self.fields)
+        key = repr(conditions)
+        with self._lock:
+            mask = self._masks.get(key)
+        if mask is None:
+            mask = filter_mask(conditions, self.metadata)
+            with self._lock:
+                self._masks[key] = mask
+                while len(self._masks) > MASK_CACHE:
+                    self._masks.pop(next(iter(self._masks)))
+        return mask
+
+
+__all__ = ["MASK_CACHE", "RANGE_OPS", "Condition", "MetadataFilters", "filter_mask", "parse_filter"]

@@ -1,4 +1,5 @@
-"""Fusing ranked lists from several channels (aligned-token sparse, dense, lexical BM25).
+"""Fusing ranked lists from several channels (aligned-token sparse, dense, lexical BM25), and
+:class:`Fusion`, the one checked value every caller (library, CLIs, server) hands the Retriever.
 
 Two methods, matching ranx.fuse so that weights tuned with ranx apply here unchanged:
 - "minmax": per query and channel, scores are min-max normalised over that channel's
@@ -8,8 +9,11 @@ Two methods, matching ranx.fuse so that weights tuned with ranx apply here uncha
 """
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -96,3 +100,102 @@ def check_fusion(fusion: object) -> dict:
 
 def _number(x: object) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+class Fusion(Mapping[str, Any]):
+    """A hybrid setting, checked once (:func:`check_fusion`) and never changed afterwards.
+
+    It reads as the dict it was made from (``fusion["weights"]``, ``dict(fusion)``; equal to
+    that dict), so settings written to results files and sent by the server keep their shape;
+    :meth:`as_dict` gives a copy for JSON. Its fields: ``method``, ``weights``, ``rrf_k``,
+    ``norm_score`` (the last two at ranx's and Milvus's defaults where not given).
+    """
+
+    __slots__ = ("_setting",)
+
+    def __init__(self, setting: Mapping[str, Any]) -> None:
+        if isinstance(setting, Fusion):
+            setting = setting.as_dict()
+        # a private deep copy: the caller's dict may change later, this value may not
+        self._setting: dict[str, Any] = copy.deepcopy(check_fusion(setting))
+
+    @classmethod
+    def of(cls, setting: Fusion | Mapping[str, Any]) -> Fusion:
+        """``setting`` as a Fusion (itself where it is one), or ValueError naming the bad key."""
+        return setting if isinstance(setting, Fusion) else cls(setting)
+
+    @property
+    def method(self) -> str:
+        return self._setting.get("method", "minmax")
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """{channel: weight}, a copy."""
+        return dict(self._setting["weights"])
+
+    @property
+    def rrf_k(self) -> float:
+        return self._setting.get("rrf_k", 60)
+
+    @property
+    def norm_score(self) -> bool:
+        return self._setting.get("norm_score", True)
+
+    @property
+    def in_engine(self) -> bool:
+        """Fused inside the backend (Milvus's rankers, :data:`ENGINE_METHODS`), not here."""
+        return self.method in ENGINE_METHODS
+
+    def weight(self, channel: str) -> float:
+        return float(self._setting["weights"].get(channel, 0))
+
+    def channels(self, held: Sequence[str]) -> list[str]:
+        """The channels of ``held`` this fusion reads (a positive weight), in ``held``'s order."""
+        return [c for c in held if self.weight(c) > 0]
+
+    def fuse(self, lists: dict[str, tuple[np.ndarray, np.ndarray]], k: int) -> list[FusedDoc]:
+        """One query's per-channel (doc numbers, scores) lists fused into its top ``k`` (:func:`fuse`)."""
+        return fuse(lists, self._setting["weights"], k, self.method, self.rrf_k)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The setting as a plain dict (a copy), as it was given."""
+        return copy.deepcopy(self._setting)
+
+    def __getitem__(self, key: str) -> Any:
+        return copy.deepcopy(self._setting[key])  # a copy: no caller can change this value through it
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._setting)
+
+    def __len__(self) -> int:
+        return len(self._setting)
+
+    def __repr__(self) -> str:
+        return f"Fusion({self._setting!r})"
+
+
+# Hybrid default: per-query min-max normalisation, weighted sum, with the weights best by mean
+# nDCG@10 over the five shared collections for the default adapter (benchmarks/fusion_cv.py: min-max
+# weights on a 0.1 grid and RRF k in 10-100 over channel subsets). The weights follow the adapter:
+# with Text2Token alone the choice was sparse 0.2, dense 0.2, bm25 0.6; with the stronger dense
+# channel of smollm2-135m-contrastive-v2 it is sparse 0.1, dense 0.4, bm25 0.5
+# (benchmarks/results/contrastive-long/fusion_cv.json). That choice is in-sample (mean 0.531);
+# the held-out estimate is leave-one-collection-out, 0.522, above BM25 (0.458) on 4 of 5 collections,
+# not on NPL (0.430 vs 0.437: the weights chosen on the other four give sparse 0.3, too much on
+# NPL, where the sparse channel is weakest: 0.253 against BM25's 0.437).
+DEFAULT_FUSION = {"method": "minmax", "weights": {"sparse": 0.1, "dense": 0.4, "dense-ef": 0.0, "bm25": 0.5}}
+# Default for an index that has the encoder channel (build-index --encoder): chosen by
+# benchmarks/fusion_cv.py --subsets over bm25, encoder (all-MiniLM-L6-v2), sparse and dense of the
+# default adapter (benchmarks/results/contrastive-long/fusion_encoder_subsets.json): the subset with
+# the best leave-one-collection-out mean nDCG@10 is bm25+encoder+sparse, 0.554 against 0.535 for
+# bm25+encoder (+0.020, p=0.007 over the pooled queries; better on 4 of 5 collections, -0.002 on
+# cranfield), and this is its setting chosen on all five collections; every LOCO fold chose it too.
+# Dense adds less beside the encoder (bm25+encoder+dense 0.547). Channels the index lacks are
+# skipped, as for DEFAULT_FUSION.
+DEFAULT_FUSION_WITH_ENCODER = {"method": "minmax", "weights": {"bm25": 0.4, "encoder": 0.4, "sparse": 0.2}}
+
+
+def default_fusion(has_encoder: bool) -> Fusion:
+    """The hybrid setting of an index searched without one: DEFAULT_FUSION_WITH_ENCODER where it
+    has the encoder channel, else DEFAULT_FUSION."""
+    return Fusion(DEFAULT_FUSION_WITH_ENCODER if has_encoder else DEFAULT_FUSION)

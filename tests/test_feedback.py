@@ -60,7 +60,7 @@ def test_hybrid_feedback_searches_the_first_pass_documents_tokens(encoder_index,
     r = _retriever(path, tiny_embedder, encoder, query_encoder=query_encoder, feedback=fb)
     q = r.encode([QUERY])[0]
     weights = r.fusion["weights"]
-    first = {m: r._channel(q, m, 100) for m in ("bm25", "encoder")}
+    first = {m: r.search_channel(q, m, 100) for m in ("bm25", "encoder")}
     top = [f.doc for f in fuse(first, weights, 2)]
     # by hand: each of the two documents' aligned tokens over its largest weight, averaged
     by_doc = r.sparse.doc_vectors()
@@ -76,7 +76,7 @@ def test_hybrid_feedback_searches_the_first_pass_documents_tokens(encoder_index,
     assert fed.tokens[: q.tokens.size].tolist() == q.tokens.tolist()
     assert sorted(fed.tokens[q.tokens.size :].tolist()) == sorted(expected.tolist())
     np.testing.assert_allclose(fed.weights[q.tokens.size :], 0.5 * r.token_idf[fed.tokens[q.tokens.size :]], rtol=1e-6)
-    channels = {**first, "sparse": r._channel(fed, "sparse", 100)}
+    channels = {**first, "sparse": r.search_channel(fed, "sparse", 100)}
     want = [(r.doc_ids[f.doc], f.score) for f in fuse(channels, weights, 5)]
     hits = r.search(QUERY, k=5, mode="hybrid")
     assert [(h.doc_id, pytest.approx(h.score)) for h in hits] == want

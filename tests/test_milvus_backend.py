@@ -25,8 +25,8 @@ def compare_channels(numba, milvus, queries: list[str], modes: list[str], k: int
     for mode in modes:
         enc = numba.encode(queries, mode)
         for q in enc:
-            a = numba._channel(q, mode, k)
-            b = milvus._channel(q, mode, k)
+            a = numba.search_channel(q, mode, k)
+            b = milvus.search_channel(q, mode, k)
             problem = same_up_to_near_ties(a[0], a[1], b[0], b[1], k, RTOL)
             assert problem is None, f"mode {mode}, query {q.text!r}: {problem}"
             compared += int((np.asarray(b[0]) >= 0).sum())

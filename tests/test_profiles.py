@@ -45,7 +45,7 @@ def test_the_default_index_is_searched_fast_without_the_llm(full_index, tiny_emb
     def no_llm(*args, **kwargs):
         raise AssertionError("the fast profile ran the LLM on a query")
 
-    monkeypatch.setattr("retriever.retriever.encode_queries", no_llm)
+    monkeypatch.setattr("retriever.query_encoding.encode_queries", no_llm)
     hits = r.search("cat and dog near the river", k=3)
     assert len(hits) == 3 and all(h.query_encoder == "none" for h in hits)
     assert set().union(*(h.channels for h in hits)) <= {"sparse", "bm25", "encoder"}

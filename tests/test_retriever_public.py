@@ -1,8 +1,8 @@
 """The Retriever's public faces (issue 49, item 2): ``with_fusion`` checks a fusion exactly as
 the constructor does and searches as a Retriever made with that fusion, sharing the loaded
-index and models; and no code outside retriever/retriever.py reaches into a Retriever's
-private attributes (benchmarks, the server and the CLIs use ``search_channel``,
-``student_encoder``, ``student_head``, ``with_fusion`` ... instead).
+index and models; and no code outside the retriever reaches into the private attributes of a
+Retriever or of the pieces it is a facade over (benchmarks, the server and the CLIs use
+``search_channel``, ``student_encoder``, ``student_head``, ``with_fusion`` ... instead).
 """
 from __future__ import annotations
 
@@ -13,8 +13,17 @@ from pathlib import Path
 import pytest
 from conftest import retriever_over
 
-from retriever.feedback import Feedback
+from retriever.channel_search import ChannelSearch
+from retriever.explain import HitExplainer
+from retriever.feedback import Feedback, FeedbackExpander
+from retriever.filters import MetadataFilters
+from retriever.fusion import Fusion
+from retriever.hybrid import HybridSearch
+from retriever.query_encoding import QueryEncoding
 from retriever.retriever import DEFAULT_FUSION_WITH_ENCODER, Retriever
+
+# the Retriever and the pieces it is a facade over: none of their privates is used outside them
+FACADE = (Retriever, QueryEncoding, ChannelSearch, HybridSearch, FeedbackExpander, HitExplainer, MetadataFilters, Fusion)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ["cat and dog near the river", "computer memory", "a puzzle for the team", "snow"]
@@ -101,20 +110,23 @@ SCANNED = ["benchmarks", "retriever/server", "retriever/cli*.py", "indexer", "tr
 
 
 def retriever_private_names() -> set[str]:
-    """Every private name a Retriever has: the ``_x`` defined on the class (methods, properties,
-    class attributes: ``vars(Retriever)``, its bases' included, ``object`` aside) and every
-    ``self._x`` the class's source sets or reads (what ``__init__`` sets, and what is set later,
-    on first use). Dunder names (``__init__``) are public protocol, not private."""
-    names = {n for cls in Retriever.__mro__[:-1] for n in vars(cls)}
-    for node in ast.walk(ast.parse(inspect.getsource(Retriever))):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "other", "cls"):
-            names.add(node.attr)
+    """Every private name a Retriever or one of its pieces (:data:`FACADE`) has: the ``_x``
+    defined on the class (methods, properties, class attributes: ``vars(cls)``, its bases'
+    included, ``object`` aside) and every ``self._x`` the class's source sets or reads (what
+    ``__init__`` sets, and what is set later, on first use). Dunder names (``__init__``) are
+    public protocol, not private."""
+    names = set()
+    for facade in FACADE:
+        names |= {n for cls in facade.__mro__[:-1] if cls.__module__.startswith("retriever.") for n in vars(cls)}
+        for node in ast.walk(ast.parse(inspect.getsource(facade))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "other", "cls"):
+                names.add(node.attr)
     return {n for n in names if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))}
 
 
 def private_uses(source: str, names: set[str]) -> list[tuple[int, str]]:
     """(line, name) of each use of one of ``names`` as an attribute, ``x._name`` (read, written,
-    called, on any expression: ``r._channel``, ``self.retriever._analyze``, ``f()._masks``), or as
+    called, on any expression: ``r._search_one``, ``self.retriever._holds_generation``, ``f()._masks``), or as
     getattr/setattr/hasattr/delattr's constant name, except on ``self`` or ``cls``.
 
     Read from the syntax tree, not the text: a comment or docstring that names a private (as this
@@ -147,11 +159,11 @@ def test_the_scan_knows_the_retrievers_privates_and_finds_a_use():
     """The scan below is only as good as its name list and its detector: both checked here, so
     that it cannot pass by finding nothing to look for."""
     names = retriever_private_names()
-    # methods, attributes set in __init__, and one set on first use
-    assert {"_channel", "_check_mode", "_student_encoder", "_analyze", "_masks", "_built"} <= names
+    # methods and attributes set in __init__, the Retriever's and its pieces', and one set on first use
+    assert {"_check_mode", "_search_one", "_holds_generation", "_encode_uncached", "_masks", "_analysed", "_student_head"} <= names
     assert not any(n.startswith("__") and n.endswith("__") for n in names)
-    planted = "r = Retriever.load(p)\n# r._channel in a comment\nr._channel(q, 'sparse', 10)\nx = getattr(r, '_student_encoder')\nself._channel = 1\n"
-    assert private_uses(planted, names) == [(3, "_channel"), (4, "_student_encoder")]
+    planted = "r = Retriever.load(p)\n# r._search_one in a comment\nr._search_one(q, 'sparse', 10)\nx = getattr(r.queries, '_encode_uncached')\nself._search_one = 1\n"
+    assert private_uses(planted, names) == [(3, "_search_one"), (4, "_encode_uncached")]
     scanned = {str(p.relative_to(ROOT)) for p in scanned_files()}
     assert {"benchmarks/systems/engine.py", "benchmarks/studies/query_stages.py", "retriever/server/app.py", "retriever/cli.py"} <= scanned
 
@@ -159,4 +171,4 @@ def test_the_scan_knows_the_retrievers_privates_and_finds_a_use():
 def test_no_code_outside_the_retriever_touches_its_privates():
     names = retriever_private_names()
     uses = [f"{p.relative_to(ROOT)}:{line}: .{name}" for p in scanned_files() for line, name in private_uses(p.read_text(encoding="utf-8"), names)]
-    assert not uses, "private attributes of Retriever used outside retriever/retriever.py (give them a public face):\n" + "\n".join(uses)
+    assert not uses, "private attributes of Retriever or its pieces used outside them (give them a public face):\n" + "\n".join(uses)

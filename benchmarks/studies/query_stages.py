@@ -23,7 +23,6 @@ import torch
 from benchmarks.provenance import git_commit, machine_info
 from benchmarks.timing import latency_stats
 from indexer.corpus import read_queries
-from retriever.fusion import fuse
 from retriever.query import literal_ids
 from retriever.retriever import FUSION_DEPTH, Retriever
 
@@ -60,7 +59,7 @@ def stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
     for m in r.channels_of("hybrid"):
         channels[m] = r.search_channel(q, m, FUSION_DEPTH)
         lap(f"search {m}")
-    fused = fuse(channels, r.fusion["weights"], k, r.fusion.get("method", "minmax"), r.fusion.get("rrf_k", 60))
+    fused = r.fusion.fuse(channels, k)
     [r.doc_ids[f.doc] for f in fused]
     lap("fusion")
     return out
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         "query_encoder": r.query_encoder,
         "student_runtime": r.student.runtime_reason,
         "lm_head": r.student_head.dtype,
-        "fusion": r.fusion,
+        "fusion": r.fusion.as_dict(),
         "whole_query": latency_stats(whole),
         "sum_of_stages": latency_stats(total),
         "stages": {name: {**latency_stats(v), "p90_ms": round(float(np.percentile(v, 90)) * 1e3, 4)} for name, v in stages.items()},

@@ -283,7 +283,7 @@ class AlignedTokensSystem(System):
         r = self.retriever
         if self.mode == "hybrid":
             if r is not None:
-                p["fusion"] = r.fusion
+                p["fusion"] = r.fusion.as_dict()
                 p["channels_fused"] = r.channels_of("hybrid")
             elif self.fusion is not None:
                 p["fusion"] = self.fusion

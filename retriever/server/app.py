@@ -32,6 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from retriever.fusion import Fusion as FusionSetting  # the value type; schema.Fusion is the request body
 from retriever.retriever import MODES, Retriever
 from retriever.server.batching import FORWARD_QUERIES, Batcher, Busy, Job, Result
 from retriever.server.config import ServerConfig
@@ -163,11 +164,14 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             raise ApiError(422, f"fusion.weights: channel(s) {', '.join(unknown)} not in this index (channels: {', '.join(channels)})")
         if not any(w > 0 for w in fusion.weights.values()):  # each is finite and >= 0 (Weight)
             raise ApiError(422, "fusion.weights: each weight must be a finite number >= 0, at least one > 0")
-        setting = {"method": fusion.method, "weights": {c: float(w) for c, w in fusion.weights.items()}, "rrf_k": fusion.rrf_k}
-        key = json.dumps(setting, sort_keys=True)
+        try:  # the one fusion value the library and the CLIs take, checked as they check it
+            setting = FusionSetting({"method": fusion.method, "weights": {c: float(w) for c, w in fusion.weights.items()}, "rrf_k": fusion.rrf_k})
+        except ValueError as exc:
+            raise ApiError(422, f"fusion: {exc}") from None
+        key = json.dumps(setting.as_dict(), sort_keys=True)
         views = served.views
         if key not in views:
-            try:  # shares channels, model and caches; only the fusion differs, checked as the Retriever checks it
+            try:  # shares channels, model and caches; only the fusion differs, and the query-side checks are the Retriever's
                 views[key] = r.with_fusion(setting)
             except ValueError as exc:
                 raise ApiError(422, f"fusion: {exc}") from None
@@ -297,7 +301,7 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
         return {
             "index": str(r.index_dir), **served.describe(),
             "channels": [c for c in r.modes if c != "hybrid"], "modes": r.modes,
-            "default_mode": r.default_mode, "fusion": r.fusion, "describe": r.describe_mode(),
+            "default_mode": r.default_mode, "fusion": r.fusion.as_dict(), "describe": r.describe_mode(),
             "model": m.model, "adapter": adapter_name(m.adapter), "encoder": (m.encoder or {}).get("name"), "lexical": m.lexical,
             "metadata_fields": (m.documents or {}).get("metadata_fields", []), "writable": config.writable,
             "runtime": {"queries": embedder.runtime_info() if embedder is not None else None, "documents": m.runtime},
