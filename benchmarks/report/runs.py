@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.report.markdown import fmt, fmt_commit, fmt_int, fmt_machine, fmt_ms, md_table, metric_label
+from indexer.channels import LLM_STATE, MODES, spec
 
 # Published numbers, quoted (never measured here), shown beside ours where the dataset matches.
 # Keys: canonical BEIR dataset names. Each entry: (source label, link, {system: {metric: value}}).
@@ -71,13 +72,14 @@ def _params_summary(name: str, p: dict) -> str:
     if mode == "bm25":
         lex = p.get("lexical") or {}
         return f"analyser {lex.get('analyzer')}; BM25 k1={lex.get('k1')}, b={lex.get('b')}; {lex.get('scoring')}"
-    if mode in ("sparse", "dense", "dense-ef", "hybrid") or "top_k" in p:
+    row = spec(mode) if mode in MODES else None
+    if (row is not None and LLM_STATE in row.query_needs) or mode == "hybrid" or "top_k" in p:
         bits = _model_bits(p)
-        if mode in ("sparse", "hybrid") or (mode is None and "top_k" in p):
+        if (row is not None and row.required) or mode == "hybrid" or (mode is None and "top_k" in p):  # the aligned tokens
             bits.append(f"top_k (K) {p.get('top_k')}, expansion_m (M) {p.get('expansion_m')}, literal {p.get('literal')}")
             if p.get("query_weighting"):
                 bits.append(f"query token weights: {p['query_weighting']}")
-        if mode in ("dense", "dense-ef"):
+        if row is not None and row.query_kind == "dense":
             bits.append(faiss)
         if mode == "dense-ef":
             bits.append(f"EmbedFilter τ={p.get('embedfilter_tau')}")

@@ -4,9 +4,10 @@ Times, best of ``--repeat`` runs with the files in the page cache:
 - *load*: ``Retriever.load(DIR, warm=False, query_encoder=Q)`` end to end (manifest, checks,
   channels, the model; not the warm-up query that a default load also runs), for each query
   encoder Q of ``--query-encoders`` (with "none" only the LLM's tokenizer is loaded);
-- *validation*: the checks that load always runs, timed alone on the loaded arrays (recorded
-  sizes, doc ids, the CSR invariants of every posting file, FAISS count/dim/unit vectors,
-  BM25 parameters and term ids);
+- *validation*: the checks that load always runs, timed alone (recorded sizes, doc ids, and
+  every channel opened by its row's validating reader, indexer/channels.py: the CSR invariants
+  of every posting file, FAISS count/dim/unit vectors, BM25 parameters and term ids; the files
+  are memory-mapped, FAISS indexes read, from the page cache);
 - *checksums*: what ``verify=True`` adds (every byte of every file through xxh3_64).
 """
 from __future__ import annotations
@@ -17,9 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from indexer.dense import check_faiss
-from indexer.integrity import check_csr, check_doc_ids, check_files
-from indexer.lexical import LEXICAL_DIR
+from indexer.integrity import check_doc_ids, check_files
 from indexer.manifest import DOC_IDS, Manifest
 from indexer.verify import open_channels
 
@@ -33,18 +32,12 @@ def best_of(repeat: int, fn: Callable[[], object]) -> float:
     return min(times)
 
 
-def validation(index_dir: Path, manifest: Manifest, channels: dict) -> None:
-    """Every check Retriever.load runs, on arrays already loaded."""
+def validation(index_dir: Path, manifest: Manifest) -> None:
+    """Every check Retriever.load runs: recorded sizes, doc ids, and each channel opened by its
+    row's validating reader (indexer/channels.py) from the files already in the page cache."""
     check_files(index_dir, manifest)
     check_doc_ids(index_dir / DOC_IDS, manifest.n_docs)
-    sp = channels["sparse"]
-    check_csr(index_dir, "postings_", sp.indptr, sp.docs, sp.weights, manifest.n_docs, sp.vocab_size)
-    if "bm25" in channels:
-        lx = channels["bm25"].postings
-        check_csr(index_dir / LEXICAL_DIR, "postings_", lx.indptr, lx.docs, lx.weights, manifest.n_docs, lx.vocab_size, positive=True)
-    for mode, name in (("dense", "dense"), ("dense-ef", "dense_ef")):
-        if mode in channels:
-            check_faiss(index_dir / f"{name}.faiss", channels[mode].index, manifest.n_docs, channels[mode].index.d)
+    open_channels(index_dir, manifest)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     manifest = Manifest.read(args.index)
     channels = open_channels(args.index, manifest)
-    check = best_of(args.repeat, lambda: validation(args.index, manifest, channels))
+    check = best_of(args.repeat, lambda: validation(args.index, manifest))
     sums = best_of(args.repeat, lambda: check_files(args.index, manifest, checksums=True))
     size = sum(rec["size"] for rec in (manifest.files or {}).values())
     for choice in args.query_encoders.split(","):
