@@ -18,7 +18,7 @@ from conftest import build_tiny_model, save_tiny_sentence_encoder, tiny_identity
 from embedder.encoder import Embedder, EmbedderConfig
 from indexer import channel_set, channels
 from indexer.build import BuildPlan, build, build_index
-from indexer.channels import CHANNEL_SPECS, MODES, ChannelSpec, spec
+from indexer.channels import ANALYSED_TERMS, CHANNEL_SPECS, MODES, ChannelSpec, spec
 from indexer.manifest import MANIFEST, IndexFormatError, Manifest
 from indexer.verify import CHANNELS as VERIFY_CHANNELS
 from indexer.verify import open_channels, verify
@@ -153,18 +153,41 @@ def test_row_is_verified(built, row, tmp_path):
     assert not report.ok and any(str(damaged.name) in p for p in report.problems), report.problems
 
 
-def test_row_is_searched(built, row):
+def searched_alone_and_fused(built, row: ChannelSpec, k: int) -> tuple[list, list]:
+    """The hits of QUERY in ``row``'s channel alone (top ``k``) and in a hybrid that weighs it alone (top 5)."""
     from retriever.retriever import Retriever
 
     r = Retriever.load(built.index, embedder=built.embedder, encoder=built.encoder, query_encoder="llm", profile=None, warm=False,
                        fusion={"method": "minmax", "weights": {row.mode: 1.0}})
     try:
-        alone = r.search(QUERY, k=20, mode=row.mode)
-        fused = r.search(QUERY, k=5, mode="hybrid")
+        return r.search(QUERY, k=k, mode=row.mode), r.search(QUERY, k=5, mode="hybrid")
     finally:
         r.close()
+
+
+def test_row_is_searched(built, row):
+    alone, fused = searched_alone_and_fused(built, row, k=20)
     assert alone and fused
     # the hybrid of one channel is that channel's ranking (up to its near-ties, which min-max
     # rounding may reorder)
     assert {h.doc_id for h in fused} <= {h.doc_id for h in alone}
     assert all(set(h.channels) == {row.mode} for h in fused)
+
+
+def test_row_is_explained(built, row):
+    """A channel searched with a sparse query (ids and weights) explains each hit by what matched,
+    the entries adding up to the hit's score; a dense channel has nothing to list. In a hybrid
+    that reads the channel, its entries appear too, prefixed with its mode unless it is the
+    aligned-token channel."""
+    alone, fused = searched_alone_and_fused(built, row, k=5)
+    assert alone
+    if row.query_kind == "dense":
+        assert all(not h.matched_tokens and not h.matched_ids and not h.matched_terms for h in alone)
+        return
+    assert all(h.matched_tokens for h in alone)
+    for h in alone:
+        assert sum(h.matched_tokens.values()) == pytest.approx(h.score, rel=1e-4)
+    raw = [h.matched_terms if ANALYSED_TERMS in row.query_needs else h.matched_ids for h in alone]
+    assert all(raw) and all(sum(x.values()) == pytest.approx(h.score, rel=1e-4) for x, h in zip(raw, alone))
+    prefix = "" if row.required else f"{row.mode}:"
+    assert any(t.startswith(prefix) for h in fused for t in h.matched_tokens)
