@@ -35,6 +35,8 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 from indexer.channels import CHANNEL_SPECS
 from indexer.dense import DenseIndex
 from indexer.generations import build_lock, publish_staged, stage
@@ -83,6 +85,31 @@ def pack_channel_files(directory: Path) -> dict:
     return {"doc_ids": BITPACKED_DOC_IDS}
 
 
+def truncate_channel_files(directory: Path, n_docs: int, top_k: int) -> None:
+    """Keep each document's ``top_k`` largest weights of the saved float32 aligned-token postings
+    in ``directory``, rewritten in place. The weights are the LM head's logits and a build keeps
+    each document's top-K of them, so the result is what a build with ``top_k`` writes (up to
+    ties at the K-th logit), without running the model. Memory: the postings, twice."""
+    directory = Path(directory)
+    index = InvertedIndex.load(directory, n_docs, mmap=False)
+    by_doc = index.doc_vectors()  # documents x tokens
+    per_doc = np.diff(by_doc.indptr)
+    if per_doc.size and per_doc.min() < top_k:
+        raise ValueError(f"{directory}: top_k {top_k}: a document holds only {int(per_doc.min())} aligned tokens")
+    tokens = np.empty((n_docs, top_k), np.int64)
+    weights = np.empty((n_docs, top_k), np.float32)
+    if per_doc.size and per_doc.min() == per_doc.max():  # every document holds the build's K: one vectorised pass
+        row_tokens, row_weights = by_doc.indices.reshape(n_docs, -1), by_doc.data.reshape(n_docs, -1)
+        keep = np.argpartition(-row_weights, top_k - 1, axis=1)[:, :top_k]
+        tokens[:], weights[:] = np.take_along_axis(row_tokens, keep, 1), np.take_along_axis(row_weights, keep, 1)
+    else:
+        for d in range(n_docs):
+            row = slice(by_doc.indptr[d], by_doc.indptr[d + 1])
+            keep = np.argpartition(-by_doc.data[row], top_k - 1)[:top_k]
+            tokens[d], weights[d] = by_doc.indices[row][keep], by_doc.data[row][keep]
+    InvertedIndex.from_forward(tokens, weights, index.vocab_size).save(directory)
+
+
 def compact_dense_kind(kind: str, compact: bool) -> str:
     """The dense kind a build writes: a compact build turns the default Flat into
     :data:`COMPACT_DENSE_KIND`; any other kind asked for is kept."""
@@ -91,7 +118,7 @@ def compact_dense_kind(kind: str, compact: bool) -> str:
 
 def compact_copy(
     index_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dense_kind: str = COMPACT_DENSE_KIND,
-    quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False, pack_doc_ids: bool = False,
+    quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False, pack_doc_ids: bool = False, top_k: int | None = None,
 ) -> Manifest:
     """Write a compact copy of the plain index at ``index_dir`` to ``out_dir`` (published as a
     generation, as a build publishes) and return its manifest. No model runs: the postings'
@@ -99,7 +126,9 @@ def compact_copy(
     too unless ``lexical`` is False, and every dense channel's vectors are read back and
     re-indexed as ``dense_kind`` (a FAISS factory string: ``SQ8``, ``SQfp16``, or ``Flat`` to
     keep them exact). Everything else (documents, ids, projections) is copied as it is.
-    ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 4; BM25's where it is quantised)."""
+    ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 4; BM25's where it is quantised).
+    ``top_k``: keep only each document's ``top_k`` aligned tokens, fewer than the index holds
+    (:func:`truncate_channel_files`: what a build with that top_k writes)."""
     impacts_record(quantisation)
     target = Path(out_dir)
     opened = open_index(index_dir)
@@ -107,6 +136,11 @@ def compact_copy(
         m = opened.manifest
         if m.compact:
             raise ValueError(f"{index_dir}: already compact (format {m.format_version})")
+        if top_k is not None:
+            if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k < m.sparse["top_k"]:
+                raise ValueError(f"top_k must be an integer from 1 to {m.sparse['top_k'] - 1} (the index holds {m.sparse['top_k']} a document), not {top_k!r}")
+            if m.segments is not None:
+                raise ValueError(f"{index_dir}: top_k: an index of multi-vector documents (segments) cannot be cut down without its model")
         target.parent.mkdir(parents=True, exist_ok=True)
         with build_lock(target):
             if os.path.lexists(target) and not overwrite:
@@ -118,8 +152,10 @@ def compact_copy(
                     if src.is_file() and rel.as_posix() != MANIFEST:
                         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                         shutil.copyfile(src, tmp / rel)
+                if top_k is not None:
+                    truncate_channel_files(tmp, m.n_docs, top_k)
                 quantise_channel_files(tmp, quantisation)
-                sparse_info = {**m.sparse, **impacts_record(quantisation)}
+                sparse_info = {**m.sparse, **impacts_record(quantisation), **({"top_k": top_k} if top_k is not None else {})}
                 if pack_doc_ids:
                     sparse_info |= pack_channel_files(tmp)
                 lexical_info = m.lexical
@@ -142,7 +178,9 @@ def compact_copy(
                 out = dataclasses.replace(
                     m, format_version=PACKED_FORMAT_VERSION if pack_doc_ids else COMPACT_FORMAT_VERSION, sparse=sparse_info, lexical=lexical_info,
                     build={**m.build, "compacted": {"from": str(index_dir), "generation": opened.path.name, "dense_kind": dense_kind,
-                                                    "quantisation": quantisation, "doc_ids": BITPACKED_DOC_IDS if pack_doc_ids else "int32", "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
+                                                    "quantisation": quantisation, "doc_ids": BITPACKED_DOC_IDS if pack_doc_ids else "int32",
+                                                    **({"top_k": {"from": m.sparse["top_k"], "to": top_k}} if top_k is not None else {}),
+                                                    "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
                     files=None, checksum=None, **changed,
                 )
                 out.files = record_files(tmp)
@@ -167,10 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dense-kind", default=COMPACT_DENSE_KIND, help=f"FAISS kind of the dense channels (default {COMPACT_DENSE_KIND}; SQfp16, Flat...)")
     p.add_argument("--quantisation", choices=QUANTISATIONS, default=PER_LIST, help="one 8-bit map per posting list (default) or one for all")
     p.add_argument("--pack-doc-ids", action="store_true", help="doc numbers delta-coded and bit-packed in blocks of 128 (format 4; lossless)")
+    p.add_argument("--top-k", type=int, default=None, help="keep each document's TOP_K aligned tokens, fewer than the index holds (default: all)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     args = p.parse_args(argv)
     try:
-        m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite, pack_doc_ids=args.pack_doc_ids)
+        m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite, pack_doc_ids=args.pack_doc_ids,
+                         top_k=args.top_k)
     except (IndexFormatError, OSError, ValueError, RuntimeError) as exc:  # FAISS reports a bad kind as a RuntimeError
         print(f"compact: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -181,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["COMPACT_DENSE_KIND", "DEFAULT_COMPACT", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "impacts_record", "main",
-           "pack_channel_files", "quantise_channel_files"]
+           "pack_channel_files", "quantise_channel_files", "truncate_channel_files"]
 
 
 if __name__ == "__main__":

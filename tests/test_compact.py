@@ -321,3 +321,59 @@ def test_compact_command_converts_a_plain_index(pair, tmp_path, capsys):
     assert "already compact" in capsys.readouterr().err
     assert main([str(plain), str(tmp_path / "out")]) == 2  # exists
     assert main([str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
+
+
+def test_compact_copy_with_fewer_tokens_writes_what_a_build_with_that_top_k_writes(tmp_path, tiny_embedder, encoder):
+    """The postings keep the LM head's logits, and a build keeps each document's top-K of them:
+    cutting a top-16 index down to 8 tokens a document is the top-8 build, without the model."""
+    corpus = write_corpus(tmp_path / "c", toy_docs(40, seed=3), "beir")
+    build(corpus, tmp_path / "k16", tiny_embedder, encoder)
+    build_index(corpus, tmp_path / "k8", tiny_embedder, top_k=8, dense=True, lexical="words", encoder=encoder, progress=False, compact=True)
+    m = compact_copy(tmp_path / "k16", tmp_path / "cut", top_k=8)
+    assert m.sparse["top_k"] == 8 and m.build["compacted"]["top_k"] == {"from": 16, "to": 8} and verify(tmp_path / "cut").ok
+    a, b = (tmp_path / "k8").resolve(), (tmp_path / "cut").resolve()
+    for rel in ("postings_indptr.npy", "postings_docs.npy", "postings_weights.npy", "postings_scale.npy", "postings_offset.npy"):
+        assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
+    assert top(tmp_path / "k8", tiny_embedder, "sparse") == top(tmp_path / "cut", tiny_embedder, "sparse")
+    for bad in (16, 0, 2.5, True):
+        with pytest.raises(ValueError, match="top_k must be an integer from 1 to 15"):
+            compact_copy(tmp_path / "k16", tmp_path / f"bad-{bad}", top_k=bad)
+
+
+def test_cutting_tokens_keeps_each_documents_largest_weights(tmp_path):
+    """Documents holding different numbers of tokens (the loop path) and equal ones (the vectorised
+    path) keep the same largest weights."""
+    from indexer.compact import truncate_channel_files
+
+    rng = np.random.default_rng(0)
+    vocab, n_docs = 50, 6
+    rows = [rng.choice(vocab, size=n, replace=False) for n in (5, 7, 5, 9, 6, 5)]
+    weights = [rng.normal(size=len(r)).astype(np.float32) for r in rows]
+    for uneven in (True, False):
+        cut = [r[:5] for r in rows] if not uneven else rows
+        w = [x[:5] for x in weights] if not uneven else weights
+        tokens = np.concatenate(cut)
+        docs = np.repeat(np.arange(n_docs), [len(r) for r in cut])
+        order = np.lexsort((docs, tokens))
+        indptr = np.zeros(vocab + 1, np.int64)
+        np.cumsum(np.bincount(tokens, minlength=vocab), out=indptr[1:])
+        directory = tmp_path / f"uneven-{uneven}"
+        directory.mkdir()
+        InvertedIndex(indptr, docs[order].astype(np.int32), np.concatenate(w)[order], n_docs).save(directory)
+        truncate_channel_files(directory, n_docs, 3)
+        by_doc = InvertedIndex.load(directory, n_docs, mmap=False).doc_vectors()
+        for d in range(n_docs):
+            held = dict(zip(by_doc.indices[by_doc.indptr[d]:by_doc.indptr[d + 1]].tolist(), by_doc.data[by_doc.indptr[d]:by_doc.indptr[d + 1]].tolist()))
+            best = np.argsort(-w[d])[:3]
+            assert held == pytest.approx(dict(zip(cut[d][best].tolist(), w[d][best].tolist())))
+
+
+def test_the_compact_study_reads_its_variants():
+    from benchmarks.studies.compact_index import parse_variants, variant_name
+
+    got = parse_variants("per-list:SQ8,per-list:SQ8:packed:k256,global:SQ4:k128")
+    assert got == [("per-list", "SQ8", False, None), ("per-list", "SQ8", True, 256), ("global", "SQ4", False, 128)]
+    assert [variant_name(*v) for v in got] == ["compact-per-list-SQ8", "compact-per-list-SQ8-packed-k256", "compact-global-SQ4-k128"]
+    for bad in ("per-list:SQ8:k0", "per-list:SQ8:foo", "per-list:SQ8:packed:packed", "median:SQ8", "per-list:SQ8:k12:k13", "per-list"):
+        with pytest.raises(ValueError, match="QUANTISATION:DENSE_KIND"):
+            parse_variants(bad)

@@ -8,8 +8,9 @@ Per collection (a BEIR folder):
    ``--cache`` (a rerun reuses it: encoding is the slow part);
 2. each compact variant written from it by :func:`indexer.compact.compact_copy` (no model:
    the float32 weights and vectors are read back and quantised), one per ``--variants`` entry
-   ``QUANTISATION:DENSE_KIND[:packed]`` (per-list or global 8-bit impacts; a FAISS kind for the
-   dense channels; ``packed``: doc numbers bit-packed too, format 4, indexer/packed_docs.py);
+   ``QUANTISATION:DENSE_KIND[:packed][:kN]`` (per-list or global 8-bit impacts; a FAISS kind for the
+   dense channels; ``packed``: doc numbers bit-packed too, format 4, indexer/packed_docs.py;
+   ``kN``: only each document's top N aligned tokens kept, what a build with ``--top-k N`` writes);
 3. the queries encoded once per operating point (profile ``best``: the LLM reads the query;
    ``fast``: the query's own tokens), then searched on every index: channels sparse (LLM
    query), dense, encoder, bm25, sparse (own tokens), and the two profiles' hybrids; nDCG@10
@@ -53,19 +54,23 @@ MEASURES = (
 PER_VOCABULARY = ("postings_indptr.npy", "postings_scale.npy", "postings_offset.npy")
 
 
-def parse_variants(text: str) -> list[tuple[str, str, bool]]:
+def parse_variants(text: str) -> list[tuple[str, str, bool, int | None]]:
+    """``QUANTISATION:DENSE_KIND[:packed][:kN]`` entries, comma-separated, as (quantisation, dense
+    kind, doc numbers bit-packed, tokens kept a document or None for all)."""
     out = []
     for item in text.split(","):
-        quantisation, _, rest = item.strip().partition(":")
-        kind, _, packed = rest.partition(":")
-        if quantisation not in QUANTISATIONS or not kind or packed not in ("", "packed"):
-            raise ValueError(f"--variants: {item!r} is not QUANTISATION:DENSE_KIND[:packed] with QUANTISATION one of {QUANTISATIONS}")
-        out.append((quantisation, kind, packed == "packed"))
+        parts = item.strip().split(":")
+        quantisation, kind, rest = parts[0], parts[1] if len(parts) > 1 else "", parts[2:]
+        packed = "packed" in rest
+        ks = [r for r in rest if r.startswith("k") and r[1:].isdigit() and int(r[1:]) > 0]
+        if quantisation not in QUANTISATIONS or not kind or len(ks) > 1 or len(rest) != int(packed) + len(ks) or rest.count("packed") > 1:
+            raise ValueError(f"--variants: {item!r} is not QUANTISATION:DENSE_KIND[:packed][:kN] with QUANTISATION one of {QUANTISATIONS}")
+        out.append((quantisation, kind, packed, int(ks[0][1:]) if ks else None))
     return out
 
 
-def variant_name(quantisation: str, kind: str, packed: bool = False) -> str:
-    return f"compact-{quantisation}-{kind}" + ("-packed" if packed else "")
+def variant_name(quantisation: str, kind: str, packed: bool = False, top_k: int | None = None) -> str:
+    return f"compact-{quantisation}-{kind}" + ("-packed" if packed else "") + (f"-k{top_k}" if top_k is not None else "")
 
 
 def bytes_per_doc(index_dir: Path, n_docs: int) -> dict:
@@ -108,11 +113,12 @@ def bitpacked_docs_bytes(indptr: np.ndarray, docs: np.ndarray, block: int = 128)
     return int(((width * sizes + 7) // 8).sum() + 5 * starts.size)
 
 
-def ensure_float32(data: Path, cache: Path, models: dict, embedding_cache: Path | None) -> tuple[Path, dict]:
+def ensure_float32(data: Path, cache: Path, models: dict, embedding_cache: Path | None, runtime: str = "auto", dtype: str = "auto") -> tuple[Path, dict]:
     """The default index of the collection, built unless the cache holds it; and how it was
     built this run ({} when it was cached). ``embedding_cache``: pooled document embeddings
     reused where the same model, adapter, settings and runtime encoded the same text before
-    (embedder/cache.py); everything downstream of them (top-K, inversion, FAISS) is computed."""
+    (embedder/cache.py); everything downstream of them (top-K, inversion, FAISS) is computed.
+    ``runtime`` / ``dtype``: how the LLM encodes the documents (part of the embedding cache's key)."""
     out = cache / data.name / "float32"
     if (out / "manifest.json").exists():
         return out, {}
@@ -122,7 +128,7 @@ def ensure_float32(data: Path, cache: Path, models: dict, embedding_cache: Path 
 
         options = build_options(default_channels())
         models["options"] = options
-        models["embedder"] = Embedder.load("smollm2-135m")
+        models["embedder"] = Embedder.load("smollm2-135m", runtime=runtime, dtype=dtype)
         if embedding_cache is not None:
             from embedder.cache import CachedEmbedder
 
@@ -163,14 +169,15 @@ def evaluate(indexes: dict[str, Path], queries: dict[str, str], qrels: dict) -> 
     return out
 
 
-def measure(data: Path, cache: Path, variants: list[tuple[str, str, bool]], models: dict, embedding_cache: Path | None) -> dict:
-    base, built = ensure_float32(data, cache, models, embedding_cache)
+def measure(data: Path, cache: Path, variants: list[tuple[str, str, bool, int | None]], models: dict, embedding_cache: Path | None,
+            runtime: str = "auto", dtype: str = "auto") -> dict:
+    base, built = ensure_float32(data, cache, models, embedding_cache, runtime, dtype)
     indexes = {"float32": base}
     convert_s = {}
-    for quantisation, kind, packed in variants:
-        name = variant_name(quantisation, kind, packed)
+    for quantisation, kind, packed, top_k in variants:
+        name = variant_name(quantisation, kind, packed, top_k)
         t0 = time.perf_counter()
-        compact_copy(base, cache / data.name / name, dense_kind=kind, quantisation=quantisation, overwrite=True, pack_doc_ids=packed)
+        compact_copy(base, cache / data.name / name, dense_kind=kind, quantisation=quantisation, overwrite=True, pack_doc_ids=packed, top_k=top_k)
         convert_s[name] = round(time.perf_counter() - t0, 2)
         indexes[name] = cache / data.name / name
     ds = load_beir_folder(data)
@@ -202,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path(".cache/compact-study"), help="where the indexes are kept between runs")
     p.add_argument("--embedding-cache", type=Path, default=Path(".cache/compact-study/embeddings"),
                    help="pooled document embeddings reused by the float32 builds (embedder/cache.py); 'none': encode everything")
-    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated QUANTISATION:DENSE_KIND[:packed] (default {DEFAULT_VARIANTS})")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS,
+                   help=f"comma-separated QUANTISATION:DENSE_KIND[:packed][:kN] (kN: each document's top N aligned tokens kept; default {DEFAULT_VARIANTS})")
+    p.add_argument("--runtime", default="auto", help="how the LLM encodes the documents of a float32 build not yet cached (auto, torch, openvino)")
+    p.add_argument("--dtype", default="auto", help="its precision (auto, fp32, bf16...)")
     p.add_argument("--tolerance", type=float, default=0.003, help="the largest nDCG@10 loss accepted (issue 53)")
     p.add_argument("--out", required=True, type=Path, help="the table's JSON file")
     args = p.parse_args(argv)
@@ -211,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     models: dict = {}
     results = {}
     for data in args.data:
-        results[data.name] = measure(data, args.cache, variants, models, None if str(args.embedding_cache) == "none" else args.embedding_cache)
+        results[data.name] = measure(data, args.cache, variants, models, None if str(args.embedding_cache) == "none" else args.embedding_cache,
+                                     args.runtime, args.dtype)
         print(data.name, json.dumps({k: results[data.name][k] for k in ("ndcg@10", "delta")}), flush=True)
     names = [variant_name(*v) for v in variants]
     labels = [label for label, _, _ in MEASURES]
@@ -243,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         "details": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(table, indent=2) + "\n")
+    partial = args.out.with_name(args.out.name + ".partial")
+    partial.write_text(json.dumps(table, indent=2) + "\n")
+    partial.replace(args.out)  # never half-written
     print(f"wrote {args.out}")
     return 0
 
