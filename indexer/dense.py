@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -136,16 +137,40 @@ class DenseIndex:
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(doc numbers int64 (n, k), cosine scores float32 (n, k)); -1 pads missing hits."""
         q = queries @ self.projection if self.projection is not None else queries
-        if self.row_doc is None:
-            scores, docs = self.index.search(normalise(q), k)
-            return docs, scores
-        from indexer.segments import best_per_document
+        with one_thread_for_one_query(len(q)):
+            if self.row_doc is None:
+                scores, docs = self.index.search(normalise(q), k)
+                return docs, scores
+            from indexer.segments import best_per_document
 
-        # k documents need at most k * (rows of the longest document) rows: every row ranked
-        # above a top-k document's best row belongs to one of the k-1 documents before it
-        depth = min(self.index.ntotal, k * self.max_rows_per_doc)
-        scores, rows = self.index.search(normalise(q), depth)
-        return best_per_document(rows, scores, self.row_doc, k)
+            # k documents need at most k * (rows of the longest document) rows: every row ranked
+            # above a top-k document's best row belongs to one of the k-1 documents before it
+            depth = min(self.index.ntotal, k * self.max_rows_per_doc)
+            scores, rows = self.index.search(normalise(q), depth)
+            return best_per_document(rows, scores, self.row_doc, k)
+
+
+@contextmanager
+def one_thread_for_one_query(n_queries: int) -> Iterator[None]:
+    """FAISS's OpenMP pool cut to one thread (in the calling thread, restored after) while it
+    searches a single query. FAISS splits a search by queries, so one query runs on one thread
+    anyway; the parallel region still wakes the other threads, and on a core another runtime
+    holds (the sentence encoder's or the LLM's threads, spinning after their forward) it waits
+    for them to be scheduled: the encoder channel's search of adi's 82 vectors took 7.5 ms (p50)
+    against 0.09 ms with one thread, two busy cores, and the woken threads' spinning slowed the
+    next query's MiniLM forward from 8.9 to 14.9 ms (benchmarks/results/query-stages-fast/).
+    Batches keep every thread."""
+    if n_queries != 1:
+        yield
+        return
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def _min_max_trained(index) -> bool:

@@ -9,6 +9,10 @@ encoder's forward has streamed its weights through them). The stages: the senten
 (which bm25+minilm pays too), the student's LLM tokens and table rows, its head, the LM head's
 top-M, the literal tokens, each fused channel's search, the fusion. The index must hold the
 encoder channel and a student must exist for its adapter (what ``build-index`` builds by default).
+
+``--profile fast`` times the default operating point instead (no query model: the sentence
+encoder, the query's own tokens, each channel's search, the fusion, and the explanation of the
+first 10 hits that ``search-index`` and the server show).
 """
 from __future__ import annotations
 
@@ -65,28 +69,65 @@ def stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
     return out
 
 
+def fast_stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
+    """Seconds per stage of one hybrid query through ``r`` with no query model (the ``fast``
+    profile, query_encoder "none"), then the explanation of its first 10 hits (what
+    ``search-index`` and the server show; beir-eval's timing leaves it out)."""
+    from retriever.query import EncodedQuery
+
+    out, t = {}, time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        out[name] = now - t
+        t = now
+
+    x = r.encoder.encode([query])
+    lap("sentence encoder")
+    lit = np.asarray(literal_ids(r.embedder, query, r.literal), np.int64)
+    q = EncodedQuery(query, lit, r.token_idf[np.clip(lit, 0, len(r.token_idf) - 1)], len(lit), np.zeros(0, np.float32),
+                     encoder_embedding=x[0], query_encoder="none")
+    lap("literal tokens")
+    used, channels = r.channels_of("hybrid"), {}
+    for m in used:
+        channels[m] = r.search_channel(q, m, FUSION_DEPTH)
+        lap(f"search {m}")
+    fused = r.fusion.fuse(channels, k)
+    [r.doc_ids[f.doc] for f in fused]
+    lap("fusion")
+    [r.explanations.hit(q, "hybrid", f.doc, f.score, True, used, f.contributions) for f in fused[:10]]
+    lap("explain top 10")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", required=True, help="an index built by build-index (or beir-eval --index-dir) with the encoder channel")
     ap.add_argument("--queries", required=True, help="queries.jsonl (BEIR layout)")
     ap.add_argument("--k", type=int, default=100, help="hits per query (beir-eval's depth: 100)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--profile", choices=("distilled", "fast"), default="distilled",
+                    help="the query path timed: the distilled student's (default) or the fast profile's (no query model)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    r = Retriever.load(args.index, query_encoder="auto", query_cache_size=0)
-    if r.student is None or r.student.kind != "token-bag" or r.student._compiled is None:
-        raise SystemExit(f"{args.index}: no compiled token-bag student for its adapter (query encoder {r.query_encoder})")
+    if args.profile == "fast":
+        r, stages_of = Retriever.load(args.index, profile="fast", query_cache_size=0), fast_stage_times
+    else:
+        r, stages_of = Retriever.load(args.index, query_encoder="auto", query_cache_size=0), stage_times
+        if r.student is None or r.student.kind != "token-bag" or r.student._compiled is None:
+            raise SystemExit(f"{args.index}: no compiled token-bag student for its adapter (query encoder {r.query_encoder})")
     queries = [q for q in read_queries(Path(args.queries)).values() if q.strip()]
     for q in queries[:5]:  # first calls: allocation, Numba, the LM head's tables
-        stage_times(r, q, args.k)
+        stages_of(r, q, args.k)
     whole, stages = [], {}
     for q in queries:
         t0 = time.perf_counter()
         r.search_encoded(r.encode([q]), k=args.k, explain=False)
         whole.append(time.perf_counter() - t0)
-        for name, s in stage_times(r, q, args.k).items():
+        for name, s in stages_of(r, q, args.k).items():
             stages.setdefault(name, []).append(s)
     total = np.sum([v for v in stages.values()], axis=0)
     result = {
@@ -95,9 +136,10 @@ def main(argv: list[str] | None = None) -> None:
         "index": args.index,
         "queries": args.queries,
         "n_queries": len(queries),
+        "profile": args.profile,
         "query_encoder": r.query_encoder,
-        "student_runtime": r.student.runtime_reason,
-        "lm_head": r.student_head.dtype,
+        "student_runtime": r.student.runtime_reason if r.student is not None else None,
+        "lm_head": r.student_head.dtype if r.student is not None else None,
         "fusion": r.fusion.as_dict(),
         "whole_query": latency_stats(whole),
         "sum_of_stages": latency_stats(total),
