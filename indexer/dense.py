@@ -156,10 +156,11 @@ def one_thread_for_one_query(n_queries: int) -> Iterator[None]:
     searches a single query. FAISS splits a search by queries, so one query runs on one thread
     anyway; the parallel region still wakes the other threads, and on a core another runtime
     holds (the sentence encoder's or the LLM's threads, spinning after their forward) it waits
-    for them to be scheduled: the encoder channel's search of adi's 82 vectors took 7.5 ms (p50)
-    against 0.09 ms with one thread, two busy cores, and the woken threads' spinning slowed the
-    next query's MiniLM forward from 8.9 to 14.9 ms (benchmarks/results/query-stages-fast/).
-    Batches keep every thread."""
+    for them to be scheduled (the encoder channel's search of adi's 82 vectors: 7.5 ms p50 against
+    0.09 ms with one thread, two busy cores); and the woken threads spin after it, on the core the
+    next query's sentence encoder needs: on two idle cores the default query's MiniLM forward took
+    4.2-10.1 ms with one thread against 7.1-13.5 ms without, the whole query 13-29 % less
+    (benchmarks/results/query-stages-fast/). Batches keep every thread."""
     if n_queries != 1:
         yield
         return
