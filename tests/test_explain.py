@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from retriever.explain import SYMBOLS, TokenExplainer, merge, term_words
+from retriever.explain import SYMBOLS, TokenExplainer, merge, term_sources, term_words
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,10 @@ def test_merge_and_bm25_terms_as_query_words():
 
     assert term_words(["pars", "option"], "Parsing the options", stem) == ["parsing", "options"]
     assert term_words(["Ġzebra"], "cat", stem, decode=lambda t: t.lstrip("Ġ")) == ["zebra"]
+    # the map a HitExplainer keeps per query text gives the same words
+    sources = term_sources("Parsing the options", stem)
+    assert sources == {"pars": "parsing", "option": "options"}
+    assert term_words(["option", "pars"], "Parsing the options", stem, sources=sources) == ["options", "parsing"]
 
 
 @pytest.mark.slow
