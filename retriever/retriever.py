@@ -262,6 +262,18 @@ class Retriever:
         return self.filters.mask(where)
 
     # ------------------------------------------------------------------ fusion
+    @property
+    def fusion(self) -> Fusion:
+        """The hybrid setting (:class:`Fusion`: checked, frozen)."""
+        return self._fusion
+
+    @fusion.setter
+    def fusion(self, setting: dict | Fusion) -> None:
+        """Assigning a setting checks it as the constructor does (a dict becomes a :class:`Fusion`,
+        a bad one is a ValueError), so no unchecked setting reaches a search; :meth:`with_fusion`
+        gives a view with another fusion and leaves this Retriever's alone."""
+        self._fusion = Fusion.of(setting)
+
     def with_fusion(self, fusion: dict | Fusion | None) -> Retriever:
         """This Retriever searching "hybrid" with another ``fusion`` setting (see ``__init__``).
 

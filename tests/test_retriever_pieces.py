@@ -87,3 +87,16 @@ def test_a_fusion_view_shares_every_piece(encoder_index, tiny_embedder):
         assert getattr(view, piece) is getattr(r, piece), piece
     assert isinstance(view.fusion, Fusion) and view.fusion == SETTING and r.fusion != SETTING
     r.close()
+
+
+def test_assigning_a_fusion_checks_it(encoder_index, tiny_embedder):
+    pytest.importorskip("sentence_transformers")
+    path, encoder = encoder_index
+    r = retriever_over(path, tiny_embedder, encoder, query_encoder="llm")
+    r.fusion = dict(SETTING)
+    assert isinstance(r.fusion, Fusion) and r.fusion == SETTING
+    assert r.search(QUERY, k=3, mode="hybrid")
+    with pytest.raises(ValueError, match="unknown channel"):
+        r.fusion = {"weights": {"telepathy": 1}}
+    assert r.fusion == SETTING  # a refused setting leaves the one before
+    r.close()
