@@ -31,17 +31,25 @@ from retriever.query import literal_ids
 from retriever.retriever import FUSION_DEPTH, Retriever
 
 
+class Laps:
+    """Times consecutive stages: each call records the seconds since the previous one (or since
+    it was made) under the stage's name, in :attr:`out`."""
+
+    def __init__(self) -> None:
+        self.out: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.out[name] = now - self._t
+        self._t = now
+
+
 def stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
     """Seconds per stage of one hybrid query through ``r`` (its distilled query encoder)."""
     from embedder.query_encoder import llm_token_ids
 
-    student, out, t = r.student, {}, time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal t
-        now = time.perf_counter()
-        out[name] = now - t
-        t = now
+    student, lap = r.student, Laps()
 
     x = r.student_encoder.encode([query])
     lap("sentence encoder")
@@ -66,7 +74,7 @@ def stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
     fused = r.fusion.fuse(channels, k)
     [r.doc_ids[f.doc] for f in fused]
     lap("fusion")
-    return out
+    return lap.out
 
 
 def fast_stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
@@ -75,13 +83,7 @@ def fast_stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
     ``search-index`` and the server show; beir-eval's timing leaves it out)."""
     from retriever.query import EncodedQuery
 
-    out, t = {}, time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal t
-        now = time.perf_counter()
-        out[name] = now - t
-        t = now
+    lap = Laps()
 
     x = r.encoder.encode([query])
     lap("sentence encoder")
@@ -98,7 +100,7 @@ def fast_stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
     lap("fusion")
     [r.explanations.hit(q, "hybrid", f.doc, f.score, True, used, f.contributions) for f in fused[:10]]
     lap("explain top 10")
-    return out
+    return lap.out
 
 
 def main(argv: list[str] | None = None) -> None:
