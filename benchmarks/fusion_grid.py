@@ -19,7 +19,7 @@ RECALL = "recall@100"
 
 @dataclass(frozen=True)
 class Setting:
-    method: str  # "minmax" or "rrf"
+    method: str  # "minmax", "max" (weighted sums of normalised scores) or "rrf"
     weights: tuple[float, ...]  # one per channel (rrf: 0 or 1 = channel left out or used)
     k: int = 60  # rrf constant
 
@@ -34,17 +34,26 @@ class Setting:
         return d
 
 
-def settings_grid(n_channels: int, step: float = 0.1) -> list[Setting]:
-    """Min-max weights on the simplex (step ``step``, at least two channels used) and RRF
-    over every subset of at least two channels, for each k in RRF_KS."""
+WEIGHTED = ("minmax", "max")  # the weighted-sum methods, by how each list is normalised
+NORMS = {"minmax": "min-max", "max": "max"}  # ranx's name of each one's normalisation
+
+
+def settings_grid(n_channels: int, step: float = 0.1, methods: tuple[str, ...] = ("minmax", "rrf")) -> list[Setting]:
+    """For each weighted method of ``methods``, weights on the simplex (step ``step``, at least
+    two channels used); for "rrf", every subset of at least two channels, each k in RRF_KS."""
+    unknown = set(methods) - {*WEIGHTED, "rrf"}
+    if unknown:
+        raise ValueError(f"fusion methods {sorted(unknown)}: expected some of {(*WEIGHTED, 'rrf')}")
     units = round(1 / step)
     out = []
-    for combo in itertools.product(range(units + 1), repeat=n_channels):
-        if sum(combo) == units and sum(c > 0 for c in combo) >= 2:
-            out.append(Setting("minmax", tuple(round(c * step, 10) for c in combo)))
-    for mask in itertools.product((0.0, 1.0), repeat=n_channels):
-        if sum(mask) >= 2:
-            out.extend(Setting("rrf", mask, k) for k in RRF_KS)
+    for method in (m for m in methods if m in WEIGHTED):
+        for combo in itertools.product(range(units + 1), repeat=n_channels):
+            if sum(combo) == units and sum(c > 0 for c in combo) >= 2:
+                out.append(Setting(method, tuple(round(c * step, 10) for c in combo)))
+    if "rrf" in methods:
+        for mask in itertools.product((0.0, 1.0), repeat=n_channels):
+            if sum(mask) >= 2:
+                out.extend(Setting("rrf", mask, k) for k in RRF_KS)
     return out
 
 
@@ -53,8 +62,8 @@ def fused_run(runs: list, setting: Setting):
     from ranx import fuse
 
     used = [(r, w) for r, w in zip(runs, setting.weights) if w > 0]
-    if setting.method == "minmax":
-        return fuse(runs=[r for r, _ in used], norm="min-max", method="wsum", params={"weights": [w for _, w in used]})
+    if setting.method in NORMS:
+        return fuse(runs=[r for r, _ in used], norm=NORMS[setting.method], method="wsum", params={"weights": [w for _, w in used]})
     return fuse(runs=[r for r, _ in used], method="rrf", params={"k": setting.k})
 
 

@@ -1,10 +1,16 @@
 """Fusing ranked lists from several channels (aligned-token sparse, dense, lexical BM25), and
 :class:`Fusion`, the one checked value every caller (library, CLIs, server) hands the Retriever.
 
-Two methods, matching ranx.fuse so that weights tuned with ranx apply here unchanged:
+Three methods, matching ranx.fuse so that weights tuned with ranx apply here unchanged:
 - "minmax": per query and channel, scores are min-max normalised over that channel's
   retrieved list, then summed with channel weights (ranx: norm="min-max", method="wsum").
   A document a channel did not retrieve gets 0 from it.
+- "max": the same weighted sum, each list divided by its largest score (ranx: norm="max").
+  Min-max stretches every list to [0, 1] whatever its shape; dividing by the top keeps how far
+  the top stands above the rest, so a channel whose top documents stand out counts for more on
+  that query than one whose list is flat (a per-query weight read from the scores, no labels).
+  It needs scores that are positive at the top: a list whose largest score is not positive is
+  min-max normalised instead (ranx would divide by 1e-9).
 - "rrf": reciprocal rank fusion, sum of 1 / (k + rank) (ranx: method="rrf", default k=60).
 """
 from __future__ import annotations
@@ -19,7 +25,7 @@ import numpy as np
 
 from indexer.channels import MODES
 
-METHODS = ("minmax", "rrf")
+METHODS = ("minmax", "max", "rrf")
 
 
 @dataclass
@@ -32,6 +38,11 @@ class FusedDoc:
 def _minmax(scores: np.ndarray) -> np.ndarray:
     lo, hi = float(scores.min()), float(scores.max())
     return (scores - lo) / (hi - lo) if hi > lo else np.ones_like(scores)
+
+
+def _max(scores: np.ndarray) -> np.ndarray:
+    hi = float(scores.max())
+    return scores / hi if hi > 0 else _minmax(scores)
 
 
 def fuse(
@@ -54,6 +65,8 @@ def fuse(
             continue
         if method == "minmax":
             values = w * _minmax(scores)
+        elif method == "max":
+            values = w * _max(scores)
         else:
             values = w / (rrf_k + np.arange(1, docs.size + 1))
         for d, v in zip(docs.tolist(), values.tolist()):

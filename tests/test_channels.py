@@ -71,6 +71,38 @@ def test_minmax_fusion_equals_ranx_wsum_of_minmax_normalised_runs():
         assert_same_fused_scores(our_fused(channels, weights, "minmax"), theirs[qid])
 
 
+def test_max_fusion_equals_ranx_wsum_of_max_normalised_runs():
+    rng = np.random.default_rng(5)
+    weights = {"sparse": 0.1, "encoder": 0.6, "bm25": 0.3}
+    names = list(weights)
+    # positive scores, as BM25's, the aligned tokens' and cosines at the top are (see the next tests)
+    queries = {f"q{i}": {c: (d, np.exp(s / 5)) for c, (d, s) in random_channels(rng, names).items()} for i in range(8)}
+    theirs = ranx_fused(queries, names, norm="max", method="wsum", params={"weights": list(weights.values())})
+    for qid, channels in queries.items():
+        assert_same_fused_scores(our_fused(channels, weights, "max"), theirs[qid])
+
+
+def test_max_fusion_keeps_how_far_a_channels_top_stands_out():
+    # two channels rank the same three documents; min-max makes both lists 1, 0.5, 0, so their
+    # orders weigh the same; dividing by the top keeps that "peaked"'s first document stands out
+    peaked = (np.array([1, 2, 3]), np.array([10.0, 2.0, 1.0]))
+    flat = (np.array([2, 1, 3]), np.array([0.9, 0.8, 0.7]))
+    weights = {"bm25": 0.5, "encoder": 0.5}
+    by_max = fuse({"bm25": peaked, "encoder": flat}, weights, k=3, method="max")
+    assert [f.doc for f in by_max] == [1, 2, 3]
+    assert by_max[0].contributions["bm25"] == pytest.approx(0.5)
+    assert by_max[1].contributions["bm25"] == pytest.approx(0.5 * 0.2)
+
+
+def test_max_fusion_of_a_list_without_a_positive_top_falls_back_to_min_max():
+    # dividing by a top <= 0 would turn the order over (ranx divides by 1e-9 instead)
+    negative = {"dense": (np.array([7, 8, 9]), np.array([-0.1, -0.2, -0.6]))}
+    by_max = fuse(negative, {"dense": 1.0}, k=3, method="max")
+    by_minmax = fuse(negative, {"dense": 1.0}, k=3, method="minmax")
+    assert [(f.doc, f.score) for f in by_max] == [(f.doc, f.score) for f in by_minmax]
+    assert [f.doc for f in by_max] == [7, 8, 9] and [f.score for f in by_max] == pytest.approx([1.0, 0.8, 0.0])
+
+
 def test_rrf_fusion_with_unit_weights_equals_ranx_rrf():
     rng = np.random.default_rng(1)
     names = ["sparse", "dense", "bm25"]
@@ -80,7 +112,7 @@ def test_rrf_fusion_with_unit_weights_equals_ranx_rrf():
         assert_same_fused_scores(our_fused(channels, dict.fromkeys(names, 1.0), "rrf"), theirs[qid])
 
 
-@pytest.mark.parametrize("method", ["minmax", "rrf"])
+@pytest.mark.parametrize("method", ["minmax", "max", "rrf"])
 def test_channel_contributions_sum_to_the_fused_score(method):
     channels = random_channels(np.random.default_rng(2), ["sparse", "dense", "bm25"])
     fused = fuse(channels, {"sparse": 1.0, "dense": 0.5, "bm25": 2.0}, k=100, method=method)

@@ -21,6 +21,15 @@ def test_grid_has_every_simplex_point_with_two_channels_and_every_rrf_subset():
     assert len(rrf) == 16 and len(set(rrf)) == 16
 
 
+def test_grid_takes_the_methods_asked_for_and_refuses_others():
+    both = settings_grid(3, 0.1, ("minmax", "max"))
+    assert [s.weights for s in both if s.method == "max"] == [s.weights for s in both if s.method == "minmax"]
+    assert len(both) == 126 and not any(s.method == "rrf" for s in both)
+    assert settings_grid(3, 0.1, ("max", "rrf")) == settings_grid(3, 0.1, ("max",)) + settings_grid(3, 0.1, ("rrf",))
+    with pytest.raises(ValueError, match="zmuv"):
+        settings_grid(3, 0.1, ("zmuv",))
+
+
 def test_folds_are_balanced_and_seeded():
     folds = folds_of(23, 5, seed=3)
     assert sorted(np.bincount(folds).tolist()) == [4, 4, 5, 5, 5]
@@ -47,13 +56,15 @@ def _random_channels(rng, n_docs=40, depth=15):
     return channels
 
 
-@pytest.mark.parametrize("setting", [Setting("minmax", (0.2, 0.2, 0.6)), Setting("minmax", (0.5, 0.0, 0.5)), Setting("rrf", (1.0, 1.0, 1.0), 30)])
+@pytest.mark.parametrize("setting", [Setting("minmax", (0.2, 0.2, 0.6)), Setting("minmax", (0.5, 0.0, 0.5)), Setting("max", (0.3, 0.1, 0.6)), Setting("rrf", (1.0, 1.0, 1.0), 30)])
 def test_fusion_tuned_with_ranx_is_the_fusion_the_retriever_serves(setting):
     from ranx import Run
 
     rng = np.random.default_rng(0)
     names = ["sparse", "dense", "bm25"]
     queries = {f"q{i}": _random_channels(rng) for i in range(5)}
+    if setting.method == "max":  # positive tops, as the channels' are (ranx divides a top <= 0 by 1e-9)
+        queries = {q: {c: (d, np.exp(s)) for c, (d, s) in chan.items()} for q, chan in queries.items()}
     runs = [Run({q: {f"d{d}": float(s) for d, s in zip(*chan[name])} for q, chan in queries.items()}) for name in names]
     fused = fused_run(runs, setting).to_dict()
     for q, channels in queries.items():

@@ -41,6 +41,11 @@ from benchmarks.fusion_grid import Setting, fused_run, per_query, settings_grid
 from benchmarks.tables import write_table
 
 RULES = ("mean", "regret", "rank", "margin")
+GRID_WORDS = {
+    "minmax": "min-max weights on a {step} simplex",
+    "max": "max-normalised weights (each list divided by its top score) on a {step} simplex",
+    "rrf": "RRF (k 10-100)",
+}
 
 
 def choose(means: np.ndarray, rule: str, reference: np.ndarray | None = None) -> int:
@@ -122,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--point", action="append", required=True, help="NAME=CHANNEL@FOLDER/SYSTEM,... (repeatable)")
     p.add_argument("--baseline", action="append", default=[], help="NAME@FOLDER/SYSTEM: a system to compare with (repeatable)")
     p.add_argument("--collections", default="adi,cisi,cranfield,medline,npl")
-    p.add_argument("--step", type=float, default=0.1, help="min-max weight grid step (default 0.1)")
+    p.add_argument("--step", type=float, default=0.1, help="weight grid step (default 0.1)")
+    p.add_argument("--methods", default="minmax,rrf", help="fusion methods in the grid: minmax, max, rrf (default minmax,rrf)")
     p.add_argument("--matrices", type=Path, default=None, help="cache of the per-query matrices (.npz): read if it exists, else written")
     p.add_argument("--title", default="Operating points: fusion weights chosen by a rule, judged leaving each collection out")
     p.add_argument("--out", type=Path, required=True)
@@ -133,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     points = [parse_point(x) for x in args.point]
     baselines = [Source.parse(x) for x in args.baseline]
     names = [c.strip() for c in args.collections.split(",") if c.strip()]
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     grids: dict[str, list[Setting]] = {}
     store: dict[str, np.ndarray] = {}
     matrices: dict[str, list[np.ndarray]] = {}  # point -> per collection (settings, queries)
@@ -147,14 +154,18 @@ def main(argv: list[str] | None = None) -> int:
             base_scores[b.name].append(float(per_query(qrels, b.run(args.results, name), qids).mean()))
         for point, sources in points:
             runs = [s.run(args.results, name) for s in sources]
-            grid = grids.setdefault(point, settings_grid(len(sources), args.step))
-            key = f"{point}|{name}|" + ",".join(f"{s.name}@{s.folder}/{s.system}" for s in sources) + f"|{args.step}"
-            if cached is not None and key in cached:
-                matrix = cached[key]
-            else:
-                matrix = np.stack([per_query(qrels, fused_run(runs, s), qids) for s in grid])
-            matrices.setdefault(point, []).append(matrix)
-            store[key] = matrix
+            blocks = []  # one (settings, queries) block per method, cached apart so another --methods reuses them
+            for method in methods:
+                grid = settings_grid(len(sources), args.step, (method,))
+                key = f"{point}|{name}|" + ",".join(f"{s.name}@{s.folder}/{s.system}" for s in sources) + f"|{args.step}|{method}"
+                if cached is not None and key in cached:
+                    block = cached[key]
+                else:
+                    block = np.stack([per_query(qrels, fused_run(runs, s), qids) for s in grid])
+                store[key] = block
+                blocks.append(block)
+            grids[point] = settings_grid(len(sources), args.step, methods)
+            matrices.setdefault(point, []).append(np.concatenate(blocks))
             for s, r in zip(sources, runs):
                 singles.setdefault(point, {}).setdefault(s.name, []).append(float(per_query(qrels, r, qids).mean()))
         print(f"{name}: {len(qids)} queries", file=sys.stderr, flush=True)
@@ -198,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             "(leave one collection out). Rules: `mean` (best mean nDCG@10: the rule behind today's default), `regret` "
             "(smallest worst-collection regret against each collection's best setting), `rank` (best mean rank), `margin` "
             "(largest worst-collection margin over the first baseline, then the best mean). Grid: "
-            f"min-max weights on a {args.step:g} simplex and RRF (k 10-100) over two or more channels. *worst Δ*: the lowest "
+            + ", ".join(GRID_WORDS[m] for m in methods).replace("{step}", f"{args.step:g}")
+            + " over two or more channels. *worst Δ*: the lowest "
             "per-collection difference to the first baseline; *wins*: collections above it. *setting on all five*: what the "
             "rule picks from every collection, the setting a point ships. Channels: "
             + "; ".join(f"{pt}: " + ", ".join(f"{s.name} = `{s.folder}/{s.system}`" for s in srcs) for pt, srcs in points)

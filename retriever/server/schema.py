@@ -63,7 +63,7 @@ class Fusion(BaseModel):
     """A hybrid setting for one request (default: the index's)."""
 
     model_config = ConfigDict(extra="forbid")
-    method: Literal["minmax", "rrf"] = "minmax"
+    method: Literal["minmax", "max", "rrf"] = "minmax"
     weights: dict[StrictStr, Weight] = Field(description="channel -> weight (>= 0)")
     rrf_k: StrictInt = Field(60, ge=1, le=10_000)
 
