@@ -22,11 +22,13 @@ SHIPPED_DIR = Path(__file__).parent / "adapters"
 # (held-out weights) and STS-B Spearman: Text2Token alone 0.295 / 0.304 / 0.483, 0.681; the first
 # contrastive adapter (40 steps, smollm2-135m-contrastive, still shipped so that indexes built
 # with it load) 0.411 / 0.407 / 0.512, 0.759; this one 0.430 / 0.456 / 0.522, 0.786.
-# smollm2-135m-contrastive-v3 is this adapter after 2,400 of epoch 1's 3,577 batches (training/epoch1/chunk-0019):
-# better alone on every shared collection (sparse 0.449 vs 0.430, dense 0.471 vs 0.456, model-free sparse 0.375
-# vs 0.345) and +0.009 held out in sparse + dense + BM25, but neutral where MiniLM is fused (the operating points);
-# shipped by name, not yet the default (benchmarks/results/release-chunk19/NOTES.md says what the switch needs).
-DEFAULT_ADAPTERS = {"smollm2-135m": "smollm2-135m-contrastive-v2"}
+# smollm2-135m-contrastive-v3 and -v4 are this adapter after 2,400 and 3,300 of epoch 1's 3,577 batches of all the
+# pairs (training/epoch1/chunk-0019, chunk-0022). v4 is the default since 2026-11-28, released by retrieval (issue 51's
+# rule): sparse + dense + BM25 held out 0.5220 -> 0.5320, every collection up but cranfield (-0.008); alone sparse
+# 0.449 vs 0.430, dense 0.473 vs 0.456, the query's own tokens 0.372 vs 0.345 (benchmarks/results/release-chunk22/NOTES.md).
+# No query student is distilled from v4 yet: query_encoder "auto" reads queries with the LLM on its indexes
+# (the operating points never use a student). contrastive-v2 ships on, with its student, for indexes built with it.
+DEFAULT_ADAPTERS = {"smollm2-135m": "smollm2-135m-contrastive-v4"}
 
 
 def shipped_adapters() -> list[str]:

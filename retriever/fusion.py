@@ -195,8 +195,10 @@ class Fusion(Mapping[str, Any]):
 # (benchmarks/results/contrastive-long/fusion_cv.json). That choice is in-sample (mean 0.531);
 # the held-out estimate is leave-one-collection-out, 0.522, above BM25 (0.458) on 4 of 5 collections,
 # not on NPL (0.430 vs 0.437: the weights chosen on the other four give sparse 0.3, too much on
-# NPL, where the sparse channel is weakest: 0.253 against BM25's 0.437).
-DEFAULT_FUSION = {"method": "minmax", "weights": {"sparse": 0.1, "dense": 0.4, "dense-ef": 0.0, "bm25": 0.5}}
+# NPL, where the sparse channel is weakest: 0.253 against BM25's 0.437). For smollm2-135m-contrastive-v4 (the
+# default adapter since 2026-11-28) the same rule picks sparse 0.3, dense 0.2, bm25 0.5: held out 0.532, against
+# 0.522 for v2 (benchmarks/results/release-chunk22-loco-sdb.json).
+DEFAULT_FUSION = {"method": "minmax", "weights": {"sparse": 0.3, "dense": 0.2, "dense-ef": 0.0, "bm25": 0.5}}
 # Default for an index that has the encoder channel (build-index --encoder): chosen by
 # benchmarks/fusion_cv.py --subsets over bm25, encoder (all-MiniLM-L6-v2), sparse and dense of the
 # default adapter (benchmarks/results/contrastive-long/fusion_encoder_subsets.json): the subset with

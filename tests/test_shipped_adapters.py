@@ -38,17 +38,38 @@ def test_unknown_adapter_lists_the_shipped_ones(tmp_path):
     assert all(n in str(info.value) for n in shipped_adapters())
 
 
-def test_the_default_adapter_ships_its_distilled_query_encoder():
-    """``query_encoder="auto"`` takes it; it must have been distilled from exactly these adapter weights."""
+def test_every_shipped_query_encoder_was_distilled_from_its_adapters_weights():
+    """``query_encoder="auto"`` takes a student kept beside an index's adapter: it must have been distilled from
+    exactly those weights. contrastive-v2 ships one; the default adapter (v4) has none yet, so "auto" is the LLM there."""
     from embedder.adapters import adapter_identity
     from embedder.query_encoder import STUDENT_FILE, DistilledQueryEncoder, student_beside
 
-    for name in DEFAULT_ADAPTERS.values():
+    with_student = []
+    for name in shipped_adapters():
         identity = adapter_identity(SHIPPED_DIR / name)
         path = student_beside(identity)
-        assert path is not None and (path / STUDENT_FILE).exists()
+        if path is None:
+            continue
+        with_student.append(name)
+        assert (path / STUDENT_FILE).exists()
         student = DistilledQueryEncoder.load(path)
         assert student.record["teacher"]["adapter"] == identity["sha256"]
         assert student.record["weights"] == "fp16" and student.kind == "token-bag"
         assert student.record["encoder"]["name"] == "minilm"
         assert student.record["faithfulness"]["n"] > 1000  # measured on held-out texts when it was distilled
+    assert "smollm2-135m-contrastive-v2" in with_student
+
+
+def test_auto_reads_queries_with_the_llm_where_the_adapter_has_no_student():
+    from embedder.adapters import adapter_identity
+    from embedder.query_encoder import student_beside
+    from retriever.query_encoding import choose_query_encoder
+
+    identity = adapter_identity(SHIPPED_DIR / DEFAULT_ADAPTERS["smollm2-135m"])
+    if student_beside(identity) is not None:
+        pytest.skip("the default adapter ships a student: auto takes it (the test above checks it)")
+
+    class NoStudentEmbedder:
+        adapter = identity
+
+    assert choose_query_encoder("auto", NoStudentEmbedder(), encoder=None) == (None, None)
