@@ -21,7 +21,8 @@ from conftest import save_tiny_sentence_encoder
 from indexer.build import build_index
 from indexer.checksums import json_checksum
 from indexer.manifest import MANIFEST, IndexFormatError, Manifest
-from retriever.retriever import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Retriever
+from retriever.profiles import get_profile
+from retriever.retriever import DEFAULT_FUSION, Retriever
 
 pytest.importorskip("sentence_transformers")
 
@@ -138,7 +139,8 @@ def test_encoder_mode_needs_an_encoder_index(toy_corpus, tiny_embedder, tmp_path
 
 def test_hybrid_of_bm25_and_encoder_never_runs_the_llm(encoder_index, tiny_embedder, monkeypatch):
     default = Retriever.load(encoder_index, embedder=tiny_embedder)
-    assert default.fusion == DEFAULT_FUSION_WITH_ENCODER  # the measured default adds the aligned tokens
+    # the index holds the fast profile's channels, so it is searched at that point: its fusion adds the aligned tokens
+    assert default.profile.name == "fast" and default.fusion == get_profile("fast").fusion
     assert default.channels_of("hybrid") == ["sparse", "bm25", "encoder"]
     # the LLM encodes the sparse query here (the fast profile would give it the query's own tokens, with no LLM at all)
     r = Retriever.load(encoder_index, embedder=tiny_embedder, fusion={"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}}, query_encoder="llm")

@@ -290,7 +290,7 @@ def test_a_query_with_undecodable_bytes_under_strict_utf8_stdout(built):
         ({"method": "minmax", "weights": {"dense": -1}}, "weights.dense"),
         ({"method": "minmax", "weights": {"dense": "0.5"}}, "weights.dense"),
         ({"method": "minmax", "weights": {"colbert": 0.5}}, "weights.colbert"),
-        ({"method": "max", "weights": {"sparse": 1}}, "method"),
+        ({"method": "borda", "weights": {"sparse": 1}}, "method"),
         ({"method": "rrf", "weights": {"sparse": 1}, "rrf_k": 0}, "rrf_k"),
         ({"method": "minmax", "weights": [("sparse", 1)]}, "weights"),
         ({"method": "minmax", "wieghts": {"sparse": 1}}, "wieghts"),

@@ -84,7 +84,8 @@ def loco(means: np.ndarray, rule: str, reference: np.ndarray | None = None) -> l
 
 @dataclass(frozen=True)
 class Source:
-    """Where one channel's (or a baseline's) runs are: ``FOLDER/runs/<collection>/SYSTEM``."""
+    """Where one channel's (or a baseline's) runs are: ``FOLDER/runs/<collection>/SYSTEM``
+    (``FOLDER`` may be ``A+B``: the first of them that holds the collection's run)."""
 
     name: str
     folder: str
@@ -103,11 +104,20 @@ class Source:
 
         from benchmarks.runs import read_trec
 
-        for suffix in (".trec", ".trec.gz"):
-            path = results / self.folder / "runs" / collection / f"{self.system}{suffix}"
-            if path.exists():
-                return Run(read_trec(path))
-        raise SystemExit(f"no run {results / self.folder / 'runs' / collection / self.system}.trec[.gz]")
+        # FOLDER may name several folders joined by "+", read in that order (a collection run apart)
+        for folder in self.folder.split("+"):
+            for suffix in (".trec", ".trec.gz"):
+                path = results / folder / "runs" / collection / f"{self.system}{suffix}"
+                if path.exists():
+                    return Run(read_trec(path))
+        raise SystemExit(f"no run {self.system}.trec[.gz] for {collection} in {', '.join(str(results / f / 'runs') for f in self.folder.split('+'))}")
+
+
+def save_matrices(path: Path, store: dict[str, np.ndarray]) -> None:
+    """The per-query matrices computed so far, written whole to a temporary file then renamed."""
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **store)
+    tmp.replace(path)
 
 
 def parse_point(text: str) -> tuple[str, list[Source]]:
@@ -146,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     base_scores: dict[str, list[float]] = {b.name: [] for b in baselines}
     singles: dict[str, dict[str, list[float]]] = {}
     cached = np.load(args.matrices, allow_pickle=False) if args.matrices is not None and args.matrices.exists() else None
+    if cached is not None:  # kept whole: matrices of points this run does not name stay in the file
+        store.update({key: cached[key] for key in cached.files})
     for name in names:
         ds = dsets.resolve(name, "test")[0]
         qids = list(ds.queries)
@@ -169,9 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             for s, r in zip(sources, runs):
                 singles.setdefault(point, {}).setdefault(s.name, []).append(float(per_query(qrels, r, qids).mean()))
         print(f"{name}: {len(qids)} queries", file=sys.stderr, flush=True)
-
-    if args.matrices is not None:
-        np.savez_compressed(args.matrices, **store)
+        if args.matrices is not None:  # after each collection: a later failure keeps what was computed
+            save_matrices(args.matrices, store)
     columns = ["point", "rule", *names, "mean", "worst Δ vs " + (baselines[0].name if baselines else "-"), "wins", "setting on all five"]
     rows: list[list] = []
     details: dict = {"points": {}, "baselines": {b.name: dict(zip(names, base_scores[b.name])) for b in baselines}}
