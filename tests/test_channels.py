@@ -83,8 +83,8 @@ def test_max_fusion_equals_ranx_wsum_of_max_normalised_runs():
 
 
 def test_max_fusion_keeps_how_far_a_channels_top_stands_out():
-    # two channels rank the same three documents; min-max makes both lists 1, 0.5, 0, so their
-    # orders weigh the same; dividing by the top keeps that "peaked"'s first document stands out
+    # two channels rank the same three documents; min-max sends both lists' ends to 1 and 0, so
+    # their first places weigh the same; dividing by the top keeps how far "peaked"'s first stands out
     peaked = (np.array([1, 2, 3]), np.array([10.0, 2.0, 1.0]))
     flat = (np.array([2, 1, 3]), np.array([0.9, 0.8, 0.7]))
     weights = {"bm25": 0.5, "encoder": 0.5}
