@@ -294,8 +294,8 @@ def recorded_int8_verdict(adapter: dict | None) -> tuple[bool, str]:
     The check (nDCG@10 of int8 documents and queries within 0.005 of fp32 on every shared
     collection) needs the collections and minutes, so the probe cannot run it: a run of it records
     ``{"adapter_sha256", "passed", "max_ndcg_drop", "source"}`` as ``int8-quality.json`` in the
-    adapter's directory. None is shipped yet (int8 missed the top-64 bar on 2 AVX512-BF16 cores and
-    met it only just on AMX: docs/speed-and-precision.md)."""
+    adapter's directory (:func:`write_int8_verdict`; ``python -m benchmarks.studies.precision_table
+    --int8-verdict DIR`` writes it from two beir-eval runs)."""
     path = Path((adapter or {}).get("path") or "") / INT8_VERDICT_FILE if adapter and adapter.get("path") else None
     if path is None or not path.is_file():
         return False, f"no recorded nDCG@10 verdict (issue 28's shared-collection check, within {NDCG_TOLERANCE}) for this adapter"
@@ -309,6 +309,27 @@ def recorded_int8_verdict(adapter: dict | None) -> tuple[bool, str]:
     if data.get("passed") is True and isinstance(drop, (int, float)) and drop <= NDCG_TOLERANCE:
         return True, f"nDCG@10 within {drop} of fp32 ({data.get('source', path)})"
     return False, f"nDCG@10 check not passed ({path}: max drop {drop})"
+
+
+def write_int8_verdict(adapter_dir: str | Path, differences: dict[str, float], source: str, cpu: str) -> dict:
+    """Record issue 28's shared-collection check for int8 with the adapter in ``adapter_dir``, as
+    ``int8-quality.json`` there (written atomically): the verdict :func:`recorded_int8_verdict` reads.
+
+    ``differences`` maps "collection/system" to int8's nDCG@10 minus fp32's. Passed when every one is
+    within ``NDCG_TOLERANCE`` either way: an int8 run that scores much *higher* is just as much a
+    different model. The adapter's weights are hashed here, so the verdict cannot outlive them."""
+    from embedder.util import weights_sha256, write_json_atomic
+
+    if not differences:
+        raise ValueError("write_int8_verdict: no nDCG@10 differences to judge")
+    worst_drop = max(0.0, -min(differences.values()))
+    verdict = {
+        "adapter_sha256": weights_sha256(adapter_dir), "passed": all(abs(d) <= NDCG_TOLERANCE for d in differences.values()),
+        "max_ndcg_drop": round(worst_drop, 4), "max_abs_difference": round(max(abs(d) for d in differences.values()), 4),
+        "tolerance": NDCG_TOLERANCE, "differences": {k: round(v, 4) for k, v in sorted(differences.items())}, "source": source, "cpu": cpu,
+    }
+    write_json_atomic(Path(adapter_dir) / INT8_VERDICT_FILE, verdict)
+    return verdict
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -431,5 +452,5 @@ def _openvino_version() -> str:
 __all__ = [
     "COSINE_MIN", "INT8_VERDICT_FILE", "OVERLAP_MIN", "PROBE_DOCUMENTS", "PROBE_QUERIES", "SPEED_PROBE_VERSION", "Measurement",
     "ProbeSetup", "SpeedVerdict", "Trial", "choose", "judge", "measure", "probe_speed", "recorded_int8_verdict", "time_hidden",
-    "time_openvino",
+    "time_openvino", "write_int8_verdict",
 ]
