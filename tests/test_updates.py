@@ -68,8 +68,13 @@ def assert_same_search(updated: Path, rebuilt: Path, embedder) -> None:
     for mode in MODES:
         for query in QUERIES:
             got, want = a.search(query, k=10, mode=mode), b.search(query, k=10, mode=mode)
-            assert [h.doc_id for h in got] == [h.doc_id for h in want], (mode, query)
             np.testing.assert_allclose([h.score for h in got], [h.score for h in want], atol=1e-5, err_msg=f"{mode}: {query}")
+            # The same ranking, but for near ties: an update encodes its documents in other batches than a rebuild, and
+            # on AVX-512 kernels that moves a score in its 7th digit (0.92911911 vs 0.92911917), enough to swap two docs.
+            want_score = {h.doc_id: h.score for h in want}
+            for i, (g, w) in enumerate(zip(got, want)):
+                if g.doc_id != w.doc_id:
+                    assert g.doc_id in want_score and abs(want_score[g.doc_id] - w.score) <= 1e-5, (mode, query, i, g.doc_id, w.doc_id)
 
 
 def test_update_equals_a_rebuild_of_the_final_corpus(tmp_path, tiny_embedder, encoder):
