@@ -38,15 +38,6 @@ def _results(folder: Path) -> dict:
     return load_results(path)
 
 
-def _runtime(res: dict, system: str) -> str:
-    for ds in res["datasets"]:
-        params = (res.get("systems") or {}).get(system, {}).get("params") or {}
-        rt = params.get("runtime") or (ds["results"].get(system, {}).get("params") or {}).get("runtime")
-        if rt:
-            return f"{rt.get('name')} {rt.get('dtype')}"
-    return (res.get("settings") or {}).get("runtime", "?")
-
-
 def _params(res: dict, system: str) -> dict:
     """The params beir-eval recorded for ``system`` (run-level, else the first collection's)."""
     params = (res.get("systems") or {}).get(system, {}).get("params")
@@ -56,6 +47,11 @@ def _params(res: dict, system: str) -> dict:
         if ds["results"].get(system, {}).get("params"):
             return ds["results"][system]["params"]
     return {}
+
+
+def _runtime(res: dict, system: str) -> str:
+    rt = _params(res, system).get("runtime")
+    return f"{rt.get('name')} {rt.get('dtype')}" if rt else (res.get("settings") or {}).get("runtime", "?")
 
 
 def _int8_verdict(adapter_dir: Path, ref: dict, cand: dict, systems: list[str], differences: dict[str, float], missing: list[str],
