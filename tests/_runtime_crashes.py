@@ -17,6 +17,13 @@ def die(signal_name: str = "SIGFPE", **_: object) -> None:
     os.kill(os.getpid(), getattr(signal, signal_name))
 
 
+def hang(seconds: float = 30.0, **_: object) -> None:
+    """Never answer in time, as a compile stuck in a native loop does."""
+    import time
+
+    time.sleep(seconds)
+
+
 def compile_that_crashes_in_bf16(xml: str, config: dict, count_in: str | None = None) -> None:
     """The real probe compile, except that bf16 kills the process (the AMX crash, simulated)."""
     if count_in:

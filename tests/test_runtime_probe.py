@@ -30,7 +30,7 @@ def test_a_child_that_raises_gives_its_message():
 
 
 def test_a_child_that_hangs_is_stopped():
-    verdict = run_in_child("time:sleep", {"secs": 30}, timeout=2)
+    verdict = run_in_child(f"{CRASHES}:hang", {"seconds": 30}, timeout=2)
     assert not verdict.ok and "no answer after 2 s" in verdict.reason
 
 
