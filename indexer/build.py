@@ -39,6 +39,7 @@ from indexer.channels import (
 from indexer.channels import spec as channel_spec
 from indexer.compact import compact_dense_kind, impacts_record, quantise_channel_files
 from indexer.corpus import CorpusSpec, Document
+from indexer.dense import ENCODER_NAME
 from indexer.diskspace import NoSpaceError, write_bytes
 from indexer.generations import build_lock, publish_staged, rename_exchange, stage
 from indexer.generations import sweep as sweep_generations
@@ -140,9 +141,10 @@ class BuildPlan:
         return tuple(s for s in CHANNEL_SPECS if s.mode in self.channels)
 
     @property
-    def encoder(self) -> SentenceEncoder | None:
-        """The sentence encoder the shards run (the setting of a channel that needs one)."""
-        return next((self.channels[s.mode] for s in self.specs if SENTENCE_ENCODER in s.build_needs), None)
+    def encoders(self) -> dict[str, SentenceEncoder]:
+        """The sentence encoders the shards run, by the shards' array each fills (the settings of
+        the channels that need one: "encoder", "encoder2")."""
+        return {s.name: self.channels[s.mode] for s in self.specs if SENTENCE_ENCODER in s.build_needs}
 
 
 def build_index(
@@ -158,6 +160,7 @@ def build_index(
     embedfilter_tau: int | None = None,
     lexical: str | None = None,
     encoder: SentenceEncoder | None = None,
+    encoder2: SentenceEncoder | None = None,
     workers: int = 1,
     embedder_spec: EmbedderSpec | None = None,
     segments: bool = False,
@@ -172,8 +175,9 @@ def build_index(
     Channels besides the aligned-token postings (each a row of indexer/channels.py, turned on by
     its ``option``): ``dense`` (FAISS over the pooled embeddings), ``embedfilter_tau`` (a second
     dense index of EmbedFilter-projected embeddings, see embedder/embedfilter.py), ``lexical``
-    ("words" or "tokens": BM25 postings) and ``encoder`` (a sentence-transformers model,
-    embedder/sentence_encoder.py: its normalised embeddings in one more FAISS index, mode "encoder").
+    ("words" or "tokens": BM25 postings), ``encoder`` (a sentence-transformers model,
+    embedder/sentence_encoder.py: its normalised embeddings in one more FAISS index, mode "encoder")
+    and ``encoder2`` (a second one, mode "encoder2": the ``best`` operating point's).
     ``channels``: more channels by any of their names, {name: setting} (a channel without a
     keyword of its own here is built this way).
 
@@ -195,7 +199,8 @@ def build_index(
     and BM25, and the dense channels as :data:`indexer.compact.COMPACT_DENSE_KIND` where
     ``dense_kind`` is the default Flat. The shards are those of a plain build (same resume key).
     """
-    options = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical or None, "encoder": encoder}  # None: not built
+    options = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical or None, "encoder": encoder,
+               "encoder2": encoder2}  # None: not built
     chosen = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.option in options and options[s.option] is not None}
     chosen |= {channel_spec(name).mode: setting for name, setting in (channels or {}).items()}
     plan = BuildPlan.make(chosen, embedder, top_k, chunk_size, segments, max_segments, Executor(workers, embedder_spec, ray), dense_kind,
@@ -210,7 +215,7 @@ def build(
     :func:`build_index`, its keyword form); returns the manifest written."""
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(Path(corpus))
     target = Path(index_dir)
-    executor, encoder = plan.executor, plan.encoder
+    executor, encoders = plan.executor, plan.encoders
     if executor.local and getattr(embedder, "runtime_name", None):
         # resolve (and, the first time on this machine, probe) the runtime now, so that the
         # shards' key and the manifest name the runtime that really encodes
@@ -220,10 +225,10 @@ def build(
         if os.path.lexists(target) and not overwrite:
             raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
         sweep_generations(target)
-        store = ShardStore(target, _shard_params(spec, embedder, encoder, plan.shards))
+        store = ShardStore(target, _shard_params(spec, embedder, encoders, plan.shards))
         done = False
         try:
-            encode = _encode_all(spec, store, embedder, encoder, plan.shards, plan.progress, executor.workers, executor.embedder_spec, executor.ray)
+            encode = _encode_all(spec, store, embedder, encoders, plan.shards, plan.progress, executor.workers, executor.embedder_spec, executor.ray)
             with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
                 manifest = _merge_into(spec, tmp, store, encode, embedder, plan)
                 generation = stage(tmp, target)
@@ -247,7 +252,7 @@ def build(
     return manifest
 
 
-def _shard_params(spec: CorpusSpec, embedder: Embedder, encoder, plan: ShardPlan) -> dict:
+def _shard_params(spec: CorpusSpec, embedder: Embedder, encoders: Mapping[str, SentenceEncoder], plan: ShardPlan) -> dict:
     """Everything that decides the shards' content: the key of a resumable build."""
     return {
         "format_version": FORMAT_VERSION,
@@ -259,7 +264,9 @@ def _shard_params(spec: CorpusSpec, embedder: Embedder, encoder, plan: ShardPlan
         "runtime": {key: embedder.runtime_info().get(key) for key in ("name", "dtype")},
         "top_k": plan.k,
         "embeddings": plan.keep_embeddings,
-        "encoder": encoder.identity if encoder is not None else None,
+        # each array's encoder; a one-encoder build keeps the key it always had (its shards still resume)
+        **{array: encoder.identity for array, encoder in encoders.items()},
+        **({} if ENCODER_NAME in encoders else {ENCODER_NAME: None}),
         "shard_size": plan.shard_size,
         "segments": plan.windows,
     }
@@ -288,7 +295,7 @@ def _swap_into_place(tmp: Path, target: Path) -> None:
 
 
 def _encode_shards(
-    spec: CorpusSpec, store_path: Path, embedder: Embedder, encoder, plan: ShardPlan,
+    spec: CorpusSpec, store_path: Path, embedder: Embedder, encoders: Mapping[str, SentenceEncoder], plan: ShardPlan,
     mine: Callable[[int], bool], skip: set[int], progress: bool, position: int = 0,
     starting: Callable[[int], None] | None = None,
 ) -> tuple[int, int]:
@@ -302,7 +309,7 @@ def _encode_shards(
         if mine(number) and number not in skip:
             if starting is not None:
                 starting(number)
-            arrays, meta = encode_shard(chunk, embedder, encoder, plan, encoded=bar.update)  # the bar moves per batch
+            arrays, meta = encode_shard(chunk, embedder, encoders, plan, encoded=bar.update)  # the bar moves per batch
             commit_shard(store_path, number, arrays, meta)
             n_tokens += meta["n_tokens"]
             seconds += meta["encode_seconds"]
@@ -316,17 +323,17 @@ def _encode_shards(
 def _worker(job: tuple, reporter: Reporter) -> tuple[int, int]:
     """A ``--workers`` process: load the embedder, encode the shards ``number % n == w``."""
     spec, store_path, embedder_spec, plan, w, n, skip, progress = job
-    embedder, encoder = embedder_spec.load()
+    embedder, encoders = embedder_spec.load()
     # the machine's cores shared between workers, not each worker taking all of them. Set after
     # the load: set before it, 2 workers ran 1.6x faster on 2 AVX2 cores but a resumed build's
     # postings weights no longer matched a one-process build's byte for byte
     # (tests/test_runtime_probe.py); not understood yet
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
-    return _encode_shards(spec, store_path, embedder, encoder, plan, lambda i: i % n == w, skip, progress, w, reporter.starting)
+    return _encode_shards(spec, store_path, embedder, encoders, plan, lambda i: i % n == w, skip, progress, w, reporter.starting)
 
 
 def _encode_all(
-    spec: CorpusSpec, store: ShardStore, embedder: Embedder, encoder, plan: ShardPlan,
+    spec: CorpusSpec, store: ShardStore, embedder: Embedder, encoders: Mapping[str, SentenceEncoder], plan: ShardPlan,
     progress: bool, workers: int, embedder_spec: EmbedderSpec | None, ray: RayOptions | None = None,
 ) -> dict:
     """Make sure every shard is committed; returns {"n_shards", "n_empty", "resumed", "executor"}."""
@@ -335,7 +342,7 @@ def _encode_all(
     if ray is not None:
         n_shards, n_empty, executor = _encode_on_ray(spec, store, plan, progress, embedder_spec, ray, skip)
     elif workers == 1:
-        n_shards, n_empty = _encode_shards(spec, store.path, embedder, encoder, plan, lambda i: True, skip, progress)
+        n_shards, n_empty = _encode_shards(spec, store.path, embedder, encoders, plan, lambda i: True, skip, progress)
     else:
         from indexer.corpus import CorpusError
 
@@ -458,7 +465,7 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
             "encoded_with": _runtimes_of(metas),
             # documents longer than max_length tokens, read by the LLM channels up to there (--segments reads them whole)
             **({"documents_cut": sum(m.get("n_cut", 0) for m in metas)} if plan.shards.windows is None else {}),
-            **({"encoder_seconds": round(encoder_seconds, 3)} if plan.encoder is not None else {}),
+            **({"encoder_seconds": round(encoder_seconds, 3)} if plan.encoders else {}),
             "device": embedder.device,
             "torch_threads": torch.get_num_threads(),
         },

@@ -4,9 +4,12 @@ The default set holds every channel the two operating points search (retriever/p
 so that one index serves both (``--profile fast|best`` at load time, no rebuild):
 
 - with the encoder extra installed (``pip install '.[encoder]'``, which ``make`` does):
-  aligned tokens + the LLM dense channel + BM25 on words + the MiniLM encoder. ``fast`` fuses
-  BM25, MiniLM and the query's own tokens in the aligned-token index; ``best`` adds the LLM's
-  query expansion and its dense channel (BENCHMARKS.md, "Operating points"). The dense channel
+  aligned tokens + the LLM dense channel + BM25 on words + the MiniLM encoder, and, where
+  all-mpnet-base-v2 is installed too (``make`` does so), the mpnet encoder as the second encoder
+  channel. ``fast`` fuses BM25, MiniLM and the query's own tokens in the aligned-token index;
+  ``best`` fuses BM25, mpnet and the query's own tokens (on an index without mpnet, it adds the
+  LLM's query expansion and its dense channel to ``fast`` instead: BENCHMARKS.md, "Operating
+  points"). mpnet reads every document once more at ~1/5 of MiniLM's speed. The dense channel
   costs 1 byte x the model's width per document in a compact index, build-index's default (576 bytes
   for SmolLM2-135M; 4 bytes x the width, 2.3 KB, with --no-compact: indexer/compact.py);
 - without it: aligned tokens + dense + BM25 on words (LOCO 0.522,
@@ -24,21 +27,23 @@ from indexer.channels import spec as channel_spec
 
 CHANNELS = MODES  # every channel, in the table's order (indexer/channels.py)
 DEFAULT_ENCODER = channel_spec("encoder").default
+DEFAULT_ENCODER2 = channel_spec("encoder2").default
 DEFAULT_ANALYZER = channel_spec("bm25").default
+WITH_BOTH_ENCODERS = ("sparse", "dense", "bm25", "encoder", "encoder2")
 WITH_ENCODER = ("sparse", "dense", "bm25", "encoder")
 WITHOUT_ENCODER = ("sparse", "dense", "bm25")
 
 
-def encoder_available(name: str = DEFAULT_ENCODER) -> bool:
-    """Whether the default encoder can be loaded here: sentence-transformers importable and
-    the packaged model installed (the ``encoder`` extra)."""
+def encoder_available(name: str | None = None) -> bool:
+    """Whether the encoder ``name`` (default: MiniLM) can be loaded here: sentence-transformers
+    importable and the packaged model installed (the ``encoder`` extra; mpnet: its zip parts)."""
     if importlib.util.find_spec("sentence_transformers") is None:
         return False
     from embedder.models import ModelNotAvailable
     from embedder.sentence_encoder import resolve_encoder
 
     try:
-        resolve_encoder(name)
+        resolve_encoder(name or DEFAULT_ENCODER)
     except ModelNotAvailable:
         return False
     return True
@@ -46,7 +51,9 @@ def encoder_available(name: str = DEFAULT_ENCODER) -> bool:
 
 def default_channels() -> tuple[str, ...]:
     """The channels ``build-index`` builds when none are named (see the module docstring)."""
-    return WITH_ENCODER if encoder_available() else WITHOUT_ENCODER
+    if not encoder_available():
+        return WITHOUT_ENCODER
+    return WITH_BOTH_ENCODERS if encoder_available(DEFAULT_ENCODER2) else WITH_ENCODER
 
 
 def parse_channels(text: str) -> tuple[str, ...]:
@@ -61,30 +68,33 @@ def parse_channels(text: str) -> tuple[str, ...]:
 
 
 def resolve(channels: str | None, dense: bool = False, embedfilter_tau: int | None = None, lexical: str | None = None,
-            encoder: str | None = None) -> tuple[tuple[str, ...], dict, bool]:
+            encoder: str | None = None, encoder2: str | None = None) -> tuple[tuple[str, ...], dict, bool]:
     """(channels, build_index options, whether they are the default set) from the command line:
     ``channels`` (``--channels LIST``) and the older per-channel flags, which add their channel
-    and set its option (``--lexical tokens``, ``--encoder NAME``, ``--embedfilter TAU``). With
+    and set its option (``--lexical tokens``, ``--encoder NAME``, ``--encoder2 NAME``, ``--embedfilter TAU``). With
     neither, :func:`default_channels`."""
-    flags = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical, "encoder": encoder}
+    flags = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical, "encoder": encoder, "encoder2": encoder2}
     named = [s.mode for s in CHANNEL_SPECS if flags.get(s.option) is not None]
     if channels is None and not named:
         chosen, default = default_channels(), True
     else:
         listed = parse_channels(channels) if channels is not None else tuple(s.mode for s in CHANNEL_SPECS if s.required)
         chosen, default = tuple(c for c in CHANNELS if c in listed or c in named), False
-    return chosen, build_options(chosen, encoder, lexical, embedfilter_tau), default
+    return chosen, build_options(chosen, encoder, lexical, embedfilter_tau, encoder2), default
 
 
-def build_options(channels: tuple[str, ...], encoder: str | None = None, lexical: str | None = None, embedfilter_tau: int | None = None) -> dict:
+def build_options(channels: tuple[str, ...], encoder: str | None = None, lexical: str | None = None, embedfilter_tau: int | None = None,
+                  encoder2: str | None = None) -> dict:
     """Keyword arguments of ``indexer.build.build_index`` for a channel set (the encoder by name):
-    ``encoder`` / ``lexical`` / ``embedfilter_tau`` override the defaults of their channel (each
+    ``encoder`` / ``encoder2`` / ``lexical`` / ``embedfilter_tau`` override the defaults of their channel (each
     channel's ``option`` and ``default`` in indexer/channels.py)."""
-    given = {"encoder": encoder, "lexical": lexical, "embedfilter_tau": embedfilter_tau}
+    given = {"encoder": encoder, "encoder2": encoder2, "lexical": lexical, "embedfilter_tau": embedfilter_tau}
+    # the encoders' defaults as this module names them (where a packager, or a test, points them)
+    defaults = {"encoder": DEFAULT_ENCODER, "encoder2": DEFAULT_ENCODER2}
     options: dict = {"dense": "dense" in channels}  # build_index's dense is a bool, False where not built
     for s in CHANNEL_SPECS:
         if s.option is not None and s.mode in channels:
-            options[s.option] = given.get(s.option) or s.default_setting()
+            options[s.option] = given.get(s.option) or defaults.get(s.option) or s.default_setting()
     return options
 
 

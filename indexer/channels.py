@@ -22,14 +22,14 @@ a reader is given the channel's own manifest record, not the manifest.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
+from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER2_NAME, ENCODER_NAME, DenseIndex
 from indexer.errors import IndexFormatError
 from indexer.inverted_index import InvertedIndex
 from indexer.layout import BITPACKED_DOC_IDS, MANIFEST, UINT8_IMPACTS
@@ -41,13 +41,13 @@ LLM_TOKENS = "llm-tokens"  # the top-K aligned tokens of each document's LLM sta
 LLM_EMBEDDINGS = "llm-embeddings"  # the documents' pooled LLM states, kept in the shards
 LM_HEAD = "lm-head"  # the model's LM head (EmbedFilter's projection is computed from it)
 TEXT = "text"  # the documents' raw text, read in the build's pass over the corpus that stores them
-SENTENCE_ENCODER = "sentence-encoder"  # an external sentence encoder's embeddings, computed in the shards
+SENTENCE_ENCODER = "sentence-encoder"  # an external sentence encoder's embeddings, computed in the shards (an array named as the row)
 BUILD_NEEDS = (LLM_TOKENS, LLM_EMBEDDINGS, LM_HEAD, TEXT, SENTENCE_ENCODER)
 # at query time
 LLM_STATE = "llm-state"  # the query's LLM state h (the LLM or a distilled student computes it)
 LITERAL_TOKENS = "literal-tokens"  # the query's own tokens in the LLM's vocabulary (no model needed)
 ANALYSED_TERMS = "analysed-terms"  # the query's terms through the channel's analyser (BM25)
-ENCODER_EMBEDDING = "encoder-embedding"  # the sentence encoder's embedding of the query
+ENCODER_EMBEDDING = "encoder-embedding"  # the channel's sentence encoder's embedding of the query
 QUERY_NEEDS = (LLM_STATE, LITERAL_TOKENS, ANALYSED_TERMS, ENCODER_EMBEDDING)
 QUERY_KINDS = ("sparse", "dense")  # how a backend is asked: (ids, weights) or one vector
 
@@ -127,11 +127,16 @@ class _EmbedFilterWriter(ChannelWriter):
         return {"tau": tau, "left": left, "right": right, "dim": right - left, "kind": ctx.dense_kind, "normalised": True}
 
 
-class _EncoderWriter(ChannelWriter):
-    def finish(self) -> dict:
-        ctx, encoder = self.ctx, self.ctx.setting
-        DenseIndex.build_from_chunks(ctx.column("encoder"), ctx.dense_kind).save(ctx.out, ENCODER_NAME)
-        return {**encoder.describe(), "kind": ctx.dense_kind, "normalised": True, "metric": "inner_product"}
+def _encoder_writer(name: str) -> Callable[[WriteContext], ChannelWriter]:
+    """The writer of a sentence-encoder channel whose shards' array and files are called ``name``."""
+
+    class _EncoderWriter(ChannelWriter):
+        def finish(self) -> dict:
+            ctx, encoder = self.ctx, self.ctx.setting
+            DenseIndex.build_from_chunks(ctx.column(name), ctx.dense_kind).save(ctx.out, name)
+            return {**encoder.describe(), "kind": ctx.dense_kind, "normalised": True, "metric": "inner_product"}
+
+    return _EncoderWriter
 
 
 class _BM25Writer(ChannelWriter):
@@ -267,9 +272,18 @@ CHANNEL_SPECS: tuple[ChannelSpec, ...] = (
     ChannelSpec(
         mode="encoder", manifest_key="encoder", name=ENCODER_NAME, attribute="encoder_index", files=(f"{ENCODER_NAME}.faiss",),
         build_needs=frozenset({SENTENCE_ENCODER}), query_needs=frozenset({ENCODER_EMBEDDING}), query_kind="dense",
-        writer=_EncoderWriter, reader=_read_dense(ENCODER_NAME), option="encoder", flag="--encoder NAME", default="minilm",
+        writer=_encoder_writer(ENCODER_NAME), reader=_read_dense(ENCODER_NAME), option="encoder", flag="--encoder NAME", default="minilm",
         fields=(("dim", "positive-int"), ("name", "str"), ("sha256", "str")),
         doc="cosine over an external sentence-transformers encoder's embeddings (embedder/sentence_encoder.py)",
+    ),
+    # a second encoder, so that one index serves both operating points (retriever/profiles.py):
+    # ``fast`` reads the cheap one above at query time, ``best`` this stronger, costlier one
+    ChannelSpec(
+        mode="encoder2", manifest_key="encoder2", name=ENCODER2_NAME, attribute="encoder2_index", files=(f"{ENCODER2_NAME}.faiss",),
+        build_needs=frozenset({SENTENCE_ENCODER}), query_needs=frozenset({ENCODER_EMBEDDING}), query_kind="dense",
+        writer=_encoder_writer(ENCODER2_NAME), reader=_read_dense(ENCODER2_NAME), option="encoder2", flag="--encoder2 NAME", default="mpnet",
+        fields=(("dim", "positive-int"), ("name", "str"), ("sha256", "str")),
+        doc="cosine over a second sentence encoder's embeddings (default all-mpnet-base-v2: the 'best' operating point's)",
     ),
 )
 
@@ -309,6 +323,14 @@ def of_kind(query_kind: str) -> tuple[str, ...]:
     return tuple(s.mode for s in CHANNEL_SPECS if s.query_kind == query_kind)
 
 
+def sentence_encoder_specs(modes: Iterable[str] | None = None) -> tuple[ChannelSpec, ...]:
+    """The rows of sentence-encoder channels ("encoder", "encoder2"), in table order; with
+    ``modes``, those among them. Each keeps its embeddings in the shards' array named as the row
+    (:attr:`ChannelSpec.name`), and its query is its own encoder's embedding of the query."""
+    rows = tuple(s for s in CHANNEL_SPECS if SENTENCE_ENCODER in s.build_needs)
+    return rows if modes is None else tuple(s for s in rows if s.mode in set(modes))
+
+
 def field_problem(data: dict) -> str | None:
     """The first channel field of a manifest's ``data`` (parsed JSON) that a channel's loaders
     cannot work with, as ``Manifest.read`` reports it; records that are not objects are the
@@ -327,5 +349,6 @@ def field_problem(data: dict) -> str | None:
 __all__ = [
     "ANALYSED_TERMS", "ANALYZERS", "BUILD_NEEDS", "CHANNEL_SPECS", "ENCODER_EMBEDDING", "LITERAL_TOKENS", "LLM_EMBEDDINGS", "LLM_STATE",
     "LLM_TOKENS", "LM_HEAD", "MODES", "QUERY_KINDS", "QUERY_NEEDS", "SENTENCE_ENCODER", "SPARSE", "TEXT", "ChannelReader", "ChannelSpec",
-    "ChannelWriter", "WriteContext", "by_manifest_key", "field_problem", "mode_of", "of_kind", "spec", "with_need",
+    "ChannelWriter", "WriteContext", "by_manifest_key", "field_problem", "mode_of", "of_kind", "sentence_encoder_specs", "spec",
+    "with_need",
 ]

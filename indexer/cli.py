@@ -11,7 +11,7 @@ from embedder.hardware import DTYPES
 from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
-from indexer.channels import CHANNEL_SPECS, SENTENCE_ENCODER
+from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
 from indexer.compact import DEFAULT_COMPACT
 from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
@@ -29,8 +29,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="aligned tokens kept per document")
     p.add_argument(
         "--channels", metavar="LIST",
-        help="channels to build, comma-separated from sparse,dense,dense-ef,bm25,encoder (sparse is always built). "
-        "Default: the best measured set, sparse,bm25,encoder (MiniLM) where the encoder extra is installed, else sparse,dense,bm25. "
+        help="channels to build, comma-separated from sparse,dense,dense-ef,bm25,encoder,encoder2 (sparse is always built). "
+        "Default: every channel the two operating points search (--profile fast|best at search time): sparse,dense,bm25,encoder "
+        "(MiniLM),encoder2 (mpnet) where both encoders are installed (make does so), without encoder2 where mpnet is not, "
+        "else sparse,dense,bm25. "
         "The flags below add their channel and set its option",
     )
     p.add_argument("--dense", action="store_true", help="also store dense embeddings in a FAISS index")
@@ -46,7 +48,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
     p.add_argument(
         "--encoder", metavar="NAME_OR_PATH",
-        help="also store a sentence-transformers encoder's embeddings (mode 'encoder'): 'minilm' (the packaged all-MiniLM-L6-v2), 'mpnet' (all-mpnet-base-v2 from its five zip-part packages: ~5x MiniLM's cost, better held out), a local model directory or a cached hub id",
+        help="also store a sentence-transformers encoder's embeddings (mode 'encoder', the fast point's): 'minilm' (the packaged all-MiniLM-L6-v2), 'mpnet' (all-mpnet-base-v2 from its five zip-part packages: ~5x MiniLM's cost, better held out), a local model directory or a cached hub id",
+    )
+    p.add_argument(
+        "--encoder2", metavar="NAME_OR_PATH",
+        help="also store a second sentence encoder's embeddings (mode 'encoder2', the best point's; default mpnet), named as --encoder",
     )
     p.add_argument("--max-length", type=int, default=EmbedderConfig.max_length, help="text tokens kept per document (with --segments: tokens per segment)")
     p.add_argument("--segments", action="store_true", help="multi-vector documents: read whole documents as --max-length windows (sparse: max over windows; dense: best window)")
@@ -122,11 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.query_prompt is not None:  # "none" overrides an asymmetric adapter's query template
             settings["query_prompt"] = None if args.query_prompt == "none" else args.query_prompt
         settings |= {"max_length": args.max_length, "batch_size": args.batch_size, "fold_all_caps": not args.keep_case}
-        channels, options, default = channel_set.resolve(args.channels, args.dense, args.embedfilter, args.lexical, args.encoder)
+        channels, options, default = channel_set.resolve(args.channels, args.dense, args.embedfilter, args.lexical, args.encoder, args.encoder2)
         # each channel's setting, by its row in the channel table (indexer/channels.py): what build_index builds
         settings_of = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.mode in channels and not s.required}
-        # the sentence encoder a channel needs at build time, by name (each worker loads it from the name)
-        encoder_name = next((settings_of[s.mode] for s in CHANNEL_SPECS if SENTENCE_ENCODER in s.build_needs and s.mode in settings_of), None)
+        # the sentence encoders the channels need at build time, by the shards' array each fills (each worker loads them by name)
+        encoder_names = {s.name: settings_of[s.mode] for s in sentence_encoder_specs(settings_of)}
         ray = None
         if args.ray:
             if not 0 < args.ray_timeout <= 3600:
@@ -144,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             if embedder.runtime_name is not None:
                 runtime, dtype = embedder.runtime_name, embedder.dtype
         embedder_spec = EmbedderSpec(
-            str(args.model), args.adapter, embedder.config.to_dict(), args.device, dtype, runtime, encoder_name
+            str(args.model), args.adapter, embedder.config.to_dict(), args.device, dtype, runtime, encoder_names
         )
         if not args.quiet:
             note = " (the default: the best measured hybrid; --channels chooses)" if default else ""
@@ -152,11 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 note += "; no encoder channel: install the encoder extra (pip install '.[encoder]') for the better default"
             print(channel_set.describe(channels, options) + note)
             print(embedder.runtime_summary())
-        if encoder_name:  # loaded once here: the shards this process encodes run it
+        if encoder_names:  # loaded once here: the shards this process encodes run them
             from embedder.sentence_encoder import SentenceEncoder
 
-            encoder = SentenceEncoder.load(encoder_name, device=args.device)
-            settings_of |= {s.mode: encoder for s in CHANNEL_SPECS if SENTENCE_ENCODER in s.build_needs and s.mode in settings_of}
+            settings_of |= {s.mode: SentenceEncoder.load(settings_of[s.mode], device=args.device) for s in sentence_encoder_specs(settings_of)}
         m = build_index(
             spec, args.index, embedder, args.top_k, dense_kind=args.dense_kind, overwrite=args.overwrite, progress=not args.quiet,
             chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec, segments=args.segments,

@@ -50,6 +50,7 @@ class Manifest:
     embedfilter: dict | None = None  # {"tau", "left", "right", "dim", "kind"} when stored
     lexical: dict | None = None  # {"analyzer", "k1", "b", "n_terms"} when stored
     encoder: dict | None = None  # {"name", "sha256", "dim", "max_seq_length", "kind", ...} when stored
+    encoder2: dict | None = None  # the second encoder channel's record, as ``encoder``'s
     # multi-vector documents: {"length", "max_segments", "n_segments", "max_per_doc", ...}; None: one vector per document
     segments: dict | None = None
     # the stored documents (indexer/stored_documents.py): {"file", "n_docs", "metadata_fields"};
@@ -124,17 +125,18 @@ class Manifest:
                 f"asked to use {(adapter_identity or {}).get('path', 'none')!r}"
             )
 
-    def check_encoder(self, encoder_identity: dict | None) -> None:
-        """Refuse a sentence-transformers encoder other than the one the index's encoder
-        channel was built with (and any encoder for an index without that channel)."""
-        if self.encoder is None:
+    def check_encoder(self, encoder_identity: dict | None, channel: str = "encoder") -> None:
+        """Refuse a sentence-transformers encoder other than the one the index's ``channel``
+        ("encoder" or "encoder2") was built with (and any encoder for an index without it)."""
+        mine = getattr(self, channel)
+        if mine is None:
             if encoder_identity is not None:
-                raise IndexFormatError(f"index has no encoder channel (built without --encoder), asked to use {encoder_identity.get('name')!r}")
+                raise IndexFormatError(f"index has no {channel} channel (built without --{channel}), asked to use {encoder_identity.get('name')!r}")
             return
-        if encoder_identity is None or encoder_identity.get("sha256") != self.encoder.get("sha256"):
+        if encoder_identity is None or encoder_identity.get("sha256") != mine.get("sha256"):
             theirs = encoder_identity or {}
             raise IndexFormatError(
-                f"index built with encoder {self.encoder.get('name')!r} (sha256 {self.encoder.get('sha256', '')[:12]}), "
+                f"index built with {channel} {mine.get('name')!r} (sha256 {mine.get('sha256', '')[:12]}), "
                 f"asked to use {theirs.get('name')!r} (sha256 {theirs.get('sha256', '')[:12]})"
             )
 

@@ -84,7 +84,7 @@ class ShardEncoderActor:
 
         torch.set_num_threads(max(1, threads))
         t0 = time.perf_counter()
-        self.embedder, self.encoder = embedder_spec.load()
+        self.embedder, self.encoders = embedder_spec.load()
         self.plan = plan
         self.load_seconds = time.perf_counter() - t0
 
@@ -95,7 +95,7 @@ class ShardEncoderActor:
                 "load_seconds": round(self.load_seconds, 3)}
 
     def encode(self, number: int, chunk: list[Document]) -> tuple[int, dict[str, np.ndarray], dict]:
-        arrays, meta = encode_shard(chunk, self.embedder, self.encoder, self.plan)
+        arrays, meta = encode_shard(chunk, self.embedder, self.encoders, self.plan)
         meta["worker"] = f"{socket.gethostname()}:{os.getpid()}"
         return number, arrays, meta
 

@@ -8,7 +8,7 @@ worker that is not this process loads the build's embedder again.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,8 +37,10 @@ def chunks(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
 
 @dataclass(frozen=True)
 class EmbedderSpec:
-    """How a worker process loads the build's embedder (and encoder) again: the arguments of
-    ``Embedder.load`` (and ``SentenceEncoder.load``). ``build-index --workers N`` makes one."""
+    """How a worker process loads the build's embedder (and sentence encoders) again: the
+    arguments of ``Embedder.load`` (and ``SentenceEncoder.load``: ``encoders`` maps the shards'
+    array of each sentence-encoder channel to the encoder's name). ``build-index --workers N``
+    makes one."""
 
     model: str
     adapter: str | None = "default"
@@ -46,18 +48,18 @@ class EmbedderSpec:
     device: str | None = None
     dtype: str = "auto"
     runtime: str | None = "auto"
-    encoder: str | None = None
+    encoders: dict[str, str] = field(default_factory=dict)
 
-    def load(self) -> tuple[Embedder, SentenceEncoder | None]:
+    def load(self) -> tuple[Embedder, dict[str, SentenceEncoder]]:
         from embedder.encoder import EmbedderConfig
 
         embedder = Embedder.load(self.model, adapter=self.adapter, config=EmbedderConfig(**self.config), device=self.device, dtype=self.dtype, runtime=self.runtime)
-        encoder = None
-        if self.encoder:
+        encoders = {}
+        if self.encoders:
             from embedder.sentence_encoder import SentenceEncoder
 
-            encoder = SentenceEncoder.load(self.encoder, device=self.device)
-        return embedder, encoder
+            encoders = {array: SentenceEncoder.load(name, device=self.device) for array, name in self.encoders.items()}
+        return embedder, encoders
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,11 @@ class ShardPlan:
 
 
 def encode_shard(
-    chunk: list[Document], embedder: Embedder, encoder, plan: ShardPlan, encoded: Callable[[int], None] | None = None,
+    chunk: list[Document], embedder: Embedder, encoders: Mapping[str, SentenceEncoder], plan: ShardPlan,
+    encoded: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict]:
-    """One shard's arrays and JSON (doc ids, tokens, seconds).
+    """One shard's arrays and JSON (doc ids, tokens, seconds). ``encoders``: the sentence
+    encoders of the build's encoder channels, by the array their embeddings are kept in.
 
     With segments, ``tokens``/``weights`` are already per document (max over its windows),
     ``embeddings`` has one row per window and ``row_docs`` the shard-local document of each.
@@ -113,9 +117,10 @@ def encode_shard(
     }
     if owner is None:  # documents the LLM read only the start of (their text beyond max_length tokens)
         meta["n_cut"] = count_cut(embedder, texts)
-    if encoder is not None:
+    if encoders:
         t0 = time.perf_counter()
-        arrays["encoder"] = encoder.encode(texts)
+        for array, encoder in encoders.items():
+            arrays[array] = encoder.encode(texts)
         meta["encoder_seconds"] = time.perf_counter() - t0
     return arrays, meta
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
-from indexer.channels import CHANNEL_SPECS, LLM_EMBEDDINGS, LM_HEAD, SENTENCE_ENCODER, ChannelSpec, spec
+from indexer.channels import CHANNEL_SPECS, LLM_EMBEDDINGS, LM_HEAD, SENTENCE_ENCODER, ChannelSpec, sentence_encoder_specs, spec
 from indexer.compact import PER_LIST, pack_channel_files, quantise_channel_files
 from indexer.corpus import CorpusError, Document
 from indexer.dense import DenseIndex, normalise
@@ -63,11 +63,6 @@ UPDATE_CHUNK = 1024
 # the added documents' vectors (indexer/channels.py: query kind "dense"), and BM25, recomputed from the texts
 DENSE_SPECS: tuple[ChannelSpec, ...] = tuple(s for s in CHANNEL_SPECS if s.query_kind == "dense")
 BM25 = spec("bm25")
-
-
-def _source(s: ChannelSpec) -> str:
-    """The shards' array a dense channel's vectors come from (indexer/shard_encoder.py)."""
-    return "encoder" if SENTENCE_ENCODER in s.build_needs else "embeddings"
 
 
 class UpdateError(ValueError):
@@ -110,11 +105,12 @@ def update_index(
     embedder: Embedder | None = None,
     encoder: SentenceEncoder | None = None,
     progress: bool = True,
+    encoder2: SentenceEncoder | None = None,
 ) -> UpdateReport:
     """Add (or replace) ``add`` and remove ``delete`` from the index at ``index_dir``; publish
     the result as its next generation and return what was done.
 
-    ``embedder``/``encoder``: the models that encode the added documents; loaded from the
+    ``embedder``/``encoder``/``encoder2``: the models that encode the added documents; loaded from the
     manifest when not given (and only when there is something to encode). They must be the
     models the index was built with (checked, as a search checks them).
     """
@@ -145,7 +141,7 @@ def update_index(
         finally:
             opened.close()
         t0 = time.perf_counter()
-        new = _encode(added, manifest, embedder, encoder, progress) if added else None
+        new = _encode(added, manifest, embedder, {"encoder": encoder, "encoder2": encoder2}, progress) if added else None
         encode_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         with staging_dir(target, "building") as tmp:
@@ -225,20 +221,27 @@ def _read_kept(path: Path, m: Manifest, channels: dict, keep: np.ndarray) -> _Ke
     return _Kept(keep, tokens, weights, dense, rows)
 
 
-def load_models(m: Manifest, embedder=None, encoder=None):
-    """The manifest's embedder (and encoder), loaded where not given; checked where given."""
+def load_models(m: Manifest, embedder=None, encoders: Mapping[str, SentenceEncoder | None] | None = None) -> tuple[Embedder, dict[str, SentenceEncoder]]:
+    """The manifest's embedder and the sentence encoders of its encoder channels (by channel
+    mode: "encoder", "encoder2"), loaded where not given; checked where given."""
     from embedder.encoder import Embedder, EmbedderConfig
 
     if embedder is None:
         config = EmbedderConfig(**{"fold_all_caps": False, **m.embedding})
         embedder = Embedder.load(m.model["name"], adapter=(m.adapter or {}).get("path", "none"), config=config)
     m.check_model(embedder.identity, embedder.adapter)
-    if m.encoder is not None and encoder is None:
-        from embedder.sentence_encoder import SentenceEncoder
+    loaded = {}
+    for s in sentence_encoder_specs():
+        info, encoder = s.record(m), (encoders or {}).get(s.mode)
+        if info is None:
+            continue
+        if encoder is None:
+            from embedder.sentence_encoder import SentenceEncoder
 
-        encoder = SentenceEncoder.load(m.encoder["name"], device=getattr(embedder, "device", None))
-    m.check_encoder(encoder.identity if encoder is not None and m.encoder is not None else None)
-    return embedder, encoder if m.encoder is not None else None
+            encoder = SentenceEncoder.load(info["name"], device=getattr(embedder, "device", None))
+        m.check_encoder(encoder.identity, s.manifest_key)
+        loaded[s.mode] = encoder
+    return embedder, loaded
 
 
 @dataclass
@@ -248,13 +251,18 @@ class _New:
     tokens: np.ndarray
     weights: np.ndarray
     embeddings: np.ndarray | None
-    encoder: np.ndarray | None
+    encoders: dict[str, np.ndarray]  # each sentence encoder's embeddings, by the channel's array name
     rows: np.ndarray | None  # multi-vector: the added document (0-based among the added) of each row
     n_tokens: int = 0
 
+    def vectors(self, s: ChannelSpec) -> np.ndarray:
+        """The added documents' vectors for dense channel ``s`` (before any projection)."""
+        return self.encoders[s.name] if SENTENCE_ENCODER in s.build_needs else self.embeddings
 
-def _encode(docs: list[Document], m: Manifest, embedder, encoder, progress: bool) -> _New:
-    embedder, encoder = load_models(m, embedder, encoder)
+
+def _encode(docs: list[Document], m: Manifest, embedder, encoders: Mapping[str, SentenceEncoder | None], progress: bool) -> _New:
+    embedder, loaded = load_models(m, embedder, encoders)
+    by_array = {spec(mode).name: encoder for mode, encoder in loaded.items()}
     windows = None
     if m.segments is not None:
         windows = m.segments.get("max_segments") or 0
@@ -264,7 +272,7 @@ def _encode(docs: list[Document], m: Manifest, embedder, encoder, progress: bool
     n_tokens, base = 0, 0
     bar = tqdm(total=len(docs), unit="doc", desc="encoding added documents", disable=not progress)
     for chunk in chunks(docs, UPDATE_CHUNK):
-        arrays, meta = encode_shard(chunk, embedder, encoder, plan, encoded=bar.update)
+        arrays, meta = encode_shard(chunk, embedder, by_array, plan, encoded=bar.update)
         if "row_docs" in arrays:
             arrays["row_docs"] = arrays["row_docs"] + base
         parts.append(arrays)
@@ -273,7 +281,7 @@ def _encode(docs: list[Document], m: Manifest, embedder, encoder, progress: bool
         bar.set_postfix(docs_per_s=f"{base / max(bar.format_dict['elapsed'], 1e-9):.1f}")
     bar.close()
     cat = lambda name: np.concatenate([p[name] for p in parts]) if name in parts[0] else None
-    return _New(cat("tokens"), cat("weights"), cat("embeddings"), cat("encoder"), cat("row_docs"), n_tokens)
+    return _New(cat("tokens"), cat("weights"), cat("embeddings"), {a: cat(a) for a in by_array}, cat("row_docs"), n_tokens)
 
 
 def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[Document], added: list[Document], new: _New | None, embedder) -> Manifest:
@@ -314,7 +322,7 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
             projection = load_npy(current / f"{name}_projection.npy", "float32", 2, mmap=False)
         parts = [kept.dense[name]]
         if new is not None:
-            fresh = getattr(new, _source(s))
+            fresh = new.vectors(s)
             parts.append(normalise(fresh @ projection if projection is not None else fresh))
         row_doc = rows if LLM_EMBEDDINGS in s.build_needs else None  # windows are the LLM's; the encoder reads each document once
         index = DenseIndex.build(np.concatenate(parts), info.get("kind", "Flat"), row_doc=row_doc)

@@ -51,9 +51,9 @@ class ChannelSearch:
                 raise ValueError(f"mode {mode!r}: a query encoded with query_encoder 'none' has no embedding to search it with")
             raise ValueError(f"mode {mode!r}: the query was encoded without the LLM (Retriever.encode(queries, mode={mode!r}))")
         if ENCODER_EMBEDDING in needs:
-            if q.encoder_embedding is None:
-                raise ValueError(f"mode {mode!r}: the query was encoded without the encoder (Retriever.encode(queries, mode={mode!r}))")
-            return q.encoder_embedding
+            if mode not in q.encoder_embeddings:
+                raise ValueError(f"mode {mode!r}: the query was encoded without the encoder of that channel (Retriever.encode(queries, mode={mode!r}))")
+            return q.encoder_embeddings[mode]
         if ANALYSED_TERMS in needs:
             terms, weights, _ = self.terms(mode, q.text)
             return terms, weights

@@ -5,9 +5,16 @@
   MiniLM encoder channel. Measured: the distilled student's expansion adds nothing held out
   beside BM25 and MiniLM (BENCHMARKS.md, "expansion-depth"), and costs a model load and ~7 ms
   a query.
-- ``best``: the LLM encodes the query (its pooled embedding), and the hybrid adds the query's
-  aligned tokens and the LLM dense channel to BM25 and MiniLM: the LLM is worth its cost where
-  it reads the query.
+- ``best``: the same fusion over the stronger, ~5x costlier all-mpnet-base-v2 in the second
+  encoder channel ("encoder2", which ``build-index`` builds by default where mpnet is
+  installed), still with no LLM forward per query. Held out, it beat BM25 + mpnet fused (the
+  higher anchor a user would pick) by +0.014 (0.5707 vs 0.5571; 4 of 5 collections, npl -0.008;
+  every fold chose this setting), while adding the LLM's query expansion and dense channel to it
+  gave 0.5689: beside mpnet, the LLM reading the query added nothing on these collections
+  (benchmarks/results/operating-points-mpnet-channel.json).
+  On an index without the second encoder (built before it, or where mpnet is not installed),
+  ``best`` is what it was before: the LLM encodes the query, and the hybrid adds its aligned
+  tokens and its dense channel to BM25 and MiniLM (held out +0.002 over ``fast``).
 
 Each point's fusion is what the ``mean`` rule of benchmarks/studies/operating_points.py picks
 from the five shared collections over min-max and max-normalised weights (retriever/fusion.py):
@@ -17,14 +24,14 @@ fifth scored), ``fast`` took the same setting in every fold for each of three ad
 above it on 4 or 5 of 5 collections; min-max weights under the ``margin`` rule that chose the
 previous ``fast`` gave -0.001 to +0.006 (benchmarks/results/operating-points-max.json;
 BENCHMARKS.md, "Operating points"). Dividing each list by its top score instead of stretching it
-to [0, 1] lets a channel whose top documents stand out weigh more on that query. ``best``'s
-folds disagree (the LLM channels add +0.002 over ``fast`` held out on these collections), so its
-setting is less sure than ``fast``'s. ``fast`` pays in deep recall: its Recall@100 is MiniLM's
-(0.762 against B+M's 0.780 over the five), since nearly every document the encoder retrieved
-outscores one it did not once the lists are divided by their tops; ``best`` keeps 0.786.
+to [0, 1] lets a channel whose top documents stand out weigh more on that query. ``fast`` pays
+in deep recall: its Recall@100 is MiniLM's (0.762 against B+M's 0.780 over the five), since
+nearly every document the encoder retrieved outscores one it did not once the lists are divided
+by their tops.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 PROFILE_NAMES = ("fast", "best")
@@ -39,6 +46,8 @@ class Profile:
     query_encoder: str  # Retriever query_encoder: "none" or "llm"
     fusion: dict = field(hash=False)
     summary: str = ""
+    # what the point is on an index that lacks this setting's channels but holds the fallback's
+    fallback: Profile | None = field(default=None, hash=False)
 
     @property
     def channels(self) -> tuple[str, ...]:
@@ -53,9 +62,14 @@ PROFILES: dict[str, Profile] = {
         "no LLM forward per query: BM25 + MiniLM + the query's own tokens in the aligned-token index",
     ),
     "best": Profile(
-        "best", "llm",
-        {"method": "minmax", "weights": {"bm25": 0.3, "encoder": 0.4, "sparse": 0.2, "dense": 0.1}},
-        "the LLM encodes the query: BM25 + MiniLM + its aligned tokens + the LLM's dense channel",
+        "best", "none",
+        {"method": "max", "weights": {"bm25": 0.3, "encoder2": 0.6, "sparse": 0.1}},
+        "no LLM forward per query: BM25 + mpnet (the second encoder channel) + the query's own tokens in the aligned-token index",
+        fallback=Profile(
+            "best", "llm",
+            {"method": "minmax", "weights": {"bm25": 0.3, "encoder": 0.4, "sparse": 0.2, "dense": 0.1}},
+            "the LLM encodes the query: BM25 + MiniLM + its aligned tokens + the LLM's dense channel (an index without encoder2)",
+        ),
     ),
 }  # fmt: skip
 
@@ -67,6 +81,28 @@ def get_profile(name: str | Profile) -> Profile:
     if name not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILE_NAMES)}, not {name!r}")
     return PROFILES[name]
+
+
+def fit_profile(name: str | Profile, channels: Iterable[str]) -> Profile:
+    """The profile called ``name`` as it searches an index holding ``channels``: its own setting
+    where the index holds every channel it weighs, else the first of its fallbacks that does;
+    where none does, the setting whose held channels carry the most of its fusion weight (the
+    caller says what is lacking)."""
+    wanted = get_profile(name)
+    held = set(channels)
+    settings: list[Profile] = []
+    candidate: Profile | None = wanted
+    while candidate is not None:
+        if set(candidate.channels) <= held:
+            return candidate
+        settings.append(candidate)
+        candidate = candidate.fallback
+
+    def held_weight(p: Profile) -> float:
+        weights = p.fusion["weights"]
+        return sum(w for c, w in weights.items() if c in held) / max(sum(weights.values()), 1e-12)
+
+    return max(settings, key=held_weight)  # the first of equals: the profile's own
 
 
 def profile_arg(text: str) -> str:

@@ -7,7 +7,7 @@ the matched tokens.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,8 +28,14 @@ class EncodedQuery:
     weights: np.ndarray  # float32, one per token
     n_literal: int  # how many of `tokens` are the query's own tokens
     embedding: np.ndarray  # pooled embedding h (float32, d); empty when the LLM was not run
-    encoder_embedding: np.ndarray | None = None  # the index's sentence-transformers encoder's (mode "encoder")
+    # the embedding of each sentence encoder channel's model ("encoder", "encoder2"), by mode; those it was encoded for
+    encoder_embeddings: dict[str, np.ndarray] = field(default_factory=dict)
     query_encoder: str = ""  # who produced ``embedding``: "llm" or "distilled:NAME" ("" when nothing did)
+
+    @property
+    def encoder_embedding(self) -> np.ndarray | None:
+        """The encoder channel's (mode "encoder") embedding of the query; None: not encoded for it."""
+        return self.encoder_embeddings.get("encoder")
 
     @classmethod
     def text_only(cls, text: str) -> EncodedQuery:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -81,7 +81,8 @@ def choose_query_encoder(choice: str | os.PathLike[str] | DistilledQueryEncoder,
 class QueryEncoding:
     """Encodes queries for an index's channels: the LLM's or its student's pooled state, the
     query's literal tokens plus the top-``expansion_m`` aligned tokens of that state (weighed by
-    ``token_idf`` where ``query_weighting`` is "idf"), and the sentence ``encoder``'s embedding.
+    ``token_idf`` where ``query_weighting`` is "idf"), and the embedding of each of the index's
+    sentence ``encoders`` (by channel mode: "encoder", "encoder2").
 
     ``choice``: the ``query_encoder`` policy (see :func:`choose_query_encoder`; "none": no model,
     the query's own tokens alone, ``embedder`` may be its tokenizer alone).
@@ -92,7 +93,7 @@ class QueryEncoding:
         embedder: Embedder | TokenizerOnly,
         choice: str | os.PathLike[str] | DistilledQueryEncoder,
         token_idf: np.ndarray,
-        encoder: Any = None,
+        encoders: Mapping[str, Any] | None = None,
         expansion_m: int = DEFAULT_EXPANSION_M,
         literal: str = "both",
         query_weighting: str = DEFAULT_QUERY_WEIGHTING,
@@ -100,7 +101,8 @@ class QueryEncoding:
     ) -> None:
         check_query_weighting(query_weighting)
         self.embedder = embedder
-        self.encoder = encoder  # the index's sentence model (mode "encoder"), None without that channel
+        # the index's sentence models by channel mode ("encoder", "encoder2"), those it holds
+        self.encoders = {mode: e for mode, e in (encoders or {}).items() if e is not None}
         self.token_idf = token_idf
         self.expansion_m = expansion_m
         self.literal = literal
@@ -108,10 +110,15 @@ class QueryEncoding:
         self.model_free = isinstance(choice, str) and choice == "none"
         if isinstance(embedder, TokenizerOnly) and not self.model_free:
             raise ValueError(f"query_encoder {choice!r} needs the LLM: this embedder is its tokenizer alone (TokenizerOnly)")
-        self.student, self.student_encoder = (None, None) if self.model_free else choose_query_encoder(choice, embedder, encoder)
+        self.student, self.student_encoder = (None, None) if self.model_free else choose_query_encoder(choice, embedder, self.encoder)
         self.cache = QueryCache(cache_size)
         self._lock = threading.Lock()
         self._student_head: LMHead | None = None
+
+    @property
+    def encoder(self) -> Any:
+        """The encoder channel's sentence model (mode "encoder"; None without that channel)."""
+        return self.encoders.get("encoder")
 
     @property
     def name(self) -> str:
@@ -130,11 +137,12 @@ class QueryEncoding:
                 self._student_head = LMHead.of(self.embedder)
             return self._student_head
 
-    def encode(self, queries: Sequence[str], llm: bool, encoder: bool) -> list[EncodedQuery]:
+    def encode(self, queries: Sequence[str], llm: bool, encoders: Collection[str] = ()) -> list[EncodedQuery]:
         """The queries encoded with what the channels to search need: the LLM state (``llm``: the
-        LLM's, the student's or, model-free, the literal tokens alone) and the sentence encoder's
-        embedding (``encoder``, where there is one); from the cache where it holds them."""
-        needs = (llm, encoder and self.encoder is not None)
+        LLM's, the student's or, model-free, the literal tokens alone) and the embedding of the
+        sentence encoder of each channel in ``encoders`` (modes; those the index holds); from
+        the cache where it holds them."""
+        needs = (llm, tuple(m for m in self.encoders if m in set(encoders)))
         keys = [(q, needs, self.name) for q in queries]
         out: list[EncodedQuery | None] = [self.cache.get(key) for key in keys]
         todo = list(dict.fromkeys(q for q, got in zip(queries, out) if got is None))
@@ -146,7 +154,7 @@ class QueryEncoding:
                     out[i] = fresh[q]
         return out  # type: ignore[return-value]
 
-    def _encode_uncached(self, queries: list[str], llm: bool, encoder: bool) -> list[EncodedQuery]:
+    def _encode_uncached(self, queries: list[str], llm: bool, encoders: tuple[str, ...]) -> list[EncodedQuery]:
         sentence = None  # the sentence encoder's embeddings: one forward for the encoder channel and the student
         token_states = None  # and its token states, for a student that reads them
         if self.student is not None and llm:
@@ -165,10 +173,11 @@ class QueryEncoding:
             self._weigh(encoded)
         else:
             encoded = [EncodedQuery.text_only(q) for q in queries]
-        if encoder:
-            shared = sentence is not None and self.student_encoder is self.encoder
-            for q, e in zip(encoded, sentence if shared else self.encoder.encode(list(queries))):
-                q.encoder_embedding = e
+        for mode in encoders:
+            model = self.encoders[mode]
+            shared = sentence is not None and self.student_encoder is model
+            for q, e in zip(encoded, sentence if shared else model.encode(list(queries))):
+                q.encoder_embeddings[mode] = e
         return encoded
 
     def encode_states(self, queries: Sequence[str], h: np.ndarray, name: str) -> list[EncodedQuery]:
@@ -181,9 +190,9 @@ class QueryEncoding:
             raise ValueError(f"states of shape {h.shape} for {len(queries)} queries; expected ({len(queries)}, {self.embedder.dim})")
         encoded = self._from_states(list(queries), h, name)
         self._weigh(encoded)
-        if self.encoder is not None:
-            for q, e in zip(encoded, self.encoder.encode(list(queries))):
-                q.encoder_embedding = e
+        for mode, model in self.encoders.items():
+            for q, e in zip(encoded, model.encode(list(queries))):
+                q.encoder_embeddings[mode] = e
         return encoded
 
     def expansion_weights(self, ids: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ import numpy as np
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.tokenization import TokenizerOnly
 from indexer import channels as channel_table
-from indexer.channels import CHANNEL_SPECS, ENCODER_EMBEDDING, LLM_STATE, spec
+from indexer.channels import CHANNEL_SPECS, ENCODER_EMBEDDING, LLM_STATE, sentence_encoder_specs, spec
 from indexer.generations import Generation
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import BM25Index, make_analyzer
@@ -48,7 +48,7 @@ from retriever.filters import MetadataFilters
 from retriever.fusion import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Fusion, default_fusion
 from retriever.hit import Hit
 from retriever.hybrid import FUSION_DEPTH, HybridSearch
-from retriever.profiles import DEFAULT_PROFILE, Profile, get_profile
+from retriever.profiles import DEFAULT_PROFILE, Profile, fit_profile, get_profile
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
 from retriever.query_encoding import DEFAULT_QUERY_WEIGHTING, QUERY_WEIGHTINGS, QueryEncoding, check_query_weighting
@@ -104,6 +104,7 @@ class Retriever:
         milvus_collection: str | None = None,
         milvus_search_params: dict | None = None,
         encoder=None,
+        encoder2=None,
         doc_ids: list[str] | None = None,
         channels: dict[str, Any] | None = None,
         generation: Generation | None = None,
@@ -119,8 +120,9 @@ class Retriever:
         go to the Milvus collection at ``milvus_uri``, a Milvus Lite file or a server address,
         ``build-index --export-milvus``; ``milvus_collection`` when not the export's default
         name, ``milvus_search_params`` for an approximate index, see retriever/backends/milvus.py).
-        ``encoder``: the index's sentence-transformers encoder (embedder/sentence_encoder.py), if
-        already loaded; by default the one its manifest names is loaded. Another one is refused.
+        ``encoder``/``encoder2``: the sentence-transformers encoders of the index's encoder channels
+        (embedder/sentence_encoder.py), if already loaded; by default the ones its manifest names
+        are loaded. Other ones are refused.
         ``fusion``: the hybrid setting (a dict, checked into a :class:`Fusion`); default
         DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER for an index with the encoder channel.
         ``doc_ids``, ``channels``: already opened and checked (:meth:`load` does so before
@@ -148,7 +150,7 @@ class Retriever:
         self.index_dir = Path(index_dir)
         self.manifest = manifest
         self.embedder = embedder
-        self.profile = get_profile(profile) if profile is not None else None
+        self.profile = fit_profile(profile, channels) if profile is not None else None
         if query_encoder is None:
             query_encoder = self.profile.query_encoder if self.profile is not None else "llm"
         self.fusion = self._fusion_setting(fusion)
@@ -167,14 +169,17 @@ class Retriever:
         # smoothed IDF of each token among the documents' aligned tokens
         self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
         analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
-        if manifest.encoder and encoder is None:
-            from embedder.sentence_encoder import SentenceEncoder
+        given = {"encoder": encoder, "encoder2": encoder2}
+        for s in sentence_encoder_specs():
+            info = s.record(manifest)
+            if info and given[s.mode] is None:
+                from embedder.sentence_encoder import SentenceEncoder
 
-            encoder = SentenceEncoder.load(manifest.encoder["name"], device=getattr(embedder, "device", None))
-        manifest.check_encoder(encoder.identity if encoder is not None else None)
-        self.encoder = encoder
+                given[s.mode] = SentenceEncoder.load(info["name"], device=getattr(embedder, "device", None))
+            manifest.check_encoder(given[s.mode].identity if given[s.mode] is not None else None, s.manifest_key)
+        self.encoder, self.encoder2 = given["encoder"], given["encoder2"]
         # the pieces; a fusion view (with_fusion) shares them all, and with them what each builds on first use
-        self.queries = QueryEncoding(embedder, query_encoder, self.token_idf, encoder, expansion_m, literal, query_weighting, query_cache_size)
+        self.queries = QueryEncoding(embedder, query_encoder, self.token_idf, given, expansion_m, literal, query_weighting, query_cache_size)
         held = {s.mode: getattr(self, s.attribute) for s in CHANNEL_SPECS if getattr(self, s.attribute) is not None}
         self.channel_search = ChannelSearch(self.engine, held, analyze, len(doc_ids))
         self.hybrid = HybridSearch(self.channel_search, FeedbackExpander(self.sparse.doc_vectors, self.queries.expansion_weights))
@@ -204,6 +209,11 @@ class Retriever:
     def student_encoder(self):
         """The sentence encoder the distilled student reads (None without a student)."""
         return self.queries.student_encoder
+
+    @property
+    def sentence_encoders(self) -> dict[str, Any]:
+        """The sentence models of the index's encoder channels, by mode ("encoder", "encoder2")."""
+        return dict(self.queries.encoders)
 
     @property
     def student_head(self) -> LMHead:
@@ -357,9 +367,10 @@ class Retriever:
         ``dtype`` / ``runtime``: how queries are encoded (embedder/hardware.py; ``auto`` is
         chosen for this machine). They may differ from the documents' (the manifest's
         ``runtime``): BENCHMARKS.md measures what that costs.
-        ``profile``: the operating point (retriever/profiles.py): "fast" (no LLM forward per
-        query) or "best" (the LLM encodes the query, and the hybrid adds the LLM's dense
-        channel); it sets ``query_encoder`` and ``fusion`` unless they are given. "auto" (the
+        ``profile``: the operating point (retriever/profiles.py): "fast" (BM25 + MiniLM + the
+        query's own tokens, no LLM forward per query) or "best" (the same over mpnet, the second
+        encoder channel; on an index without it, the LLM encodes the query and the hybrid adds
+        its dense channel); it sets ``query_encoder`` and ``fusion`` unless they are given. "auto" (the
         default): "fast" where the index holds fast's channels (what ``build-index`` builds by
         default), else no profile: an index built before, or with other channels, is searched as
         it was then. None: no profile (``query_encoder`` "auto", the fusion of its channels).
@@ -376,7 +387,8 @@ class Retriever:
             fits = set(get_profile(DEFAULT_PROFILE).channels) <= set(opened.channels)
             profile = DEFAULT_PROFILE if fits else None  # else an index of an earlier default, searched as it was built to be
         elif profile is not None:
-            lacking = sorted(set(get_profile(profile).channels) - set(opened.channels))
+            profile = fit_profile(profile, opened.channels)
+            lacking = sorted(set(profile.channels) - set(opened.channels))
             if lacking:
                 log.warning("%s: profile %r weighs channel(s) %s this index lacks; rebuild with build-index's default channels to have them",
                             index_dir, get_profile(profile).name, ", ".join(lacking))
@@ -490,8 +502,9 @@ class Retriever:
         sentence-transformers encoder only for "encoder" and for the student (a bm25 + encoder
         hybrid never runs the LLM). ``None``: everything the index's channels need. Encoded
         queries are kept in :attr:`query_cache`."""
-        wanted = {need for c in self.channels_of(mode) for need in _QUERY_NEEDS.get(c, ())}  # the query needs of its channels
-        return self.queries.encode(queries, llm=LLM_STATE in wanted, encoder=ENCODER_EMBEDDING in wanted)
+        channels = self.channels_of(mode)
+        wanted = {need for c in channels for need in _QUERY_NEEDS.get(c, ())}  # the query needs of its channels
+        return self.queries.encode(queries, llm=LLM_STATE in wanted, encoders=[c for c in channels if ENCODER_EMBEDDING in _QUERY_NEEDS.get(c, ())])
 
     def encode_states(self, queries: Sequence[str], h: np.ndarray, name: str) -> list[EncodedQuery]:
         """Queries whose pooled states ``h`` (n, d) were computed elsewhere, as a distilled query is
@@ -578,7 +591,7 @@ class Retriever:
             if self.model_free and getattr(self, row.attribute) is not None:  # held, but its query is the LLM state alone
                 raise ValueError(
                     f"mode {mode!r}: query_encoder 'none' gives queries no embedding to search it with; use another query encoder "
-                    "(profile 'best', or query_encoder 'llm' / 'auto')"
+                    "(query_encoder 'llm' or 'auto')"
                 )
             raise ValueError(f"{self.index_dir}: mode {mode!r} needs an index built with {row.flag}")
 

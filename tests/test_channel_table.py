@@ -38,6 +38,7 @@ class Built:
     index: Path
     embedder: Embedder
     encoder: object
+    encoder2: object
     settings: dict
 
 
@@ -49,11 +50,12 @@ def built(tmp_path_factory, tiny_tokenizer) -> Built:
     root = tmp_path_factory.mktemp("channel-table")
     embedder = Embedder(build_tiny_model(tiny_tokenizer, 0), tiny_tokenizer, EmbedderConfig(max_length=64, batch_size=4), identity=tiny_identity(0))
     encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st"))
+    encoder2 = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st2", seed=1))  # another model: a second encoder channel
     # each row's setting: its default, except what a test index cannot load by name
-    settings = {s.mode: s.default_setting() for s in CHANNEL_SPECS} | {"encoder": encoder}
+    settings = {s.mode: s.default_setting() for s in CHANNEL_SPECS} | {"encoder": encoder, "encoder2": encoder2}
     corpus = write_corpus(root / "corpus", toy_docs(40), "beir")
     build(corpus, root / "index", embedder, BuildPlan.make(settings, embedder, top_k=16, progress=False))
-    return Built(root, corpus, root / "index", embedder, encoder, settings)
+    return Built(root, corpus, root / "index", embedder, encoder, encoder2, settings)
 
 
 # ------------------------------------------------------------------ the table itself
@@ -85,7 +87,8 @@ def test_the_layers_read_their_channel_names_from_the_table():
 def test_the_plan_is_the_keyword_form(built, tmp_path):
     """``build_index(...)`` (the keyword form) writes the index the plan writes, byte for byte
     (the manifest's timings and date aside)."""
-    kw = {"dense": True, "embedfilter_tau": built.settings["dense-ef"], "lexical": built.settings["bm25"], "encoder": built.encoder}
+    kw = {"dense": True, "embedfilter_tau": built.settings["dense-ef"], "lexical": built.settings["bm25"], "encoder": built.encoder,
+          "encoder2": built.encoder2}
     build_index(built.corpus, tmp_path / "kw", built.embedder, top_k=16, progress=False, **kw)
     a, b = built.index.resolve(), (tmp_path / "kw").resolve()
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file() and p.name != MANIFEST)
@@ -157,7 +160,7 @@ def searched_alone_and_fused(built, row: ChannelSpec, k: int) -> tuple[list, lis
     """The hits of QUERY in ``row``'s channel alone (top ``k``) and in a hybrid that weighs it alone (top 5)."""
     from retriever.retriever import Retriever
 
-    r = Retriever.load(built.index, embedder=built.embedder, encoder=built.encoder, query_encoder="llm", profile=None, warm=False,
+    r = Retriever.load(built.index, embedder=built.embedder, encoder=built.encoder, encoder2=built.encoder2, query_encoder="llm", profile=None, warm=False,
                        fusion={"method": "minmax", "weights": {row.mode: 1.0}})
     try:
         return r.search(QUERY, k=k, mode=row.mode), r.search(QUERY, k=5, mode="hybrid")

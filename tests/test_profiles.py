@@ -1,8 +1,9 @@
 """Operating points (issue 50): ``fast`` and ``best`` on one index, chosen at load time.
 
 - Retriever.load: "auto" is fast where the index has fast's channels, an older index is searched
-  as it was built; "best" encodes queries with the LLM and fuses the dense channel too; an
-  explicit query encoder or fusion overrides the profile's;
+  as it was built; "best" fuses the second encoder channel (mpnet) in MiniLM's place, no LLM
+  per query, and on an index without it encodes queries with the LLM and fuses the dense channel
+  too; an explicit query encoder or fusion overrides the profile's;
 - search-index --profile, beir-eval systems default / default-best on one shared index;
 - the fusion rules of benchmarks/studies/operating_points.py on toy matrices.
 """
@@ -16,7 +17,8 @@ import pytest
 from conftest import save_tiny_sentence_encoder
 
 from indexer.build import build_index
-from retriever.profiles import PROFILES, get_profile
+from indexer.manifest import Manifest
+from retriever.profiles import PROFILES, fit_profile, get_profile
 from retriever.retriever import DEFAULT_FUSION_WITH_ENCODER, Retriever
 
 pytest.importorskip("sentence_transformers")
@@ -27,14 +29,29 @@ def st_dir(tmp_path_factory) -> Path:
     return save_tiny_sentence_encoder(tmp_path_factory.mktemp("tiny-st"), seed=0)
 
 
+@pytest.fixture(scope="module")
+def st2_dir(tmp_path_factory) -> Path:
+    return save_tiny_sentence_encoder(tmp_path_factory.mktemp("tiny-st2"), seed=1)  # another model, as mpnet is to MiniLM
+
+
 @pytest.fixture
-def full_index(toy_corpus, tiny_embedder, st_dir, tmp_path) -> Path:
-    """Every channel build-index builds by default: sparse, dense, bm25, encoder."""
+def full_index(toy_corpus, tiny_embedder, st_dir, st2_dir, tmp_path) -> Path:
+    """Every channel build-index builds by default: sparse, dense, bm25, encoder, encoder2."""
     from embedder.sentence_encoder import SentenceEncoder
 
     build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=16, progress=False, dense=True, lexical="words",
-                encoder=SentenceEncoder.load(st_dir))  # fmt: skip
+                encoder=SentenceEncoder.load(st_dir), encoder2=SentenceEncoder.load(st2_dir))  # fmt: skip
     return tmp_path / "index"
+
+
+@pytest.fixture
+def minilm_index(toy_corpus, tiny_embedder, st_dir, tmp_path) -> Path:
+    """build-index's default where mpnet is not installed: sparse, dense, bm25, encoder."""
+    from embedder.sentence_encoder import SentenceEncoder
+
+    build_index(toy_corpus, tmp_path / "minilm", tiny_embedder, top_k=16, progress=False, dense=True, lexical="words",
+                encoder=SentenceEncoder.load(st_dir))  # fmt: skip
+    return tmp_path / "minilm"
 
 
 def test_the_default_index_is_searched_fast_without_the_llm(full_index, tiny_embedder, monkeypatch):
@@ -50,25 +67,60 @@ def test_the_default_index_is_searched_fast_without_the_llm(full_index, tiny_emb
     assert len(hits) == 3 and all(h.query_encoder == "none" for h in hits)
     assert set().union(*(h.channels for h in hits)) <= {"sparse", "bm25", "encoder"}
     assert r.describe_mode().startswith("profile fast, mode hybrid")
-    with pytest.raises(ValueError, match="profile 'best'"):
+    with pytest.raises(ValueError, match="query_encoder 'llm' or 'auto'"):
         r.search("cat", mode="dense")  # the error names the way to get it
 
 
-def test_best_encodes_with_the_llm_and_fuses_dense(full_index, tiny_embedder):
+def test_best_fuses_the_second_encoder_without_the_llm(full_index, tiny_embedder, monkeypatch):
     r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="best")
-    assert r.profile.name == "best" and r.query_encoder == "llm"
-    assert set(r.channels_of("hybrid")) == set(PROFILES["best"].channels) and "dense" in r.channels_of("hybrid")
+    assert r.profile is PROFILES["best"] and r.query_encoder == "none"
+    assert r.channels_of("hybrid") == ["sparse", "bm25", "encoder2"]
+
+    def no_llm(*args, **kwargs):
+        raise AssertionError("the best profile ran the LLM on a query")
+
+    monkeypatch.setattr("retriever.query_encoding.encode_queries", no_llm)
+    (q,) = r.encode(["cat and dog near the river"], mode="hybrid")
+    assert set(q.encoder_embeddings) == {"encoder2"}  # MiniLM does not run for a fusion that does not weigh it
+    np.testing.assert_allclose(q.encoder_embeddings["encoder2"], r.encoder2.encode(["cat and dog near the river"])[0], atol=1e-6)
+    hits = r.search("cat and dog near the river", k=5)
+    assert len(hits) == 5 and "encoder2" in set().union(*(h.channels for h in hits))
+    assert set().union(*(h.channels for h in hits)) <= {"sparse", "bm25", "encoder2"}
+    # each encoder channel is searched with its own model's query: the two differ
+    docs2, _ = r.search_channel(q, "encoder2", 5)
+    (q1,) = r.encode(["cat and dog near the river"], mode="encoder")
+    docs1, _ = r.search_channel(q1, "encoder", 5)
+    assert not np.allclose(q1.encoder_embedding, q.encoder_embeddings["encoder2"][: len(q1.encoder_embedding)])
+    assert len(docs1) == len(docs2) == 5
+    # the same index, the other point: no rebuild
+    fast = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="fast")
+    assert fast.generation.path == r.generation.path and fast.channels_of("hybrid") == ["sparse", "bm25", "encoder"]
+
+
+def test_best_without_the_second_encoder_encodes_with_the_llm_and_fuses_dense(minilm_index, tiny_embedder):
+    r = Retriever.load(minilm_index, embedder=tiny_embedder, warm=False, profile="best")
+    assert r.profile is PROFILES["best"].fallback and r.profile.name == "best" and r.query_encoder == "llm"
+    assert set(r.channels_of("hybrid")) == set(PROFILES["best"].fallback.channels) and "dense" in r.channels_of("hybrid")
     hits = r.search("cat and dog near the river", k=5)
     assert len(hits) == 5 and "dense" in set().union(*(h.channels for h in hits))
-    # the same index, the other point: no rebuild, other results
-    fast = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="fast")
-    assert fast.generation.path == r.generation.path
+
+
+def test_a_profile_fits_the_channels_held():
+    best = PROFILES["best"]
+    assert fit_profile("best", ["sparse", "dense", "bm25", "encoder", "encoder2"]) is best
+    assert fit_profile(best, ["sparse", "bm25", "encoder2"]) is best
+    assert fit_profile("best", ["sparse", "dense", "bm25", "encoder"]) is best.fallback
+    # neither fits: the setting whose held channels carry more of its weight (0.6 of the fallback's, 0.4 of its own)
+    assert fit_profile("best", ["sparse", "dense", "bm25"]) is best.fallback
+    assert fit_profile("best", ["sparse", "bm25"]) is best.fallback  # 0.5 against 0.4
+    assert fit_profile("best", ["bm25", "encoder2"]) is best  # 0.9 against 0.3
+    assert fit_profile("fast", ["sparse"]) is PROFILES["fast"]
 
 
 def test_explicit_settings_override_the_profile(full_index, tiny_embedder):
     fusion = {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.5}}
-    r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="best", query_encoder="none", fusion=fusion)
-    assert r.query_encoder == "none" and r.fusion == fusion and r.profile.name == "best"
+    r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="best", query_encoder="llm", fusion=fusion)
+    assert r.query_encoder == "llm" and r.fusion == fusion and r.profile.name == "best"
     r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile=None)
     assert r.profile is None and r.query_encoder == "llm"  # "auto" without a student beside the adapter
     assert r.fusion == DEFAULT_FUSION_WITH_ENCODER
@@ -85,35 +137,41 @@ def test_an_index_without_the_profiles_channels_is_searched_as_built(toy_corpus,
     with caplog.at_level("WARNING"):
         best = Retriever.load(tmp_path / "old", embedder=tiny_embedder, warm=False, profile="best")
     assert "lacks" in caplog.text and "encoder" in caplog.text
-    # what is there, weighed as best weighs it
-    assert best.channels_of("hybrid") == [c for c in ("sparse", "dense", "bm25") if c in PROFILES["best"].channels]
+    # what is there, weighed as the setting of best that weighs more of it weighs it (its fallback's: LLM queries, dense)
+    assert best.query_encoder == "llm"
+    assert best.channels_of("hybrid") == [c for c in ("sparse", "dense", "bm25") if c in PROFILES["best"].fallback.channels]
 
 
 def test_build_index_defaults_hold_both_profiles_channels():
-    from indexer.channel_set import WITH_ENCODER
+    from indexer.channel_set import WITH_BOTH_ENCODERS, WITH_ENCODER
 
     for profile in PROFILES.values():
-        assert set(profile.channels) <= set(WITH_ENCODER)
+        assert set(profile.channels) <= set(WITH_BOTH_ENCODERS)
+    # without mpnet, the default set still holds fast and best's fallback
+    assert set(PROFILES["fast"].channels) | set(PROFILES["best"].fallback.channels) <= set(WITH_ENCODER)
 
 
-def test_search_index_cli_profile(toy_corpus, tiny_model_dir, st_dir, tmp_path, capsys):
+def test_search_index_cli_profile(toy_corpus, tiny_model_dir, st_dir, st2_dir, tmp_path, capsys):
     from indexer import cli as build_cli
     from retriever import cli as search_cli
 
     index = tmp_path / "index"
     assert build_cli.main(["--corpus", str(toy_corpus), "--index", str(index), "--model", str(tiny_model_dir), "--adapter", "none",
-                           "--top-k", "16", "--quiet", "--channels", "sparse,dense,bm25,encoder", "--encoder", str(st_dir)]) == 0  # fmt: skip
+                           "--top-k", "16", "--quiet", "--channels", "sparse,dense,bm25,encoder,encoder2", "--encoder", str(st_dir),
+                           "--encoder2", str(st2_dir)]) == 0  # fmt: skip
+    assert Manifest.read(index).encoder2["name"] != Manifest.read(index).encoder["name"]
     capsys.readouterr()
-    for profile, encoder in (("fast", "none"), ("best", "llm")):
+    for profile, channels in (("fast", {"sparse", "bm25", "encoder"}), ("best", {"sparse", "bm25", "encoder2"})):
         assert search_cli.main(["--index", str(index), "--profile", profile, "--json", "-k", "3", "cat and dog"]) == 0
         (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-        assert len(row["hits"]) == 3 and {h["query_encoder"] for h in row["hits"]} == {encoder}
+        assert len(row["hits"]) == 3 and {h["query_encoder"] for h in row["hits"]} == {"none"}
+        assert set().union(*(h["channels"] for h in row["hits"])) <= channels
     with pytest.raises(SystemExit):
         search_cli.main(["--index", str(index), "--profile", "fastest", "cat"])
     assert "profile must be one of" in capsys.readouterr().err
 
 
-def test_beir_eval_default_and_default_best_share_one_index(tmp_path, docs_factory, tiny_model_dir, st_dir, monkeypatch):
+def test_beir_eval_default_and_default_best_share_one_index(tmp_path, docs_factory, tiny_model_dir, st_dir, st2_dir, monkeypatch):
     from test_encoder_channel import write_beir
 
     from benchmarks import datasets, systems
@@ -121,6 +179,7 @@ def test_beir_eval_default_and_default_best_share_one_index(tmp_path, docs_facto
     from indexer import channel_set
 
     monkeypatch.setattr(channel_set, "DEFAULT_ENCODER", str(st_dir))
+    monkeypatch.setattr(channel_set, "DEFAULT_ENCODER2", str(st2_dir))
     docs = docs_factory(30)
     queries = [{"_id": f"q{i}", "text": d["title"]} for i, d in enumerate(docs[:4])]
     ds = datasets.load_beir_folder(write_beir(tmp_path / "toyq", docs, queries))
@@ -128,7 +187,7 @@ def test_beir_eval_default_and_default_best_share_one_index(tmp_path, docs_facto
     results = run_suite([ds], ["default", "default-best"], settings, tmp_path / "out", depth=10, command="test")
     params = results["systems"]
     assert params["default"]["params"]["profile"] == "fast" and params["default"]["params"]["query_encoder"] == "none"
-    assert params["default-best"]["params"]["profile"] == "best" and params["default-best"]["params"]["query_encoder"] == "llm"
+    assert params["default-best"]["params"]["profile"] == "best" and params["default-best"]["params"]["query_encoder"] == "none"
     assert params["default-best"]["params"]["fusion"] == PROFILES["best"].fusion
     (entry,) = results["datasets"]
     assert len({res["index"]["seconds"] for res in entry["results"].values()}) == 1  # one build serves both
@@ -162,7 +221,7 @@ def test_rules_on_a_toy_matrix():
 
 def test_public_channel_search_and_fusion_view(full_index, tiny_embedder):
     """What benchmarks and the server use instead of the Retriever's privates (issue 49)."""
-    r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="best")
+    r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="best", query_encoder="llm")
     (q,) = r.encode(["cat and dog near the river"], mode="dense")
     docs, scores = r.search_channel(q, "dense", 5)
     hits = r.search_encoded([q], k=5, mode="dense", explain=False)[0]

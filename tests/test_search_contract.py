@@ -33,8 +33,11 @@ def retriever(tmp_path_factory, tiny_tokenizer) -> Retriever:
     from embedder.sentence_encoder import SentenceEncoder
 
     encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st"))
-    build_index(corpus, root / "index", embedder, top_k=16, dense=True, embedfilter_tau=2, lexical="words", encoder=encoder, progress=False)
-    return Retriever.load(root / "index", embedder=embedder, encoder=encoder, profile="best")  # LLM queries: every mode can be searched
+    encoder2 = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st2", seed=1))
+    build_index(corpus, root / "index", embedder, top_k=16, dense=True, embedfilter_tau=2, lexical="words", encoder=encoder, encoder2=encoder2,
+                progress=False)  # fmt: skip
+    # LLM queries: every mode can be searched
+    return Retriever.load(root / "index", embedder=embedder, encoder=encoder, encoder2=encoder2, profile="best", query_encoder="llm")
 
 
 def test_every_mode_is_present(retriever):

@@ -110,6 +110,32 @@ def test_every_channel_matches_a_rebuild(tmp_path, tiny_embedder, encoder):
         re.close()
 
 
+def test_both_encoder_channels_update_as_a_rebuild(tmp_path, tiny_embedder, encoder):
+    """An index with the second encoder channel (the best point's): each channel's added vectors
+    come from its own model, loaded from the manifest where the caller gives none."""
+    from embedder.sentence_encoder import SentenceEncoder
+
+    encoder2 = SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path / "st2", seed=1))
+    initial, add, deleted, final = changes()
+    both = {"top_k": 16, "lexical": "words", "encoder": encoder, "encoder2": encoder2, "progress": False}
+    build_index(write_corpus(tmp_path / "a", initial, "beir"), tmp_path / "index", tiny_embedder, **both)
+    update_index(tmp_path / "index", add=as_documents(add), delete=deleted, embedder=tiny_embedder, encoder=encoder, progress=False)
+    build_index(write_corpus(tmp_path / "b", final, "beir"), tmp_path / "rebuilt", tiny_embedder, **both)
+    up, re = open_index(tmp_path / "index"), open_index(tmp_path / "rebuilt")
+    try:
+        assert up.doc_ids == re.doc_ids and up.manifest.encoder2 == re.manifest.encoder2
+        vectors = {}
+        for mode in ("encoder", "encoder2"):
+            x, y = (c.index.reconstruct_n(0, c.index.ntotal) for c in (up.channels[mode], re.channels[mode]))
+            np.testing.assert_allclose(x, y, atol=1e-5)
+            vectors[mode] = x
+        assert not np.allclose(vectors["encoder"], vectors["encoder2"])  # two models, two sets of vectors
+    finally:
+        up.close()
+        re.close()
+    assert verify(tmp_path / "index").ok
+
+
 def test_a_packed_index_updates_as_its_unpacked_compact_copy(tmp_path, tiny_embedder, encoder):
     """Format 4 (bit-packed doc numbers) stays format 4 through an update, and ranks exactly as the
     same update of the format-3 copy (int32 doc numbers) of the same index."""

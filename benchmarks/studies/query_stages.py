@@ -66,7 +66,7 @@ def stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
     lap("literal tokens")
     from retriever.query import EncodedQuery
 
-    q = EncodedQuery(query, toks, weights, len(lit), h[0], encoder_embedding=x[0], query_encoder=student.name)
+    q = EncodedQuery(query, toks, weights, len(lit), h[0], encoder_embeddings={"encoder": x[0]}, query_encoder=student.name)
     channels = {}
     for m in r.channels_of("hybrid"):
         channels[m] = r.search_channel(q, m, FUSION_DEPTH)
@@ -89,7 +89,7 @@ def fast_stage_times(r: Retriever, query: str, k: int) -> dict[str, float]:
     lap("sentence encoder")
     lit = np.asarray(literal_ids(r.embedder, query, r.literal), np.int64)
     q = EncodedQuery(query, lit, r.token_idf[np.clip(lit, 0, len(r.token_idf) - 1)], len(lit), np.zeros(0, np.float32),
-                     encoder_embedding=x[0], query_encoder="none")
+                     encoder_embeddings={"encoder": x[0]}, query_encoder="none")
     lap("literal tokens")
     used, channels = r.channels_of("hybrid"), {}
     for m in used:

@@ -14,14 +14,14 @@ from benchmarks.systems.base import Hits, IndexStats, Settings, System, SystemUn
 from benchmarks.timing import Stopwatch
 
 
-def _query_models(channels: list[str]) -> tuple[bool, bool]:
-    """Whether queries for ``channels`` run the LLM (or its distilled student) and the sentence
-    encoder: the channels' query needs in the channel table (indexer/channels.py; imported here,
-    as the engine's modules are, on first use)."""
+def _query_models(channels: list[str]) -> tuple[bool, tuple[str, ...]]:
+    """Whether queries for ``channels`` run the LLM (or its distilled student), and the encoder
+    channels among them whose sentence encoder runs: the channels' query needs in the channel
+    table (indexer/channels.py; imported here, as the engine's modules are, on first use)."""
     from indexer.channels import CHANNEL_SPECS, ENCODER_EMBEDDING, LLM_STATE
 
-    needs = {need for s in CHANNEL_SPECS if s.mode in channels for need in s.query_needs}
-    return LLM_STATE in needs, ENCODER_EMBEDDING in needs
+    rows = [s for s in CHANNEL_SPECS if s.mode in channels]
+    return any(LLM_STATE in s.query_needs for s in rows), tuple(s.mode for s in rows if ENCODER_EMBEDDING in s.query_needs)
 
 
 class AlignedTokensEngine:
@@ -43,7 +43,7 @@ class AlignedTokensEngine:
         self.expansion_m = settings.expansion_m if settings.expansion_m is not None else DEFAULT_EXPANSION_M
         self.build_options: dict = {}
         self.embedder = None
-        self.encoder = None  # the sentence-transformers encoder of the "encoder" channel, when required
+        self.encoders: dict = {}  # the sentence-transformers encoders of the encoder channels ("encoder", "encoder2"), when required
         self.retriever = None
         self.dataset: str | None = None
         self.build_stats: dict = {}
@@ -69,10 +69,25 @@ class AlignedTokensEngine:
                 from embedder.cache import CachedEmbedder
 
                 self.embedder = CachedEmbedder(self.embedder, self.settings.embedding_cache)
-        if self.encoder is None and self.build_options.get("encoder"):
-            from embedder.sentence_encoder import SentenceEncoder
+        from indexer.channels import sentence_encoder_specs
 
-            self.encoder = SentenceEncoder.load(self.build_options["encoder"], device=self.settings.device)
+        for s in sentence_encoder_specs():
+            if s.mode not in self.encoders and self.build_options.get(s.option):
+                from embedder.sentence_encoder import SentenceEncoder
+
+                self.encoders[s.mode] = SentenceEncoder.load(self.build_options[s.option], device=self.settings.device)
+
+    @property
+    def encoder(self):
+        """The encoder channel's sentence model (None: not required)."""
+        return self.encoders.get("encoder")
+
+    @property
+    def models(self) -> dict:
+        """The loaded sentence encoders as keyword arguments of build_index and the Retriever."""
+        from indexer.channels import spec
+
+        return {spec(mode).option: model for mode, model in self.encoders.items()}
 
     def params(self) -> dict:
         e, r = self.embedder, self.retriever
@@ -88,8 +103,8 @@ class AlignedTokensEngine:
             "torch_threads": torch_threads(),
             "runtime": e.runtime_info() if e else None,
         }
-        if self.encoder is not None:
-            p["encoder"] = {**self.encoder.describe(), "runtime_reason": self.encoder.runtime_reason}
+        for mode, model in self.encoders.items():
+            p[mode] = {**model.describe(), "runtime_reason": model.runtime_reason}
         # Query-side settings as the Retriever applies them (its defaults, read from it).
         for attr in ("literal", "query_weighting", "fusion", "backend", "query_encoder"):
             if r is not None and hasattr(r, attr):
@@ -114,9 +129,7 @@ class AlignedTokensEngine:
         folder = self.settings.work_dir / ds.name
         corpus = ds.write_corpus(folder / "corpus.jsonl")
         index_dir = folder / "aligned-tokens"
-        options = dict(self.build_options)
-        if options.get("encoder"):
-            options["encoder"] = self.encoder  # the model loaded once, not its name
+        options = dict(self.build_options) | self.models  # the models loaded once, not their names
         if self.settings.segments:
             options["segments"] = True
         manifest = build_index(
@@ -129,7 +142,7 @@ class AlignedTokensEngine:
             progress=self.settings.progress,
             **options,
         )
-        extra = {"encoder": self.encoder} if self.encoder is not None else {}
+        extra = self.models
         # no query cache: every query is encoded (and timed) as a first query would be
         self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, query_encoder=self.settings.query_encoder or "auto",
                                    query_cache_size=0, feedback=self.settings.feedback, **extra)
@@ -162,7 +175,7 @@ class AlignedTokensEngine:
             from retriever.retriever import Retriever
 
             r = self.retriever
-            extra = {"encoder": self.encoder} if self.encoder is not None else {}
+            extra = self.models
             run_encoder = r.student or ("none" if r.model_free else "llm")
             self._retrievers[key] = Retriever(r.index_dir, r.manifest, self.embedder, expansion_m=self.expansion_m, fusion=fusion,
                                               query_encoder=query_encoder or run_encoder, query_cache_size=0,
@@ -289,8 +302,9 @@ class AlignedTokensSystem(System):
                 p["fusion"] = self.fusion
             if self.fusion is None:
                 p["fusion_source"] = "the Retriever's default for the index's channels (DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER with an encoder channel)"
-        elif self.mode != "encoder":
+        elif self.mode not in ("encoder", "encoder2"):
             p.pop("encoder", None)
+            p.pop("encoder2", None)
         if self.mode in ("dense", "dense-ef", "bm25", "encoder"):
             for key in ("top_k", "expansion_m", "literal", "query_weighting", "fusion"):
                 p.pop(key, None)
@@ -432,10 +446,11 @@ class UserDefault(AlignedTokensSystem):
         from dataclasses import replace
 
         from indexer import channel_set
-        from retriever.profiles import DEFAULT_PROFILE, get_profile
+        from retriever.profiles import DEFAULT_PROFILE, fit_profile
 
         name = self.profile_name or (DEFAULT_PROFILE if settings.profile == "auto" else settings.profile)
-        self.profile = get_profile(name)
+        default_channels, options, _ = channel_set.resolve(None)
+        self.profile = fit_profile(name, default_channels)  # best without mpnet installed: its fallback
         self.fusion = self.profile.fusion
         self.query_encoder = settings.query_encoder or self.profile.query_encoder
 
@@ -444,7 +459,7 @@ class UserDefault(AlignedTokensSystem):
                       dense_kind="Flat", embedfilter_tau=None, lexical=channel_set.DEFAULT_ANALYZER,
                       encoder=channel_set.DEFAULT_ENCODER, fusions={}, segments=False)
         self.engine = shared.setdefault("aligned-tokens-default", AlignedTokensEngine(own))
-        self.channels, options, _ = channel_set.resolve(None)
+        self.channels = default_channels
         self.engine.require(**options)
 
     @property
@@ -464,7 +479,7 @@ class UserDefault(AlignedTokensSystem):
         return p
 
 
-@register("default-best", "this project at its best operating point: the default index, search-index --profile best (LLM queries, + dense)")
+@register("default-best", "this project at its best operating point: the default index, search-index --profile best (BM25 + mpnet + own tokens)")
 class UserDefaultBest(UserDefault):
     """The index ``default`` builds, searched at the ``best`` operating point."""
 

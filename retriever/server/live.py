@@ -165,7 +165,7 @@ class LiveIndex:
                 "reloads": self.reloads, "failed": self.failed}
 
 
-MODEL_FIELDS = ("model", "adapter", "encoder", "embedding")  # what a generation must share with the served one to reuse its models
+MODEL_FIELDS = ("model", "adapter", "encoder", "encoder2", "embedding")  # what a generation must share with the served one to reuse its models
 
 
 def same_models(previous: Retriever, index_dir: Path) -> bool:
@@ -180,12 +180,12 @@ def same_models(previous: Retriever, index_dir: Path) -> bool:
 
 def reload_with_models(previous: Retriever | None, load: Callable[..., Retriever]) -> Retriever:
     """``load(**models)`` reusing ``previous``'s models (the LLM or its tokenizer, the sentence
-    encoder) where the new generation names the same ones: it is then loaded in the time of
+    encoders) where the new generation names the same ones: it is then loaded in the time of
     opening its files, not of loading models. Otherwise, or where that load fails, everything is
     loaded afresh: ``load()``."""
     if previous is not None and same_models(previous, previous.index_dir):
         try:
-            return load(embedder=previous.embedder, encoder=previous.encoder)
+            return load(embedder=previous.embedder, encoder=previous.encoder, encoder2=previous.encoder2)
         except Exception as exc:  # noqa: BLE001 - e.g. another model or adapter: loaded afresh below
             log.warning("the new generation does not take the served models (%s); loading its own", exc)
     return load()

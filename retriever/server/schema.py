@@ -164,7 +164,8 @@ class Info(BaseModel):
     describe: str
     model: dict[str, Any]
     adapter: dict[str, Any] | None = Field(description="the adapter: its name and sha256 (no local path); null: the raw backbone")
-    encoder: str | None
+    encoder: str | None = Field(description="the encoder channel's sentence encoder (the fast point's); null: none")
+    encoder2: str | None = Field(None, description="the second encoder channel's (the best point's); null: none")
     lexical: dict[str, Any] | None
     metadata_fields: list[str] = Field(description="the fields a filter can name (the documents' metadata)")
     writable: bool = Field(description="whether POST /documents and DELETE /documents/{id} are served (serve --writable)")

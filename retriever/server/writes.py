@@ -10,8 +10,8 @@ that cannot be updated in place. Searches keep answering throughout, from the ge
 they started on.
 
 The models that encode added documents are the served ones where the served Retriever runs the
-LLM (profile best); the fast profile runs no LLM forward for queries, so the LLM is loaded in the
-background when the server starts, and kept.
+LLM (e.g. query_encoder llm); the profiles run no LLM forward for queries, so the LLM is loaded in
+the background when the server starts, and kept.
 """
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def add_write_routes(app: FastAPI, live: LiveIndex, config: ServerConfig, api_er
     def writer_models():
         r = live.current.retriever
         m = r.manifest
-        key = repr((m.model, m.adapter, m.embedding, m.encoder))
-        if isinstance(r.embedder, Embedder):  # the served LLM (and encoder) encode documents as they encode queries
-            return load_models(m, r.embedder, r.encoder)
+        key = repr((m.model, m.adapter, m.embedding, m.encoder, m.encoder2))
+        if isinstance(r.embedder, Embedder):  # the served LLM (and encoders) encode documents as they encode queries
+            return load_models(m, r.embedder, r.sentence_encoders)
         with loading:
             if key not in models:
                 models.clear()
@@ -58,9 +58,9 @@ def add_write_routes(app: FastAPI, live: LiveIndex, config: ServerConfig, api_er
 
     def warm() -> None:
         try:
-            embedder, encoder = writer_models()
+            embedder, encoders = writer_models()
             embedder.embed(["warm up the document encoder"])  # a runtime compiles on its first forward
-            if encoder is not None:
+            for encoder in encoders.values():
                 encoder.encode(["warm up the document encoder"])
         except Exception as exc:  # noqa: BLE001 - the first write loads them again and answers the error
             log.warning("loading the models that encode written documents failed: %s", exc)
@@ -70,8 +70,9 @@ def add_write_routes(app: FastAPI, live: LiveIndex, config: ServerConfig, api_er
 
     def apply(documents: list[dict], delete: list[str]):
         added = [document_from_object(obj, "documents", i) for i, obj in enumerate(documents, start=1)]
-        embedder, encoder = writer_models() if added else (None, None)
-        return update_index(live.index_dir, add=added, delete=delete, embedder=embedder, encoder=encoder, progress=False)
+        embedder, encoders = writer_models() if added else (None, {})
+        return update_index(live.index_dir, add=added, delete=delete, embedder=embedder, encoder=encoders.get("encoder"),
+                            encoder2=encoders.get("encoder2"), progress=False)
 
     async def update(documents: list[dict], delete: list[str]) -> dict:
         if len(documents) + len(delete) > config.max_write_documents:
