@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,7 +82,9 @@ class QueryEncoding:
     """Encodes queries for an index's channels: the LLM's or its student's pooled state, the
     query's literal tokens plus the top-``expansion_m`` aligned tokens of that state (weighed by
     ``token_idf`` where ``query_weighting`` is "idf"), and the embedding of each of the index's
-    sentence ``encoders`` (by channel mode: "encoder", "encoder2").
+    sentence ``encoders`` (by channel mode: "encoder", "encoder2"). ``deferred``: more of them, as
+    functions that load the model, called the first time a query needs that channel (a model the
+    searches weigh nothing of is not loaded: the fast point never loads mpnet).
 
     ``choice``: the ``query_encoder`` policy (see :func:`choose_query_encoder`; "none": no model,
     the query's own tokens alone, ``embedder`` may be its tokenizer alone).
@@ -94,6 +96,7 @@ class QueryEncoding:
         choice: str | os.PathLike[str] | DistilledQueryEncoder,
         token_idf: np.ndarray,
         encoders: Mapping[str, Any] | None = None,
+        deferred: Mapping[str, Callable[[], Any]] | None = None,
         expansion_m: int = DEFAULT_EXPANSION_M,
         literal: str = "both",
         query_weighting: str = DEFAULT_QUERY_WEIGHTING,
@@ -103,6 +106,8 @@ class QueryEncoding:
         self.embedder = embedder
         # the index's sentence models by channel mode ("encoder", "encoder2"), those it holds
         self.encoders = {mode: e for mode, e in (encoders or {}).items() if e is not None}
+        self._deferred = {mode: load for mode, load in (deferred or {}).items() if mode not in self.encoders}
+        self._loading = threading.Lock()
         self.token_idf = token_idf
         self.expansion_m = expansion_m
         self.literal = literal
@@ -114,6 +119,24 @@ class QueryEncoding:
         self.cache = QueryCache(cache_size)
         self._lock = threading.Lock()
         self._student_head: LMHead | None = None
+
+    @property
+    def encoder_modes(self) -> tuple[str, ...]:
+        """The encoder channels whose query embedding this can give, loaded or not."""
+        return (*self.encoders, *(m for m in self._deferred if m not in self.encoders))
+
+    @property
+    def deferred_modes(self) -> tuple[str, ...]:
+        """The encoder channels whose model is not loaded yet (loaded on their first query)."""
+        return tuple(m for m in self._deferred if m not in self.encoders)
+
+    def encoder_model(self, mode: str) -> Any:
+        """The sentence model of encoder channel ``mode``, loaded now where it was deferred."""
+        if mode not in self.encoders:
+            with self._loading:
+                if mode not in self.encoders:
+                    self.encoders[mode] = self._deferred.pop(mode)()
+        return self.encoders[mode]
 
     @property
     def encoder(self) -> Any:
@@ -142,7 +165,7 @@ class QueryEncoding:
         LLM's, the student's or, model-free, the literal tokens alone) and the embedding of the
         sentence encoder of each channel in ``encoders`` (modes; those the index holds); from
         the cache where it holds them."""
-        needs = (llm, tuple(m for m in self.encoders if m in set(encoders)))
+        needs = (llm, tuple(m for m in self.encoder_modes if m in set(encoders)))
         keys = [(q, needs, self.name) for q in queries]
         out: list[EncodedQuery | None] = [self.cache.get(key) for key in keys]
         todo = list(dict.fromkeys(q for q, got in zip(queries, out) if got is None))
@@ -174,7 +197,7 @@ class QueryEncoding:
         else:
             encoded = [EncodedQuery.text_only(q) for q in queries]
         for mode in encoders:
-            model = self.encoders[mode]
+            model = self.encoder_model(mode)
             shared = sentence is not None and self.student_encoder is model
             for q, e in zip(encoded, sentence if shared else model.encode(list(queries))):
                 q.encoder_embeddings[mode] = e
@@ -190,8 +213,8 @@ class QueryEncoding:
             raise ValueError(f"states of shape {h.shape} for {len(queries)} queries; expected ({len(queries)}, {self.embedder.dim})")
         encoded = self._from_states(list(queries), h, name)
         self._weigh(encoded)
-        for mode, model in self.encoders.items():
-            for q, e in zip(encoded, model.encode(list(queries))):
+        for mode in self.encoder_modes:
+            for q, e in zip(encoded, self.encoder_model(mode).encode(list(queries))):
                 q.encoder_embeddings[mode] = e
         return encoded
 

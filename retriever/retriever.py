@@ -22,6 +22,7 @@ the views with another fusion.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -67,6 +68,15 @@ LLM_MODES: tuple[str, ...] = tuple(s.mode for s in channel_table.with_need(LLM_S
 # to search them with (the aligned-token channel still has the query's literal tokens)
 MODEL_ONLY_MODES: tuple[str, ...] = tuple(s.mode for s in CHANNEL_SPECS if s.query_needs == {LLM_STATE})
 _QUERY_NEEDS: dict[str, frozenset[str]] = {s.mode: s.query_needs for s in CHANNEL_SPECS}
+
+def _load_encoder(manifest: Manifest, channel: str, device: str | None) -> Any:
+    """The sentence model the manifest's encoder ``channel`` names, loaded and checked."""
+    from embedder.sentence_encoder import SentenceEncoder
+
+    encoder = SentenceEncoder.load(getattr(manifest, channel)["name"], device=device)
+    manifest.check_encoder(encoder.identity, channel)
+    return encoder
+
 
 __all__ = [
     "DEFAULT_FUSION", "DEFAULT_FUSION_WITH_ENCODER", "DEFAULT_QUERY_WEIGHTING", "FUSION_DEPTH", "LLM_MODES", "MODEL_ONLY_MODES", "MODES",
@@ -170,16 +180,20 @@ class Retriever:
         self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
         analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
         given = {"encoder": encoder, "encoder2": encoder2}
+        deferred = {}
         for s in sentence_encoder_specs():
             info = s.record(manifest)
             if info and given[s.mode] is None:
-                from embedder.sentence_encoder import SentenceEncoder
-
-                given[s.mode] = SentenceEncoder.load(info["name"], device=getattr(embedder, "device", None))
+                loader = functools.partial(_load_encoder, manifest, s.manifest_key, getattr(embedder, "device", None))
+                if self.fusion.weight(s.mode) > 0:
+                    given[s.mode] = loader()
+                else:  # a channel the hybrid does not weigh: its model is loaded on its first query
+                    deferred[s.mode] = loader
+                continue
             manifest.check_encoder(given[s.mode].identity if given[s.mode] is not None else None, s.manifest_key)
-        self.encoder, self.encoder2 = given["encoder"], given["encoder2"]
         # the pieces; a fusion view (with_fusion) shares them all, and with them what each builds on first use
-        self.queries = QueryEncoding(embedder, query_encoder, self.token_idf, given, expansion_m, literal, query_weighting, query_cache_size)
+        self.queries = QueryEncoding(embedder, query_encoder, self.token_idf, given, deferred, expansion_m, literal, query_weighting,
+                                     query_cache_size)
         held = {s.mode: getattr(self, s.attribute) for s in CHANNEL_SPECS if getattr(self, s.attribute) is not None}
         self.channel_search = ChannelSearch(self.engine, held, analyze, len(doc_ids))
         self.hybrid = HybridSearch(self.channel_search, FeedbackExpander(self.sparse.doc_vectors, self.queries.expansion_weights))
@@ -212,8 +226,19 @@ class Retriever:
 
     @property
     def sentence_encoders(self) -> dict[str, Any]:
-        """The sentence models of the index's encoder channels, by mode ("encoder", "encoder2")."""
+        """The sentence models of the index's encoder channels loaded so far, by mode ("encoder",
+        "encoder2"); one the hybrid does not weigh is loaded on its first query."""
         return dict(self.queries.encoders)
+
+    @property
+    def encoder(self) -> Any:
+        """The encoder channel's sentence model (None: not held, or not loaded yet)."""
+        return self.queries.encoders.get("encoder")
+
+    @property
+    def encoder2(self) -> Any:
+        """The second encoder channel's sentence model (None: not held, or not loaded yet)."""
+        return self.queries.encoders.get("encoder2")
 
     @property
     def student_head(self) -> LMHead:
@@ -442,10 +467,12 @@ class Retriever:
     def warm_up(self) -> None:
         """Pay every first-call cost now rather than in the first query: the encoder runtime's
         export/compilation and first allocation, the Numba kernels, FAISS, the vocabulary
-        spellings that explanations use."""
+        spellings that explanations use. An encoder channel the hybrid does not weigh keeps its
+        model unloaded (seconds and memory, e.g. mpnet at the fast point) until its first query."""
         query = "warm up the encoder"
         for mode in self.modes:
-            if mode != "hybrid":  # hybrid is its channels plus NumPy fusion: nothing of its own to warm
+            # hybrid is its channels plus NumPy fusion: nothing of its own to warm
+            if mode != "hybrid" and mode not in self.queries.deferred_modes:
                 self.search(query, k=1, mode=mode)
         if self.embedder is not None:
             self.embedder.token_strings([0])

@@ -97,6 +97,20 @@ def test_best_fuses_the_second_encoder_without_the_llm(full_index, tiny_embedder
     assert fast.generation.path == r.generation.path and fast.channels_of("hybrid") == ["sparse", "bm25", "encoder"]
 
 
+def test_a_point_loads_only_the_encoder_its_hybrid_weighs(full_index, tiny_embedder):
+    """The fast point never loads mpnet (seconds and memory at every load), nor best MiniLM; the
+    other encoder is loaded, and checked, on its channel's first query."""
+    fast = Retriever.load(full_index, embedder=tiny_embedder)  # warmed: the channels it weighs
+    assert set(fast.sentence_encoders) == {"encoder"} and fast.encoder2 is None
+    hits = fast.search("cat and dog near the river", k=3, mode="encoder2")
+    assert len(hits) == 3 and set(fast.sentence_encoders) == {"encoder", "encoder2"}
+    assert fast.encoder2.identity["sha256"] == Manifest.read(full_index).encoder2["sha256"]
+    best = Retriever.load(full_index, embedder=tiny_embedder, profile="best")
+    assert set(best.sentence_encoders) == {"encoder2"}
+    view = best.with_fusion({"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.5}})
+    assert len(view.search("cat and dog near the river", k=3)) == 3 and set(best.sentence_encoders) == {"encoder", "encoder2"}
+
+
 def test_best_without_the_second_encoder_encodes_with_the_llm_and_fuses_dense(minilm_index, tiny_embedder):
     r = Retriever.load(minilm_index, embedder=tiny_embedder, warm=False, profile="best")
     assert r.profile is PROFILES["best"].fallback and r.profile.name == "best" and r.query_encoder == "llm"
@@ -191,6 +205,26 @@ def test_beir_eval_default_and_default_best_share_one_index(tmp_path, docs_facto
     assert params["default-best"]["params"]["fusion"] == PROFILES["best"].fusion
     (entry,) = results["datasets"]
     assert len({res["index"]["seconds"] for res in entry["results"].values()}) == 1  # one build serves both
+
+
+def test_the_server_serves_either_point_of_one_index(full_index, tiny_embedder):
+    from fastapi.testclient import TestClient
+
+    from retriever.server.app import create_app
+    from retriever.server.config import ServerConfig
+    from retriever.server.documents import Documents
+
+    m = Manifest.read(full_index)
+    for profile, channels in (("fast", {"sparse", "bm25", "encoder"}), ("best", {"sparse", "bm25", "encoder2"})):
+        r = Retriever.load(full_index, embedder=tiny_embedder, profile=profile)
+        documents, note = Documents.for_index(full_index, r.manifest, r.doc_ids)
+        with TestClient(create_app(r, ServerConfig(), documents, note)) as client:
+            info = client.get("/info").json()
+            assert info["profile"] == profile and info["query_encoder"] == "none"
+            assert (info["encoder"], info["encoder2"]) == (m.encoder["name"], m.encoder2["name"])
+            assert info["channels"] == ["sparse", "bm25", "encoder", "encoder2"]  # dense has no query without the LLM
+            hits = client.post("/search", json={"query": "cat and dog near the river", "k": 3}).json()["hits"]
+            assert len(hits) == 3 and set().union(*(h["channels"] for h in hits)) <= channels
 
 
 # ------------------------------------------------------------------ the fusion rules
