@@ -69,6 +69,7 @@ LLM_MODES: tuple[str, ...] = tuple(s.mode for s in channel_table.with_need(LLM_S
 MODEL_ONLY_MODES: tuple[str, ...] = tuple(s.mode for s in CHANNEL_SPECS if s.query_needs == {LLM_STATE})
 _QUERY_NEEDS: dict[str, frozenset[str]] = {s.mode: s.query_needs for s in CHANNEL_SPECS}
 
+
 def _load_encoder(manifest: Manifest, channel: str, device: str | None) -> Any:
     """The sentence model the manifest's encoder ``channel`` names, loaded and checked."""
     from embedder.sentence_encoder import SentenceEncoder
