@@ -234,11 +234,32 @@ class ChannelSpec:
         """The channel's manifest record (None, or empty: not built)."""
         return getattr(manifest, self.manifest_key, None) or None
 
+    def load_encoder(self, manifest: Any, device: str | None = None) -> Any:
+        """The sentence encoder this encoder channel's manifest record names, loaded and checked
+        against the record (``Manifest.check_encoder``)."""
+        from embedder.sentence_encoder import SentenceEncoder
+
+        encoder = SentenceEncoder.load(self.record(manifest)["name"], device=device)
+        manifest.check_encoder(encoder.identity, self.manifest_key)
+        return encoder
+
     def open(self, index_dir: Path, manifest: Any, mmap: bool = True) -> Any:
         """The channel opened and checked (:attr:`reader`), or None where the manifest says the
         index was built without it."""
         info = self.record(manifest)
         return None if info is None else self.reader(Path(index_dir), info, manifest.n_docs, mmap)
+
+
+def _encoder_row(mode: str, name: str, flag: str, default: str, doc: str) -> ChannelSpec:
+    """A sentence-encoder channel: its embeddings in the shards' array ``name`` and in
+    ``name.faiss``, its manifest record ``mode`` (the encoder's identity), built by the option
+    ``mode``, searched with its own encoder's embedding of the query."""
+    return ChannelSpec(
+        mode=mode, manifest_key=mode, name=name, attribute=f"{mode}_index", files=(f"{name}.faiss",),
+        build_needs=frozenset({SENTENCE_ENCODER}), query_needs=frozenset({ENCODER_EMBEDDING}), query_kind="dense",
+        writer=_encoder_writer(name), reader=_read_dense(name), option=mode, flag=flag, default=default,
+        fields=(("dim", "positive-int"), ("name", "str"), ("sha256", "str")), doc=doc,
+    )
 
 
 CHANNEL_SPECS: tuple[ChannelSpec, ...] = (
@@ -269,22 +290,12 @@ CHANNEL_SPECS: tuple[ChannelSpec, ...] = (
         writer=_BM25Writer, reader=_read_bm25, option="lexical", flag="--lexical words", default="words",
         fields=(("n_terms", "int"),), postings=LEXICAL_DIR, doc="BM25 on stemmed words or sub-word tokens, this engine's own inverted index",
     ),
-    ChannelSpec(
-        mode="encoder", manifest_key="encoder", name=ENCODER_NAME, attribute="encoder_index", files=(f"{ENCODER_NAME}.faiss",),
-        build_needs=frozenset({SENTENCE_ENCODER}), query_needs=frozenset({ENCODER_EMBEDDING}), query_kind="dense",
-        writer=_encoder_writer(ENCODER_NAME), reader=_read_dense(ENCODER_NAME), option="encoder", flag="--encoder NAME", default="minilm",
-        fields=(("dim", "positive-int"), ("name", "str"), ("sha256", "str")),
-        doc="cosine over an external sentence-transformers encoder's embeddings (embedder/sentence_encoder.py)",
-    ),
+    _encoder_row("encoder", ENCODER_NAME, "--encoder NAME", "minilm",
+                 "cosine over an external sentence-transformers encoder's embeddings (embedder/sentence_encoder.py)"),
     # a second encoder, so that one index serves both operating points (retriever/profiles.py):
     # ``fast`` reads the cheap one above at query time, ``best`` this stronger, costlier one
-    ChannelSpec(
-        mode="encoder2", manifest_key="encoder2", name=ENCODER2_NAME, attribute="encoder2_index", files=(f"{ENCODER2_NAME}.faiss",),
-        build_needs=frozenset({SENTENCE_ENCODER}), query_needs=frozenset({ENCODER_EMBEDDING}), query_kind="dense",
-        writer=_encoder_writer(ENCODER2_NAME), reader=_read_dense(ENCODER2_NAME), option="encoder2", flag="--encoder2 NAME", default="mpnet",
-        fields=(("dim", "positive-int"), ("name", "str"), ("sha256", "str")),
-        doc="cosine over a second sentence encoder's embeddings (default all-mpnet-base-v2: the 'best' operating point's)",
-    ),
+    _encoder_row("encoder2", ENCODER2_NAME, "--encoder2 NAME", "mpnet",
+                 "cosine over a second sentence encoder's embeddings (default all-mpnet-base-v2: the 'best' operating point's)"),
 )
 
 MODES: tuple[str, ...] = tuple(s.mode for s in CHANNEL_SPECS)  # in table order: the order of --channels, fusion, verify

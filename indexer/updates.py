@@ -236,10 +236,9 @@ def load_models(m: Manifest, embedder=None, encoders: Mapping[str, SentenceEncod
         if info is None:
             continue
         if encoder is None:
-            from embedder.sentence_encoder import SentenceEncoder
-
-            encoder = SentenceEncoder.load(info["name"], device=getattr(embedder, "device", None))
-        m.check_encoder(encoder.identity, s.manifest_key)
+            encoder = s.load_encoder(m, getattr(embedder, "device", None))
+        else:
+            m.check_encoder(encoder.identity, s.manifest_key)
         loaded[s.mode] = encoder
     return embedder, loaded
 

@@ -69,16 +69,6 @@ LLM_MODES: tuple[str, ...] = tuple(s.mode for s in channel_table.with_need(LLM_S
 MODEL_ONLY_MODES: tuple[str, ...] = tuple(s.mode for s in CHANNEL_SPECS if s.query_needs == {LLM_STATE})
 _QUERY_NEEDS: dict[str, frozenset[str]] = {s.mode: s.query_needs for s in CHANNEL_SPECS}
 
-
-def _load_encoder(manifest: Manifest, channel: str, device: str | None) -> Any:
-    """The sentence model the manifest's encoder ``channel`` names, loaded and checked."""
-    from embedder.sentence_encoder import SentenceEncoder
-
-    encoder = SentenceEncoder.load(getattr(manifest, channel)["name"], device=device)
-    manifest.check_encoder(encoder.identity, channel)
-    return encoder
-
-
 __all__ = [
     "DEFAULT_FUSION", "DEFAULT_FUSION_WITH_ENCODER", "DEFAULT_QUERY_WEIGHTING", "FUSION_DEPTH", "LLM_MODES", "MODEL_ONLY_MODES", "MODES",
     "QUERY_WEIGHTINGS", "Hit", "Retriever", "check_k", "check_queries",
@@ -185,7 +175,7 @@ class Retriever:
         for s in sentence_encoder_specs():
             info = s.record(manifest)
             if info and given[s.mode] is None:
-                loader = functools.partial(_load_encoder, manifest, s.manifest_key, getattr(embedder, "device", None))
+                loader = functools.partial(s.load_encoder, manifest, getattr(embedder, "device", None))
                 if self.fusion.weight(s.mode) > 0:
                     given[s.mode] = loader()
                 else:  # a channel the hybrid does not weigh: its model is loaded on its first query
