@@ -47,6 +47,10 @@ def embedder_key(embedder: Embedder, role: str = "document") -> str:
         "runtime": runtime,
         "dtype": dtype,
     }
+    if dtype == "int8":  # which weights int8 keeps in fp32 changes the embedding
+        from embedder.runtime import int8_recipe_id
+
+        what["int8"] = int8_recipe_id()
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 

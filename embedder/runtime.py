@@ -49,6 +49,26 @@ EXPORT_VERSION = 1
 # channels, so that the matmuls run on int8 x int8; without it OpenVINO decompresses the int8
 # weights to fp32 and saves memory, not time.
 INT8_ACTIVATION_GROUP = 32
+# Weights int8 leaves in fp32 (NNCF ignored-scope patterns): none. On 96 training texts with v4
+# (benchmarks/results/int8-recipes.json), mean (1 - cosine) to fp32 x 1e4 of the pooled embedding:
+# 13.2 with every weight int8, 9.4 with the 30 MLP down projections in fp32 at 15% less speed. The
+# latter did *worse* on the shared-collection check (adi's sparse channel -0.0165 against -0.0058:
+# benchmarks/results/precision_int8_v4_downfp32.json): a closer embedding on training texts did not
+# carry over to retrieval. Static int8 (NNCF post-training quantisation, SmoothQuant, activations
+# per tensor) was 1.4x faster and 5x further from fp32 (72). docs/speed-and-precision.md.
+INT8_FP32_WEIGHTS: tuple[str, ...] = ()
+
+
+def int8_recipe() -> dict:
+    """What an int8 graph is: part of its cache key, of the embedding cache's key and of the
+    recorded shared-collection verdict (a verdict on one recipe says nothing of another)."""
+    return {"weights": "int8 asymmetric per output channel (NNCF)", "kept_fp32": list(INT8_FP32_WEIGHTS),
+            "activation_group": INT8_ACTIVATION_GROUP}
+
+
+def int8_recipe_id() -> str:
+    """A short hash of :func:`int8_recipe`."""
+    return hashlib.sha256(json.dumps(int8_recipe(), sort_keys=True).encode()).hexdigest()[:12]
 
 
 class RuntimeUnusable(RuntimeError):
@@ -131,7 +151,8 @@ def _export_openvino(module: torch.nn.Module, dtype: str, target: Path) -> None:
 
         # Per-output-channel asymmetric int8 weights (per-tensor, as torch's dynamic
         # quantisation does, costs the embedding its faithfulness: cosine 0.80 to fp32).
-        graph = nncf.compress_weights(graph, mode=nncf.CompressWeightsMode.INT8_ASYM)
+        kept = {"ignored_scope": nncf.IgnoredScope(patterns=list(INT8_FP32_WEIGHTS), validate=False)} if INT8_FP32_WEIGHTS else {}
+        graph = nncf.compress_weights(graph, mode=nncf.CompressWeightsMode.INT8_ASYM, **kept)
     save_graph(graph, target)
 
 
@@ -165,7 +186,8 @@ def graph_directory(
     """
     if not identity.get("sha256"):
         identity = {**identity, "sha256": _parameters_sha256(body)}
-    key = runtime_key(identity, adapter, "int8" if dtype == "int8" else "fp32", prefix_ids)
+    int8 = dtype == "int8"
+    key = runtime_key(identity, adapter, "int8" if int8 else "fp32", prefix_ids, {"int8": int8_recipe()} if int8 else None)
     return (cache_root or cache_dir() / "runtimes") / key
 
 
@@ -297,6 +319,6 @@ def make_runtime(
 
 
 __all__ = [
-    "EXPORT_VERSION", "OpenVINORuntime", "Runtime", "RuntimeUnusable", "TorchRuntime", "compile_openvino", "crash_fields", "exported_graph",
-    "graph_directory", "make_runtime", "openvino_config", "runtime_key", "save_graph",
+    "EXPORT_VERSION", "INT8_FP32_WEIGHTS", "OpenVINORuntime", "Runtime", "RuntimeUnusable", "TorchRuntime", "compile_openvino", "crash_fields", "exported_graph",
+    "graph_directory", "int8_recipe", "int8_recipe_id", "make_runtime", "openvino_config", "runtime_key", "save_graph",
 ]

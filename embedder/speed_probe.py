@@ -305,6 +305,10 @@ def recorded_int8_verdict(adapter: dict | None) -> tuple[bool, str]:
         return False, f"{path}: unreadable"
     if data.get("adapter_sha256") != adapter.get("sha256"):
         return False, f"{path} is about other adapter weights"
+    from embedder.runtime import int8_recipe_id
+
+    if data.get("int8_recipe") != int8_recipe_id():
+        return False, f"{path} is about another int8 recipe (recorded {data.get('int8_recipe')}, this version's {int8_recipe_id()})"
     drop = data.get("max_ndcg_drop")
     if data.get("passed") is True and isinstance(drop, (int, float)) and drop <= NDCG_TOLERANCE:
         return True, f"nDCG@10 within {drop} of fp32 ({data.get('source', path)})"
@@ -318,13 +322,14 @@ def write_int8_verdict(adapter_dir: str | Path, differences: dict[str, float], s
     ``differences`` maps "collection/system" to int8's nDCG@10 minus fp32's. Passed when every one is
     within ``NDCG_TOLERANCE`` either way: an int8 run that scores much *higher* is just as much a
     different model. The adapter's weights are hashed here, so the verdict cannot outlive them."""
+    from embedder.runtime import int8_recipe_id
     from embedder.util import weights_sha256, write_json_atomic
 
     if not differences:
         raise ValueError("write_int8_verdict: no nDCG@10 differences to judge")
     worst_drop = max(0.0, -min(differences.values()))
     verdict = {
-        "adapter_sha256": weights_sha256(adapter_dir), "passed": all(abs(d) <= NDCG_TOLERANCE for d in differences.values()),
+        "adapter_sha256": weights_sha256(adapter_dir), "int8_recipe": int8_recipe_id(), "passed": all(abs(d) <= NDCG_TOLERANCE for d in differences.values()),
         "max_ndcg_drop": round(worst_drop, 4), "max_abs_difference": round(max(abs(d) for d in differences.values()), 4),
         "tolerance": NDCG_TOLERANCE, "differences": {k: round(v, 4) for k, v in sorted(differences.items())}, "source": source, "cpu": cpu,
     }
@@ -414,7 +419,7 @@ def probe_speed(setup: ProbeSetup, candidates: list[tuple[str, str]], skipped: l
         "kind": "speed", "speed_probe": SPEED_PROBE_VERSION, "candidates": [" ".join(c) for c in candidates],
         "cpu": setup.cpu.name, "flags": list(setup.cpu.flags), "threads": setup.threads, "torch": torch.__version__,
         "openvino": _openvino_version() if have_openvino else None, "inputs": inputs.hexdigest()[:20], "embedding": setup.fingerprint,
-        "int8_verdict": int8_ok[0],
+        "int8_verdict": int8_ok[0], "int8_recipe": _int8_recipe_id() if have_openvino else None,
     }
     if have_openvino:  # exported before its folder gets a lock file beside it (an export is renamed into place)
         from embedder.runtime import exported_graph
@@ -441,6 +446,12 @@ def probe_speed(setup: ProbeSetup, candidates: list[tuple[str, str]], skipped: l
         log.info("speed probe: documents %s (%s); queries %s (%s)", " ".join(verdict.documents), verdict.documents_reason,
                  " ".join(verdict.queries), verdict.queries_reason)
     return verdict
+
+
+def _int8_recipe_id() -> str:
+    from embedder.runtime import int8_recipe_id
+
+    return int8_recipe_id()
 
 
 def _openvino_version() -> str:

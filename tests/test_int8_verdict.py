@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.studies import precision_table
+from embedder.runtime import int8_recipe_id
 from embedder.speed_probe import INT8_VERDICT_FILE, recorded_int8_verdict, write_int8_verdict
 from embedder.util import weights_sha256
 
@@ -49,7 +50,7 @@ def test_a_passed_check_lets_the_probe_offer_int8_for_these_weights_only(tmp_pat
     assert precision_table.main(["--reference", str(ref), "--candidate", str(cand), "--systems", "sparse,dense",
                                  "--out", str(tmp_path / "table.json"), "--int8-verdict", str(adapter)]) == 0
     verdict = json.loads((adapter / INT8_VERDICT_FILE).read_text())
-    assert verdict["passed"] and verdict["adapter_sha256"] == sha
+    assert verdict["passed"] and verdict["adapter_sha256"] == sha and verdict["int8_recipe"] == int8_recipe_id()
     assert verdict["max_ndcg_drop"] == pytest.approx(0.004) and set(verdict["differences"]) == {"adi/sparse", "adi/dense", "cisi/sparse", "cisi/dense"}
     assert "mocked Xeon" in verdict["cpu"] and "table.json" in verdict["source"]
     assert recorded_int8_verdict({"path": str(adapter), "sha256": sha})[0]

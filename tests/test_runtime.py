@@ -172,6 +172,21 @@ def test_openvino_graphs_are_keyed_by_weights_and_precision(openvino, make_embed
     assert key(a, "fp32", a._prefix) == key(make_embedder(seed=0), "fp32", a._prefix)  # same weights, same graph
 
 
+def test_the_int8_recipe_keys_the_graph_and_the_embedding_cache(openvino, make_embedder, tmp_path, monkeypatch):
+    from embedder import runtime
+    from embedder.cache import embedder_key
+
+    e = make_embedder(seed=0)
+    e.dtype, e.runtime_name = "int8", "openvino"
+    monkeypatch.setattr(e, "resolve_runtime", lambda: None)
+    key = lambda dtype: runtime.graph_directory(e.causal_lm.base_model, dtype, {"name": "in-memory"}, None, e._prefix, tmp_path)
+    before = (key("int8"), key("fp32"), embedder_key(e), runtime.int8_recipe_id())
+    monkeypatch.setattr(runtime, "INT8_FP32_WEIGHTS", (r".*mlp\.down_proj.*",))  # another int8 graph, other embeddings
+    assert runtime.int8_recipe_id() != before[3]
+    assert key("int8") != before[0] and embedder_key(e) != before[2]
+    assert key("fp32") == before[1]  # the fp32 graph (and bf16 on it) does not depend on int8's recipe
+
+
 def test_manifest_records_runtime_and_capability(toy_corpus, tiny_model_dir, tmp_path, capsys):
     from indexer import cli as build_cli
     from indexer.manifest import Manifest

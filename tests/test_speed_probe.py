@@ -122,13 +122,20 @@ def test_the_faithfulness_gate(reference):
     assert int8.offered
 
 
-def test_int8_is_offered_only_with_a_recorded_verdict_for_these_weights(tmp_path):
+def test_int8_is_offered_only_with_a_recorded_verdict_for_these_weights_and_this_recipe(tmp_path):
+    from embedder.runtime import int8_recipe_id
+
     adapter = {"path": str(tmp_path), "sha256": "abc"}
     assert not recorded_int8_verdict(adapter)[0] and not recorded_int8_verdict(None)[0]
-    (tmp_path / INT8_VERDICT_FILE).write_text(json.dumps({"adapter_sha256": "abc", "passed": True, "max_ndcg_drop": 0.004, "source": "x"}))
+    passed = {"adapter_sha256": "abc", "int8_recipe": int8_recipe_id(), "passed": True, "max_ndcg_drop": 0.004, "source": "x"}
+    (tmp_path / INT8_VERDICT_FILE).write_text(json.dumps(passed))
     assert recorded_int8_verdict(adapter)[0]
     assert not recorded_int8_verdict({**adapter, "sha256": "other"})[0]  # about other weights
-    (tmp_path / INT8_VERDICT_FILE).write_text(json.dumps({"adapter_sha256": "abc", "passed": True, "max_ndcg_drop": 0.008}))
+    for recipe in (None, "0123456789ab"):  # a verdict on another int8 graph (or from before recipes were recorded)
+        (tmp_path / INT8_VERDICT_FILE).write_text(json.dumps({**passed, "int8_recipe": recipe}))
+        ok, why = recorded_int8_verdict(adapter)
+        assert not ok and "another int8 recipe" in why
+    (tmp_path / INT8_VERDICT_FILE).write_text(json.dumps({**passed, "max_ndcg_drop": 0.008}))
     assert not recorded_int8_verdict(adapter)[0]  # above issue 28's 0.005
 
 
