@@ -22,12 +22,14 @@ back to the next one (OpenVINO fp32, then torch fp32), saying why. The one such 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -152,7 +154,16 @@ def _export_openvino(module: torch.nn.Module, dtype: str, target: Path) -> None:
         # Per-output-channel asymmetric int8 weights (per-tensor, as torch's dynamic
         # quantisation does, costs the embedding its faithfulness: cosine 0.80 to fp32).
         kept = {"ignored_scope": nncf.IgnoredScope(patterns=list(INT8_FP32_WEIGHTS), validate=False)} if INT8_FP32_WEIGHTS else {}
-        graph = nncf.compress_weights(graph, mode=nncf.CompressWeightsMode.INT8_ASYM, **kept)
+        # NNCF draws its progress bar and logs its statistics on stdout, where they would land inside a
+        # command's --json output: the bar goes to stderr, the statistics only from warnings up
+        nncf_log = logging.getLogger("nncf")
+        level = nncf_log.level
+        nncf_log.setLevel(max(level, logging.WARNING))
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                graph = nncf.compress_weights(graph, mode=nncf.CompressWeightsMode.INT8_ASYM, **kept)
+        finally:
+            nncf_log.setLevel(level)
     save_graph(graph, target)
 
 

@@ -207,3 +207,15 @@ def test_embedding_cache_keys_differ_by_precision(make_embedder):
     bf16 = make_embedder(runtime="torch", dtype="bf16")
     plain = make_embedder()
     assert len({embedder_key(fp32), embedder_key(bf16), embedder_key(plain)}) == 3
+
+
+def test_an_int8_export_writes_nothing_on_stdout(openvino, make_embedder, tmp_path, capsys):
+    # NNCF's progress bar once landed inside `diagnose --json`'s output (tests/test_llm2comp.py failed
+    # whenever that test was the first to export an int8 graph)
+    from embedder.runtime import exported_graph
+
+    e = make_embedder(seed=3)
+    capsys.readouterr()
+    directory = exported_graph(e.causal_lm.base_model, "int8", {"name": "in-memory"}, None, e._prefix, tmp_path)
+    assert (directory / "model.xml").is_file()
+    assert capsys.readouterr().out == ""
