@@ -22,6 +22,12 @@ UINT8 = "uint8"  # the weights file's element type with 8-bit impacts (the manif
 # batch_search runs a parallel kernel: one thread at a time (Numba's workqueue layer, used where neither
 # TBB nor OpenMP is installed, aborts the process when two threads enter one at once)
 _PARALLEL_KERNEL = threading.Lock()
+# From this many documents on, one query's search is split by document range over Numba's threads
+# (kernels.search_one_split: the same ranking, bit for bit). On 2 cores, each search after a MiniLM
+# query forward (benchmarks/results/scale/split-search.json; synthetic 512-token documents, 10- and
+# 80-token queries): 0.7-0.95x at 1k documents, 1.4-1.6x at 10k, 2.1-2.2x at 100k-262k, and the
+# forward after a split search no slower than after a one-thread one.
+SPLIT_MIN_DOCS = 10_000
 
 
 @dataclass
@@ -202,9 +208,26 @@ class InvertedIndex:
         q_weights = np.ones(len(q_tokens), np.float32) if q_weights is None else np.asarray(q_weights, np.float32)
         if self.packed is not None:
             return self.packed.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
+        parts = self.search_parts()
+        if parts > 1:
+            with _PARALLEL_KERNEL:
+                if self.quantised:
+                    return kernels.search_one_u8_split(
+                        self.indptr, self.docs, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k, parts
+                    )
+                return kernels.search_one_split(self.indptr, self.docs, self.weights, q_tokens, q_weights, self.n_docs, k, parts)
         if self.quantised:
             return kernels.search_one_u8(self.indptr, self.docs, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
         return kernels.search_one(self.indptr, self.docs, self.weights, q_tokens, q_weights, self.n_docs, k)
+
+    def search_parts(self) -> int:
+        """Document ranges one query's search is split into: Numba's thread count from
+        :data:`SPLIT_MIN_DOCS` documents on, else 1 (bit-packed doc numbers are not split)."""
+        import numba
+
+        if self.packed is not None or self.n_docs < SPLIT_MIN_DOCS:
+            return 1
+        return max(1, min(numba.get_num_threads(), self.n_docs))
 
     def batch_search(self, queries: list[tuple[np.ndarray, np.ndarray]], k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Top-k of many (tokens, weights) queries in parallel; padded with -1 / -inf."""

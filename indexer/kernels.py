@@ -237,6 +237,109 @@ def contributions_u8(indptr, docs, codes, scale, offset, q_tokens, doc):
     return out
 
 
+# ------------------------------------------------------------ one query, several threads
+# One query's postings split by document range: part i scores the documents [lo_i, hi_i) of every
+# list (found by binary search in the list's ascending doc numbers) into accumulators of its own,
+# keeps its top k, and the parts' lists are merged. Each document is scored by one part, adding its
+# query tokens in the same order as search_one: the scores and the ranking are search_one's, bit
+# for bit. Worth it only where a query reads many postings (hundreds of thousands of documents);
+# each part pays a binary search per query token and a top-k of its own.
+@nb.njit(cache=True, inline="always")
+def _range_bounds(n_docs, parts, i):
+    return n_docs * i // parts, n_docs * (i + 1) // parts
+
+
+@nb.njit(cache=True, inline="always")
+def _list_range(indptr, docs, t, lo, hi):
+    """Postings of list t whose doc numbers lie in [lo, hi)."""
+    s, e = indptr[t], indptr[t + 1]
+    return s + np.searchsorted(docs[s:e], lo), s + np.searchsorted(docs[s:e], hi)
+
+
+@nb.njit(cache=True)
+def _merge_parts(part_d, part_s, k):
+    """The k best of the parts' top-k lists (each best first, padded with doc -1)."""
+    parts, width = part_d.shape
+    head = np.zeros(parts, dtype=np.int64)
+    out_d = np.empty(k, dtype=np.int32)
+    out_s = np.empty(k, dtype=np.float32)
+    n = 0
+    while n < k:
+        best = -1
+        for i in range(parts):
+            h = head[i]
+            if h < width and part_d[i, h] >= 0 and (best < 0 or _worse(part_s[best, head[best]], part_d[best, head[best]], part_s[i, h], part_d[i, h])):
+                best = i
+        if best < 0:
+            break
+        out_d[n] = part_d[best, head[best]]
+        out_s[n] = part_s[best, head[best]]
+        head[best] += 1
+        n += 1
+    return out_d[:n], out_s[:n]
+
+
+@nb.njit(cache=True, parallel=True)
+def search_one_split(indptr, docs, weights, q_tokens, q_weights, n_docs, k, parts):
+    """:func:`search_one` with the documents split into ``parts`` ranges scored in parallel."""
+    part_d = np.full((parts, k), -1, dtype=np.int32)
+    part_s = np.full((parts, k), -np.inf, dtype=np.float32)
+    for i in nb.prange(parts):
+        lo, hi = _range_bounds(n_docs, parts, i)
+        scores = np.zeros(hi - lo, dtype=np.float32)
+        seen = np.zeros(hi - lo, dtype=np.bool_)
+        touched = np.empty(hi - lo, dtype=np.int32)
+        n_touched = 0
+        for j in range(q_tokens.shape[0]):
+            t = q_tokens[j]
+            if t < 0 or t >= indptr.shape[0] - 1:
+                continue
+            qw = q_weights[j]
+            a, b = _list_range(indptr, docs, t, lo, hi)
+            for p in range(a, b):
+                d = docs[p] - lo
+                if not seen[d]:
+                    seen[d] = True
+                    touched[n_touched] = d
+                    n_touched += 1
+                scores[d] += qw * weights[p]
+        top_d, top_s = _top_k(scores, touched, n_touched, k)
+        part_d[i, : top_d.shape[0]] = top_d + lo
+        part_s[i, : top_s.shape[0]] = top_s
+    return _merge_parts(part_d, part_s, k)
+
+
+@nb.njit(cache=True, parallel=True)
+def search_one_u8_split(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts):
+    """:func:`search_one_u8` with the documents split into ``parts`` ranges scored in parallel."""
+    part_d = np.full((parts, k), -1, dtype=np.int32)
+    part_s = np.full((parts, k), -np.inf, dtype=np.float32)
+    for i in nb.prange(parts):
+        lo, hi = _range_bounds(n_docs, parts, i)
+        scores = np.zeros(hi - lo, dtype=np.float32)
+        seen = np.zeros(hi - lo, dtype=np.bool_)
+        touched = np.empty(hi - lo, dtype=np.int32)
+        n_touched = 0
+        for j in range(q_tokens.shape[0]):
+            t = q_tokens[j]
+            if t < 0 or t >= indptr.shape[0] - 1:
+                continue
+            qa = q_weights[j] * scale[t]
+            qb = q_weights[j] * offset[t]
+            a, b = _list_range(indptr, docs, t, lo, hi)
+            for p in range(a, b):
+                d = docs[p] - lo
+                if not seen[d]:
+                    seen[d] = True
+                    touched[n_touched] = d
+                    n_touched += 1
+                scores[d] += qa * np.float32(codes[p]) + qb
+        top_d, top_s = _top_k(scores, touched, n_touched, k)
+        part_d[i, : top_d.shape[0]] = top_d + lo
+        part_s[i, : top_s.shape[0]] = top_s
+    return _merge_parts(part_d, part_s, k)
+
+
 # --------------------------------------------------------------------- reference
 def reference_search(
     indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, q_tokens: np.ndarray, q_weights: np.ndarray, n_docs: int, k: int

@@ -213,3 +213,47 @@ def test_from_forward_inverts_exactly():
 def test_from_forward_rejects_out_of_vocabulary_tokens():
     with pytest.raises(ValueError, match="outside the vocabulary"):
         InvertedIndex.from_forward(np.array([[0, 5]], np.int32), np.ones((1, 2), np.float32), vocab_size=5)
+
+
+@pytest.mark.parametrize("weights", ["int", "float"])
+def test_one_query_split_by_document_range_is_the_exact_search_bit_for_bit(weights):
+    rng = np.random.default_rng(7 if weights == "int" else 8)
+    for _ in range(200):
+        index = random_index(rng, weights)
+        tokens, w = random_query(rng, index.vocab_size, weights)
+        codes = rng.integers(0, 256, size=len(index.weights)).astype(np.uint8)
+        scale = rng.uniform(0.01, 0.2, index.vocab_size).astype(np.float32)
+        offset = rng.uniform(-1.0, 1.0, index.vocab_size).astype(np.float32)
+        for k in (0, 1, 3, index.n_docs + 5):
+            exact = search(index, tokens, w, k)
+            exact_u8 = kernels.search_one_u8(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k)
+            for parts in (1, 2, 3, index.n_docs + 2):  # more parts than documents: empty ranges
+                got = kernels.search_one_split(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k, parts)
+                np.testing.assert_array_equal(got[0], exact[0])
+                np.testing.assert_array_equal(got[1], exact[1])
+                got = kernels.search_one_u8_split(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k, parts)
+                np.testing.assert_array_equal(got[0], exact_u8[0])
+                np.testing.assert_array_equal(got[1], exact_u8[1])
+
+
+def test_the_index_splits_one_query_only_from_its_threshold_on(monkeypatch):
+    import numba
+
+    from indexer import inverted_index
+
+    rng = np.random.default_rng(11)
+    index = random_index(rng, "int")
+    while index.n_docs < 4:
+        index = random_index(rng, "int")
+    tokens, w = random_query(rng, index.vocab_size, "int")
+    exact = index.search(tokens, w, 5)
+    assert index.search_parts() == 1  # a small index: one thread
+    calls = []
+    real = kernels.search_one_split
+    monkeypatch.setattr(kernels, "search_one_split", lambda *a: calls.append(a[-1]) or real(*a))
+    monkeypatch.setattr(inverted_index, "SPLIT_MIN_DOCS", 1)
+    assert index.search_parts() == min(numba.get_num_threads(), index.n_docs)
+    got = index.search(tokens, w, 5)
+    np.testing.assert_array_equal(got[0], exact[0])
+    np.testing.assert_array_equal(got[1], exact[1])
+    assert calls == ([index.search_parts()] if index.search_parts() > 1 else [])

@@ -30,40 +30,12 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-VOCAB = 49152  # SmolLM2's vocabulary, the default backbone
-LOGIT_RANGE = (15.0, 35.0)
+from benchmarks.synthetic import VOCAB, make_queries, synthetic_shard, zipf_cdf
 
 
 def peak_rss_bytes() -> int:
     """This process's peak resident set size so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def zipf_cdf(vocab: int, s: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(cumulative probabilities over a shuffled vocabulary, the shuffle): rank r -> token perm[r]."""
-    p = 1.0 / np.arange(1, vocab + 1, dtype=np.float64) ** s
-    return np.cumsum(p / p.sum()), np.random.default_rng(seed).permutation(vocab).astype(np.int32)
-
-
-def synthetic_shard(n: int, k: int, cdf: np.ndarray, perm: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` documents x ``k`` distinct Zipfian tokens with logits sorted high to low."""
-    rng = np.random.default_rng(seed)
-    tokens = np.empty((n, k), np.int32)
-    draws = 4 * k
-    for lo in range(0, n, 1024):
-        hi = min(n, lo + 1024)
-        ranks = np.searchsorted(cdf, rng.random((hi - lo, draws))).astype(np.int32)  # int32: a faster sort
-        ranks.sort(axis=1)
-        dup = np.zeros_like(ranks, dtype=bool)
-        dup[:, 1:] = ranks[:, 1:] == ranks[:, :-1]
-        if int((~dup).sum(axis=1).min()) < k:
-            raise ValueError(f"fewer than {k} distinct tokens in {draws} draws: lower --zipf-s")
-        keys = rng.random(ranks.shape)
-        keys[dup] = 2.0  # duplicates are never among the k chosen
-        pick = np.argpartition(keys, k - 1, axis=1)[:, :k]
-        tokens[lo:hi] = perm[np.take_along_axis(ranks, pick, axis=1)]
-    weights = -np.sort(-rng.uniform(*LOGIT_RANGE, size=(n, k)).astype(np.float32), axis=1)
-    return tokens, weights
 
 
 def write_shards(store: Path, n_docs: int, shard: int, k: int, cdf: np.ndarray, perm: np.ndarray, seed: int) -> tuple[int, int, float]:
@@ -123,18 +95,6 @@ def write_index(index_dir: Path, store: Path, n_shards: int, top_k: int, n_docs:
     return {"n_docs": n, "merge_seconds": round(seconds, 1)}
 
 
-def make_queries(n: int, m: int, cdf: np.ndarray, perm: np.ndarray, df: np.ndarray, n_docs: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``n`` queries of ``m`` distinct Zipfian tokens, IDF-weighted as the Retriever weights them."""
-    rng = np.random.default_rng(seed)
-    idf = np.log((n_docs + 1) / (df + 1)).astype(np.float32)
-    out = []
-    for _ in range(n):
-        ranks = np.unique(np.searchsorted(cdf, rng.random(8 * m)))
-        toks = perm[rng.permutation(ranks)[:m]].astype(np.int64)
-        out.append((toks, idf[toks]))
-    return out
-
-
 def time_numba(index, queries, k: int) -> dict:
     """p50/p95 of one-query searches and QPS of batch search at 1 and 2 Numba threads."""
     import numba
@@ -153,6 +113,20 @@ def time_numba(index, queries, k: int) -> dict:
     res["p50_ms"] = round(1000 * float(np.percentile(lat, 50)), 2)
     res["p95_ms"] = round(1000 * float(np.percentile(lat, 95)), 2)
     res["qps_1_query_at_a_time"] = round(len(lat) / sum(lat), 1)
+    # one query split by document range over 2 threads (what InvertedIndex.search does from
+    # SPLIT_MIN_DOCS documents on); the ranking must be the exact one, bit for bit
+    numba.set_num_threads(2)
+    kernels.search_one_split(index.indptr, index.docs, index.weights, queries[0][0], queries[0][1], index.n_docs, k, 2)  # compile
+    lat, same = [], True
+    for t, w in queries:
+        t0 = time.perf_counter()
+        got = kernels.search_one_split(index.indptr, index.docs, index.weights, t, w, index.n_docs, k, 2)
+        lat.append(time.perf_counter() - t0)
+        exact = kernels.search_one(index.indptr, index.docs, index.weights, t, w, index.n_docs, k)
+        same = same and np.array_equal(got[0], exact[0]) and np.array_equal(got[1], exact[1])
+    res["split_2_threads_p50_ms"] = round(1000 * float(np.percentile(lat, 50)), 2)
+    res["split_2_threads_p95_ms"] = round(1000 * float(np.percentile(lat, 95)), 2)
+    res["split_same_ranking_as_exact"] = bool(same)
     for threads in (1, 2):
         numba.set_num_threads(threads)
         t0 = time.perf_counter()
@@ -194,27 +168,30 @@ def write_scale_table(result: dict, path: Path) -> Path:
     rows = [
         ["Numba inverted index (mmap)", result["docs"], result["postings"], gib(result["index_bytes"]),
          result["merge_seconds"], gib(result["peak_rss_after_search_bytes"]),
-         n["p50_ms"], n["p95_ms"], n["qps_batch_1_threads"], n["qps_batch_2_threads"]],
+         n["p50_ms"], n["p95_ms"], n.get("split_2_threads_p50_ms", "–"), n["qps_batch_1_threads"], n["qps_batch_2_threads"]],
     ]
     m = result.get("milvus_lite")
     if m:
         mn = m["numba_same_docs"]
         rows.append(["Numba, the same documents as Milvus Lite", m["docs"], m["postings"], "–", "–", "–",
-                     mn["p50_ms"], mn["p95_ms"], mn["qps_batch_1_threads"], mn["qps_batch_2_threads"]])
+                     mn["p50_ms"], mn["p95_ms"], mn.get("split_2_threads_p50_ms", "–"), mn["qps_batch_1_threads"], mn["qps_batch_2_threads"]])
         rows.append(["Milvus Lite (exact sparse IP)", m["docs"], m["postings"], gib(m["bytes"]),
                      f"{m['export_seconds']} (export) + {m['first_search_seconds']} (first search builds the index)",
                      "not apart (same process as the 1M run)",
-                     m["1_threads"]["p50_ms"], m["1_threads"]["p95_ms"], m["1_threads"]["qps"], m["2_threads"]["qps"]])
+                     m["1_threads"]["p50_ms"], m["1_threads"]["p95_ms"], "–", m["1_threads"]["qps"], m["2_threads"]["qps"]])
     description = (
         f"Synthetic aligned-token vectors (K={result['top_k']} distinct tokens per document, Zipfian token frequencies with "
         f"s={result['zipf_s']} over a {result['vocab']}-token vocabulary, logits uniform in 15-35; generated, not encoded), "
-        f"{result.get('cpu_count')} CPU cores shared with other jobs (training runs), `nice -n 10`. "
-        "Build s (Numba) = merging the committed shards into the postings (`InvertedIndex.write_from_shards`, memory-mapped "
+        + (f"{result.get('cpu_count')} CPU cores, load average at the start {result['load_avg_start']}. " if "load_avg_start" in result
+           else f"{result.get('cpu_count')} CPU cores shared with other jobs (training runs), `nice -n 10`. ")
+        + "Build s (Numba) = merging the committed shards into the postings (`InvertedIndex.write_from_shards`, memory-mapped "
         "output), what a build does after encoding; generating the synthetic shards stands in for encoding and is not a build "
         f"cost ({result.get('shards_generated_this_run', '?')} of {result.get('shards', '?')} shards generated in the final run took "
         f"{result['generate_commit_seconds']} s, generation + atomic commit). Latency: one query at a time (Numba `search_one`; "
         "Milvus: one `search` call), "
         f"{result.get('queries', '?')} queries of {result.get('query_tokens', '?')} IDF-weighted tokens, top-{result.get('k', '?')}. "
+        "Split: the same queries, each over 2 threads by document range (`kernels.search_one_split`, what "
+        "`InvertedIndex.search` does from `SPLIT_MIN_DOCS` documents on; its ranking checked identical to `search_one`'s). "
         "QPS: Numba `batch_search` with 1 and 2 Numba threads; Milvus: 1 and 2 client threads. Peak RSS: the process's "
         "maximum resident set, memory-mapped index pages included (the merge writes the 4 GB of postings through a memory map: "
         "those pages are file-backed and reclaimable, not heap). Milvus Lite 3.2 (pure Python) "
@@ -223,7 +200,8 @@ def write_scale_table(result: dict, path: Path) -> Path:
     )
     return write_table(
         path, "Scale run: synthetic aligned-token corpus (issue 13)", result["command"], description,
-        ["engine", "docs", "postings", "index GiB", "build s", "peak RSS GiB", "p50 ms", "p95 ms", "QPS 1 thread", "QPS 2 threads"],
+        ["engine", "docs", "postings", "index GiB", "build s", "peak RSS GiB", "p50 ms", "p95 ms", "p50 ms, split over 2 threads",
+         "QPS 1 thread", "QPS 2 threads"],
         rows, details=result,
     )
 
@@ -264,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cdf, perm = zipf_cdf(VOCAB, args.zipf_s, args.seed)
     result: dict = {"command": "python -m benchmarks.studies.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
-                    "queries": args.queries, "query_tokens": args.query_tokens, "k": args.k, "docs": args.docs, "top_k": args.top_k, "vocab": VOCAB, "zipf_s": args.zipf_s, "cpu_count": os.cpu_count()}
+                    "queries": args.queries, "query_tokens": args.query_tokens, "k": args.k, "docs": args.docs, "top_k": args.top_k, "vocab": VOCAB, "zipf_s": args.zipf_s, "cpu_count": os.cpu_count(),
+                    "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
     n_shards, made, seconds = write_shards(out / "shards", args.docs, args.shard_size, args.top_k, cdf, perm, args.seed)
     result.update(shards=n_shards, shards_generated_this_run=made, generate_commit_seconds=round(seconds, 1))
     result["shards_bytes"] = dir_bytes(out / "shards")

@@ -1,0 +1,56 @@
+"""Synthetic aligned-token vectors: what the scale studies search instead of encoded documents.
+
+Each document gets K distinct token ids drawn from a Zipfian distribution over the vocabulary (token r
+has probability ~ 1 / r**s; draws are repeated until K distinct tokens are found, so frequent tokens
+saturate at "in nearly every document" as real aligned tokens do) and logits uniform in the range the
+default model gives its top 512 tokens. Queries: distinct Zipfian tokens with IDF weights, as the
+Retriever weights them. Used by benchmarks.studies.scale and benchmarks.studies.split_search.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+VOCAB = 49152  # SmolLM2's vocabulary, the default backbone
+LOGIT_RANGE = (15.0, 35.0)
+
+
+def zipf_cdf(vocab: int, s: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cumulative probabilities over a shuffled vocabulary, the shuffle): rank r -> token perm[r]."""
+    p = 1.0 / np.arange(1, vocab + 1, dtype=np.float64) ** s
+    return np.cumsum(p / p.sum()), np.random.default_rng(seed).permutation(vocab).astype(np.int32)
+
+
+def synthetic_shard(n: int, k: int, cdf: np.ndarray, perm: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` documents x ``k`` distinct Zipfian tokens with logits sorted high to low."""
+    rng = np.random.default_rng(seed)
+    tokens = np.empty((n, k), np.int32)
+    draws = 4 * k
+    for lo in range(0, n, 1024):
+        hi = min(n, lo + 1024)
+        ranks = np.searchsorted(cdf, rng.random((hi - lo, draws))).astype(np.int32)  # int32: a faster sort
+        ranks.sort(axis=1)
+        dup = np.zeros_like(ranks, dtype=bool)
+        dup[:, 1:] = ranks[:, 1:] == ranks[:, :-1]
+        if int((~dup).sum(axis=1).min()) < k:
+            raise ValueError(f"fewer than {k} distinct tokens in {draws} draws: lower --zipf-s")
+        keys = rng.random(ranks.shape)
+        keys[dup] = 2.0  # duplicates are never among the k chosen
+        pick = np.argpartition(keys, k - 1, axis=1)[:, :k]
+        tokens[lo:hi] = perm[np.take_along_axis(ranks, pick, axis=1)]
+    weights = -np.sort(-rng.uniform(*LOGIT_RANGE, size=(n, k)).astype(np.float32), axis=1)
+    return tokens, weights
+
+
+def make_queries(n: int, m: int, cdf: np.ndarray, perm: np.ndarray, df: np.ndarray, n_docs: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``n`` queries of ``m`` distinct Zipfian tokens, IDF-weighted as the Retriever weights them."""
+    rng = np.random.default_rng(seed)
+    idf = np.log((n_docs + 1) / (df + 1)).astype(np.float32)
+    out = []
+    for _ in range(n):
+        ranks = np.unique(np.searchsorted(cdf, rng.random(8 * m)))
+        toks = perm[rng.permutation(ranks)[:m]].astype(np.int64)
+        out.append((toks, idf[toks]))
+    return out
+
+
+__all__ = ["LOGIT_RANGE", "VOCAB", "make_queries", "synthetic_shard", "zipf_cdf"]
