@@ -25,7 +25,7 @@ _PARALLEL_KERNEL = threading.Lock()
 # From this many documents on, one query's search is split by document range over Numba's threads
 # (kernels.search_one_split: the same ranking, bit for bit). On 2 cores, each search after a MiniLM
 # query forward (benchmarks/results/scale/split-search.json; synthetic 512-token documents, 10- and
-# 80-token queries): 0.7-0.95x at 1k documents, 1.4-1.6x at 10k, 2.1-2.2x at 100k-262k, and the
+# 80-token queries): 0.6-0.9x at 1k documents, 1.25-1.45x at 10k, 2.1-2.2x at 100k-262k, and the
 # forward after a split search no slower than after a one-thread one.
 SPLIT_MIN_DOCS = 10_000
 

@@ -280,64 +280,50 @@ def _merge_parts(part_d, part_s, k):
 
 
 @nb.njit(cache=True, parallel=True)
+def _split_search(indptr, docs, values, scale, offset, stride, q_tokens, q_weights, n_docs, k, parts):
+    """Both split searches: a posting's weight is ``offset[t * stride] + scale[t * stride] * value``,
+    per list for 8-bit impacts (stride 1), and 0 + 1 * value for float32 weights (stride 0; adding
+    0 and multiplying by 1 are exact, so the scores are search_one's)."""
+    part_d = np.full((parts, k), -1, dtype=np.int32)
+    part_s = np.full((parts, k), -np.inf, dtype=np.float32)
+    for i in nb.prange(parts):
+        lo, hi = _range_bounds(n_docs, parts, i)
+        scores = np.zeros(hi - lo, dtype=np.float32)
+        seen = np.zeros(hi - lo, dtype=np.bool_)
+        touched = np.empty(hi - lo, dtype=np.int32)
+        n_touched = 0
+        for j in range(q_tokens.shape[0]):
+            t = q_tokens[j]
+            if t < 0 or t >= indptr.shape[0] - 1:
+                continue
+            qa = q_weights[j] * scale[t * stride]
+            qb = q_weights[j] * offset[t * stride]
+            a, b = _list_range(indptr, docs, t, lo, hi)
+            for p in range(a, b):
+                d = docs[p] - lo
+                if not seen[d]:
+                    seen[d] = True
+                    touched[n_touched] = d
+                    n_touched += 1
+                scores[d] += qa * np.float32(values[p]) + qb
+        top_d, top_s = _top_k(scores, touched, n_touched, k)
+        part_d[i, : top_d.shape[0]] = top_d + lo
+        part_s[i, : top_s.shape[0]] = top_s
+    return _merge_parts(part_d, part_s, k)
+
+
+_UNIT_SCALE = np.ones(1, dtype=np.float32)
+_ZERO_OFFSET = np.zeros(1, dtype=np.float32)
+
+
 def search_one_split(indptr, docs, weights, q_tokens, q_weights, n_docs, k, parts):
     """:func:`search_one` with the documents split into ``parts`` ranges scored in parallel."""
-    part_d = np.full((parts, k), -1, dtype=np.int32)
-    part_s = np.full((parts, k), -np.inf, dtype=np.float32)
-    for i in nb.prange(parts):
-        lo, hi = _range_bounds(n_docs, parts, i)
-        scores = np.zeros(hi - lo, dtype=np.float32)
-        seen = np.zeros(hi - lo, dtype=np.bool_)
-        touched = np.empty(hi - lo, dtype=np.int32)
-        n_touched = 0
-        for j in range(q_tokens.shape[0]):
-            t = q_tokens[j]
-            if t < 0 or t >= indptr.shape[0] - 1:
-                continue
-            qw = q_weights[j]
-            a, b = _list_range(indptr, docs, t, lo, hi)
-            for p in range(a, b):
-                d = docs[p] - lo
-                if not seen[d]:
-                    seen[d] = True
-                    touched[n_touched] = d
-                    n_touched += 1
-                scores[d] += qw * weights[p]
-        top_d, top_s = _top_k(scores, touched, n_touched, k)
-        part_d[i, : top_d.shape[0]] = top_d + lo
-        part_s[i, : top_s.shape[0]] = top_s
-    return _merge_parts(part_d, part_s, k)
+    return _split_search(indptr, docs, weights, _UNIT_SCALE, _ZERO_OFFSET, 0, q_tokens, q_weights, n_docs, k, parts)
 
 
-@nb.njit(cache=True, parallel=True)
 def search_one_u8_split(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts):
     """:func:`search_one_u8` with the documents split into ``parts`` ranges scored in parallel."""
-    part_d = np.full((parts, k), -1, dtype=np.int32)
-    part_s = np.full((parts, k), -np.inf, dtype=np.float32)
-    for i in nb.prange(parts):
-        lo, hi = _range_bounds(n_docs, parts, i)
-        scores = np.zeros(hi - lo, dtype=np.float32)
-        seen = np.zeros(hi - lo, dtype=np.bool_)
-        touched = np.empty(hi - lo, dtype=np.int32)
-        n_touched = 0
-        for j in range(q_tokens.shape[0]):
-            t = q_tokens[j]
-            if t < 0 or t >= indptr.shape[0] - 1:
-                continue
-            qa = q_weights[j] * scale[t]
-            qb = q_weights[j] * offset[t]
-            a, b = _list_range(indptr, docs, t, lo, hi)
-            for p in range(a, b):
-                d = docs[p] - lo
-                if not seen[d]:
-                    seen[d] = True
-                    touched[n_touched] = d
-                    n_touched += 1
-                scores[d] += qa * np.float32(codes[p]) + qb
-        top_d, top_s = _top_k(scores, touched, n_touched, k)
-        part_d[i, : top_d.shape[0]] = top_d + lo
-        part_s[i, : top_s.shape[0]] = top_s
-    return _merge_parts(part_d, part_s, k)
+    return _split_search(indptr, docs, codes, scale, offset, 1, q_tokens, q_weights, n_docs, k, parts)
 
 
 # --------------------------------------------------------------------- reference
