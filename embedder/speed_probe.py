@@ -305,10 +305,8 @@ def recorded_int8_verdict(adapter: dict | None) -> tuple[bool, str]:
         return False, f"{path}: unreadable"
     if data.get("adapter_sha256") != adapter.get("sha256"):
         return False, f"{path} is about other adapter weights"
-    from embedder.runtime import int8_recipe_id
-
-    if data.get("int8_recipe") != int8_recipe_id():
-        return False, f"{path} is about another int8 recipe (recorded {data.get('int8_recipe')}, this version's {int8_recipe_id()})"
+    if data.get("int8_recipe") != _int8_recipe_id():
+        return False, f"{path} is about another int8 recipe (recorded {data.get('int8_recipe')}, this version's {_int8_recipe_id()})"
     drop = data.get("max_ndcg_drop")
     if data.get("passed") is True and isinstance(drop, (int, float)) and drop <= NDCG_TOLERANCE:
         return True, f"nDCG@10 within {drop} of fp32 ({data.get('source', path)})"
@@ -322,14 +320,13 @@ def write_int8_verdict(adapter_dir: str | Path, differences: dict[str, float], s
     ``differences`` maps "collection/system" to int8's nDCG@10 minus fp32's. Passed when every one is
     within ``NDCG_TOLERANCE`` either way: an int8 run that scores much *higher* is just as much a
     different model. The adapter's weights are hashed here, so the verdict cannot outlive them."""
-    from embedder.runtime import int8_recipe_id
     from embedder.util import weights_sha256, write_json_atomic
 
     if not differences:
         raise ValueError("write_int8_verdict: no nDCG@10 differences to judge")
     worst_drop = max(0.0, -min(differences.values()))
     verdict = {
-        "adapter_sha256": weights_sha256(adapter_dir), "int8_recipe": int8_recipe_id(), "passed": all(abs(d) <= NDCG_TOLERANCE for d in differences.values()),
+        "adapter_sha256": weights_sha256(adapter_dir), "int8_recipe": _int8_recipe_id(), "passed": all(abs(d) <= NDCG_TOLERANCE for d in differences.values()),
         "max_ndcg_drop": round(worst_drop, 4), "max_abs_difference": round(max(abs(d) for d in differences.values()), 4),
         "tolerance": NDCG_TOLERANCE, "differences": {k: round(v, 4) for k, v in sorted(differences.items())}, "source": source, "cpu": cpu,
     }
@@ -449,6 +446,7 @@ def probe_speed(setup: ProbeSetup, candidates: list[tuple[str, str]], skipped: l
 
 
 def _int8_recipe_id() -> str:
+    # embedder.runtime imports torch, which this module leaves to the probe itself
     from embedder.runtime import int8_recipe_id
 
     return int8_recipe_id()

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from indexer import kernels
@@ -223,8 +224,6 @@ class InvertedIndex:
     def search_parts(self) -> int:
         """Document ranges one query's search is split into: Numba's thread count from
         :data:`SPLIT_MIN_DOCS` documents on, else 1 (bit-packed doc numbers are not split)."""
-        import numba
-
         if self.packed is not None or self.n_docs < SPLIT_MIN_DOCS:
             return 1
         return max(1, min(numba.get_num_threads(), self.n_docs))
