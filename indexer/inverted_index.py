@@ -207,9 +207,12 @@ class InvertedIndex:
         """Top-k (doc numbers, scores) of one query, best first."""
         q_tokens = np.asarray(q_tokens, dtype=np.int64)
         q_weights = np.ones(len(q_tokens), np.float32) if q_weights is None else np.asarray(q_weights, np.float32)
-        if self.packed is not None:
-            return self.packed.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
         parts = self.search_parts()
+        if self.packed is not None:
+            if parts > 1:
+                with _PARALLEL_KERNEL:
+                    return self.packed.search_split(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k, parts)
+            return self.packed.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
         if parts > 1:
             with _PARALLEL_KERNEL:
                 if self.quantised:
@@ -223,8 +226,8 @@ class InvertedIndex:
 
     def search_parts(self) -> int:
         """Document ranges one query's search is split into: Numba's thread count from
-        :data:`SPLIT_MIN_DOCS` documents on, else 1 (bit-packed doc numbers are not split)."""
-        if self.packed is not None or self.n_docs < SPLIT_MIN_DOCS:
+        :data:`SPLIT_MIN_DOCS` documents on, else 1."""
+        if self.n_docs < SPLIT_MIN_DOCS:
             return 1
         return max(1, min(numba.get_num_threads(), self.n_docs))
 

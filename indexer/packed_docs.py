@@ -19,7 +19,10 @@ bits of control).
 
 The search kernels (:func:`search_one`, :func:`search_many`) decode block by block inside the
 scoring loop (each block's gaps into a 128-entry buffer, summed, then scored): no posting list
-is decompressed to a temporary array. With 8-bit impacts only (a compact index): the codes stay
+is decompressed to a temporary array; :func:`search_one_split` splits one query's documents into
+ranges over Numba's threads, each range decoding only the blocks that can hold its documents
+(found by binary search over the blocks' first doc numbers), as the unpacked index's split
+search does (indexer/kernels.py). With 8-bit impacts only (a compact index): the codes stay
 at their posting positions in ``postings_weights.npy``. Not yet as fast as int32 doc numbers:
 on 50k synthetic Zipfian documents x 256 tokens, 80-token queries, 2 contended cores, 4.4 ms a
 query against 2.2 ms (one run, indicative only); 1.01 bytes a posting against 4.
@@ -35,7 +38,7 @@ import numpy as np
 from indexer.diskspace import save_npy
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.kernels import _top_k
+from indexer.kernels import _merge_parts, _range_bounds, _top_k
 
 BLOCK = 128
 FILES = ("blockfirst", "blockwidth", "packed")  # postings_<name>.npy
@@ -222,6 +225,74 @@ def search_many(indptr, list_block, block_word, first, width, words, codes, scal
     return out_d, out_s
 
 
+@nb.njit(cache=True, inline="always")
+def _first_block_from(list_block, first, t, lo):
+    """The first block of list ``t`` that can hold doc numbers >= ``lo``: the last whose first doc
+    number is <= lo (a binary search over the blocks' first doc numbers), or the list's first."""
+    a, b = list_block[t], list_block[t + 1]
+    if a == b or first[a] >= lo:
+        return a
+    while b - a > 1:
+        mid = (a + b) // 2
+        if first[mid] <= lo:
+            a = mid
+        else:
+            b = mid
+    return a
+
+
+@nb.njit(cache=True, parallel=True)
+def search_one_split(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts):
+    """:func:`search_one` with the documents split into ``parts`` ranges scored in parallel (as
+    :func:`indexer.kernels.search_one_u8_split`): each part decodes only the blocks that can hold
+    its documents (found from the blocks' first doc numbers; a block across a boundary is decoded
+    by both parts, each keeping its own documents). Each document is scored by one part with its
+    query tokens added in the same order, so the top-k ids and scores are search_one's."""
+    part_d = np.full((parts, k), -1, dtype=np.int32)
+    part_s = np.full((parts, k), -np.inf, dtype=np.float32)
+    for i in nb.prange(parts):
+        lo, hi = _range_bounds(n_docs, parts, i)
+        scores = np.zeros(hi - lo, dtype=np.float32)
+        seen = np.zeros(hi - lo, dtype=np.bool_)
+        touched = np.empty(hi - lo, dtype=np.int32)
+        buf = np.empty(BLOCK, dtype=np.int64)
+        n_touched = 0
+        for j in range(q_tokens.shape[0]):
+            t = q_tokens[j]
+            if t < 0 or t >= indptr.shape[0] - 1:
+                continue
+            qa = q_weights[j] * scale[t]
+            qb = q_weights[j] * offset[t]
+            end = indptr[t + 1]
+            blk = _first_block_from(list_block, first, t, lo)
+            while blk < list_block[t + 1] and first[blk] < hi:
+                s = indptr[t] + (blk - list_block[t]) * BLOCK
+                size = min(s + BLOCK, end) - s
+                w = np.int64(width[blk])
+                mask = _mask(w)
+                base = block_word[blk]
+                buf[0] = first[blk]
+                for m in range(1, size):
+                    buf[m] = _gap(words, base, m - 1, w, mask) + 1
+                for m in range(1, size):
+                    buf[m] += buf[m - 1]
+                for m in range(size):
+                    d = buf[m]
+                    if d < lo or d >= hi:
+                        continue
+                    d -= lo
+                    if not seen[d]:
+                        seen[d] = True
+                        touched[n_touched] = d
+                        n_touched += 1
+                    scores[d] += qa * np.float32(codes[s + m]) + qb
+                blk += 1
+        top_d, top_s = _top_k(scores, touched, n_touched, k)
+        part_d[i, : top_d.shape[0]] = top_d + lo
+        part_s[i, : top_s.shape[0]] = top_s
+    return _merge_parts(part_d, part_s, k)
+
+
 @nb.njit(cache=True)
 def find(indptr, list_block, block_word, first, width, words, t, doc):
     """The posting of ``doc`` in list ``t``, or -1: a binary search over the blocks' first doc
@@ -329,6 +400,10 @@ class PackedDocs:
         return search_one(indptr, self.list_block, self.block_word, self.first, self.width, self.words, codes, scale, offset, q_tokens, q_weights,
                           n_docs, k)
 
+    def search_split(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts):
+        return search_one_split(indptr, self.list_block, self.block_word, self.first, self.width, self.words, codes, scale, offset, q_tokens,
+                                q_weights, n_docs, k, parts)
+
     def search_many(self, indptr, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
         return search_many(indptr, self.list_block, self.block_word, self.first, self.width, self.words, codes, scale, offset, q_indptr, q_tokens,
                            q_weights, n_docs, k)
@@ -348,4 +423,4 @@ def pack_saved(directory: Path) -> None:
     (directory / "postings_docs.npy").unlink()
 
 
-__all__ = ["BLOCK", "FILES", "PackedDocs", "block_words", "decode_into", "find", "list_blocks", "pack_saved", "search_many", "search_one"]
+__all__ = ["BLOCK", "FILES", "PackedDocs", "block_words", "decode_into", "find", "list_blocks", "pack_saved", "search_many", "search_one", "search_one_split"]

@@ -120,6 +120,39 @@ def test_random_lists_search_exactly_as_unpacked(seed):
     np.testing.assert_array_equal(packed.doc_vectors().toarray(), q8.doc_vectors().toarray())
 
 
+@pytest.mark.parametrize("seed", [4, 5])
+def test_one_query_split_by_document_range_is_the_packed_search_bit_for_bit(seed, monkeypatch):
+    from indexer import inverted_index
+    from indexer.packed_docs import search_one_split
+
+    rng = np.random.default_rng(seed)
+    n_docs = int(rng.integers(300, 5000))
+    # long lists: blocks of 128 that straddle the parts' boundaries, and a list of every document
+    lists = random_lists(rng, 200, n_docs) + [np.zeros(0, np.int32), np.arange(n_docs, dtype=np.int32),
+                                               np.sort(rng.choice(n_docs, n_docs // 2, replace=False)).astype(np.int32)]
+    packed = index_of(lists, n_docs, seed).pack()
+    p = packed.packed
+    for _ in range(25):
+        n = int(rng.integers(0, 40))
+        tokens = rng.integers(-2, len(lists) + 2, n).astype(np.int64)
+        weights = rng.normal(size=n).astype(np.float32)  # negative weights too
+        for k in (0, 1, 10, n_docs + 3):
+            want = packed.search(tokens, weights, k)
+            for parts in (1, 2, 3, 7, n_docs + 2):  # more parts than documents: empty ranges
+                got = search_one_split(packed.indptr, p.list_block, p.block_word, p.first, p.width, p.words, packed.weights, packed.scale,
+                                       packed.offset, tokens, weights, n_docs, k, parts)
+                np.testing.assert_array_equal(got[0], want[0])
+                np.testing.assert_array_equal(got[1], want[1])
+    # and through InvertedIndex.search once the index is over the threshold
+    monkeypatch.setattr(inverted_index, "SPLIT_MIN_DOCS", 1)
+    tokens = np.arange(len(lists), dtype=np.int64)
+    weights = rng.random(len(lists)).astype(np.float32)
+    want = index_of(lists, n_docs, seed).search(tokens, weights, 10)  # unpacked 8-bit impacts, split the same way
+    got = packed.search(tokens, weights, 10)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
 def test_packing_needs_8_bit_impacts_and_ascending_docs():
     plain = InvertedIndex(np.array([0, 2], np.int64), np.array([3, 5], np.int32), np.ones(2, np.float32), 10)
     with pytest.raises(ValueError, match="8-bit impacts"):

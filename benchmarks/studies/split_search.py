@@ -2,7 +2,9 @@
 
 Reads the index a scale run wrote (``python -m benchmarks.studies.scale --out DIR``: synthetic
 512-token documents) and, for each ``--docs`` size, searches its first N documents (every posting
-list cut at doc N) with ``kernels.search_one`` and ``kernels.search_one_split`` (2 parts),
+list cut at doc N) with ``kernels.search_one`` and ``kernels.search_one_split`` (2 parts; with
+``--impacts packed``, 8-bit impacts and bit-packed doc numbers: ``packed_docs.search_one`` and
+``packed_docs.search_one_split``),
 in alternating blocks of queries, checking that both return the same ranking. Queries are drawn as the
 scale run draws them (Zipfian tokens, IDF-weighted), with each ``--query-tokens`` count: 80 stands
 for an LLM-expanded query, 10 for a query's own tokens (the default profiles).
@@ -35,6 +37,22 @@ def first_documents(indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, n
     return kept_before[indptr].astype(np.int64), np.ascontiguousarray(docs[keep]), np.ascontiguousarray(weights[keep])
 
 
+def searches(indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, n: int, k: int, impacts: str):
+    """(one-thread search, split search over 2 parts) of ``(tokens, weights)`` on these postings, as
+    stored: float32 weights, or ``packed`` (8-bit impacts per list, doc numbers bit-packed: format 4)."""
+    from indexer import kernels, packed_docs
+    from indexer.inverted_index import quantise_weights
+
+    if impacts == "float32":
+        return (lambda t, w: kernels.search_one(indptr, docs, weights, t, w, n, k),
+                lambda t, w: kernels.search_one_split(indptr, docs, weights, t, w, n, k, 2))
+    codes, scale, offset = quantise_weights(indptr, weights)
+    p = packed_docs.PackedDocs.pack(indptr, docs)
+    arrays = (indptr, p.list_block, p.block_word, p.first, p.width, p.words, codes, scale, offset)
+    return (lambda t, w: packed_docs.search_one(*arrays, t, w, n, k),
+            lambda t, w: packed_docs.search_one_split(*arrays, t, w, n, k, 2))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.studies.split_search", description=__doc__.split("\n\n")[0])
     p.add_argument("--index", type=Path, required=True, help="a scale run's index folder (OUT/index)")
@@ -42,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--query-tokens", default="10,80")
     p.add_argument("--queries", type=int, default=100)
     p.add_argument("--k", type=int, default=10)
+    p.add_argument("--impacts", choices=("float32", "packed"), default="float32",
+                   help="the postings as searched: float32 weights, or 8-bit impacts with bit-packed doc numbers (format 4)")
     p.add_argument("--encoder", help="also time this sentence encoder's forward before each search")
     p.add_argument("--queries-from", type=Path, help="a BEIR folder whose queries.jsonl the encoder reads")
     p.add_argument("--out", type=Path, required=True)
@@ -50,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.synthetic import VOCAB, make_queries, zipf_cdf
     from benchmarks.tables import write_table
-    from indexer import kernels
     from indexer.inverted_index import InvertedIndex
     from indexer.manifest import Manifest
 
@@ -74,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         indptr, docs, weights = first_documents(np.asarray(full.indptr), np.asarray(full.docs), np.asarray(full.weights), n)
         for m in (int(x) for x in args.query_tokens.split(",")):
             queries = make_queries(args.queries, m, cdf, perm, np.diff(indptr), n, 1)
+            one, split = searches(indptr, docs, weights, n, args.k, args.impacts)
             for t, w in queries[:3]:  # compile, warm
-                kernels.search_one(indptr, docs, weights, t, w, n, args.k)
-                kernels.search_one_split(indptr, docs, weights, t, w, n, args.k, 2)
+                one(t, w)
+                split(t, w)
             times: dict[str, list[float]] = {"exact": [], "split": [], "exact_forward": [], "split_forward": []}
             got: dict[str, list] = {"exact": [None] * len(queries), "split": [None] * len(queries)}
             # blocks of one mode at a time, alternating: inside a block each forward follows a search of
@@ -89,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                         if encode is not None:
                             encode(i)
                         t1 = time.perf_counter()
-                        if mode == "exact":
-                            got[mode][i] = kernels.search_one(indptr, docs, weights, t, w, n, args.k)
-                        else:
-                            got[mode][i] = kernels.search_one_split(indptr, docs, weights, t, w, n, args.k, 2)
+                        got[mode][i] = one(t, w) if mode == "exact" else split(t, w)
                         t2 = time.perf_counter()
                         times[mode].append(t2 - t1)
                         if i > start:  # the block's first forward follows the other mode
@@ -105,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     write_table(
         args.out,
-        "One query split by document range over 2 threads vs one thread (exact search, synthetic vectors)",
+        "One query split by document range over 2 threads vs one thread (exact search, synthetic vectors"
+        + (")" if args.impacts == "float32" else ", 8-bit impacts and bit-packed doc numbers)"),
         "python -m benchmarks.studies.split_search " + " ".join(argv if argv is not None else sys.argv[1:]),
-        f"The first N documents of the scale run's index ({args.index}: 512 Zipfian tokens a document, float32 weights); "
-        f"{args.queries} queries of each token count, IDF-weighted, top-{args.k}; p50 of the search alone, both searches "
+        f"The first N documents of the scale run's index ({args.index}: 512 Zipfian tokens a document), searched "
+        + ("with float32 weights; " if args.impacts == "float32" else "with 8-bit impacts per list and bit-packed doc numbers (format 4); ")
+        + f"{args.queries} queries of each token count, IDF-weighted, top-{args.k}; p50 of the search alone, both searches "
         "in alternating blocks. "
         + (f"Before each search, one {args.encoder} forward of a query of {args.queries_from}; the modes run in alternating "
            f"blocks of {BLOCK} queries (twice), so a forward column is the forward after a search of the same mode: a pool left "
