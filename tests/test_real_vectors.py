@@ -1,0 +1,81 @@
+"""benchmarks.studies.real_vectors: the corpus it draws from the pairs, and the measures it reports."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.studies import real_vectors as rv
+from indexer.inverted_index import InvertedIndex
+
+
+def write_pairs(folder, name: str, rows: list[tuple[str, str]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.tsv").write_text("anchor\tpositive\n" + "".join(f"{a}\t{p}\n" for a, p in rows), encoding="utf-8")
+
+
+def test_corpus_is_distinct_positives_with_their_anchors_as_queries(tmp_path):
+    pairs = tmp_path / "pairs"
+    write_pairs(pairs, "a", [(f"question {i}", f"answer {i}") for i in range(30)])
+    write_pairs(pairs, "b", [("one title", "shared abstract"), ("another title", "shared abstract"), ("t", "other text")])
+    info = rv.write_corpus(pairs, 25, tmp_path / "out")
+    docs = [json.loads(x) for x in (tmp_path / "out/corpus/corpus.jsonl").read_text().splitlines()]
+    queries = [json.loads(x) for x in (tmp_path / "out/corpus/queries.jsonl").read_text().splitlines()]
+    assert len(docs) == 25 and len({d["text"] for d in docs}) == 25  # a positive shared by two rows is one document
+    assert [q["_id"] for q in queries] == [d["_id"] for d in docs]
+    rows = {f"{f}:{line}": (a, p) for f, rs in (("a", [(f"question {i}", f"answer {i}") for i in range(30)]),) for line, (a, p) in enumerate(rs, 2)}
+    for d, q in zip(docs, queries):
+        if d["_id"] in rows:  # the query is the anchor of the document's own row
+            assert rows[d["_id"]] == (q["text"], d["text"])
+    assert sum(info["by_file"].values()) == 25
+    again = rv.write_corpus(pairs, 25, tmp_path / "again")  # seeded: the same draw every time
+    assert (tmp_path / "again/corpus/corpus.jsonl").read_bytes() == (tmp_path / "out/corpus/corpus.jsonl").read_bytes()
+    assert again == info
+
+
+def test_corpus_errors_name_the_file_line_and_field(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no \\*.tsv"):
+        rv.read_pairs(tmp_path)
+    (tmp_path / "x.tsv").write_text("anchor\tpositive\nfine\ttext\nlonely\t \n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"x.tsv:3: field positive"):
+        rv.read_pairs(tmp_path)
+    (tmp_path / "x.tsv").write_text("query\tdoc\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"x.tsv:1: header"):
+        rv.read_pairs(tmp_path)
+    write_pairs(tmp_path / "small", "s", [("a", "b"), ("c", "b")])
+    with pytest.raises(ValueError, match="only 1 distinct positives"):
+        rv.choose_documents(rv.read_pairs(tmp_path / "small"), 2)
+
+
+def test_recall_counts_the_exact_top_k_found():
+    exact = np.array([4, 2, 9, -1])
+    assert rv.recall_at(exact, [9, 4, 7], 3) == pytest.approx(2 / 3)
+    assert rv.recall_at(exact, [2, 4, 9], 3) == 1.0
+    assert rv.recall_at(np.array([-1, -1]), [], 2) == 0.0  # nothing to find
+
+
+def test_distribution_of_a_known_index():
+    # 4 documents: token 0 in all of them, token 1 in two, token 2 in one
+    tokens = np.array([[0, 1], [0, 1], [0, 2], [0, 3]], np.int32)
+    weights = np.array([[4, 1], [3, 2], [2, 5], [1, 6]], np.float32)
+    d = rv.distribution(InvertedIndex.from_forward(tokens, weights, 8))
+    assert d["docs"] == 4 and d["postings"] == 8 and d["postings_per_doc"] == 2.0 and d["lists"] == 4
+    assert d["lists_in_half_the_docs"] == 2  # tokens 0 and 1
+    assert d["postings_in_top_100_lists"] == 1.0
+    assert d["weight_percentiles"]["50"] == pytest.approx(2.5)  # of 1, 1, 2, 2, 3, 4, 5, 6
+
+
+def test_pruned_search_keeping_every_token_is_the_exact_search():
+    rng = np.random.default_rng(3)
+    tokens = np.stack([rng.choice(50, 6, replace=False) for _ in range(300)]).astype(np.int32)
+    index = InvertedIndex.from_forward(tokens, rng.uniform(1, 9, tokens.shape).astype(np.float32), 50).quantise()
+    from indexer.query_pruning import list_max_weights
+
+    q_tok, q_w = np.array([3, 7, 11, 20], np.int64), np.array([2.0, 1.0, 0.5, 0.1], np.float32)
+    docs, _ = index.search(q_tok, q_w, 10)
+    got, _ = rv.pruned_search(index, q_tok, q_w, 10, 1.0, list_max_weights(index))
+    assert np.array_equal(got, docs)
+    # a pruned query whose candidates hold the exact top-10 finds it after the rescore
+    got, _ = rv.pruned_search(index, q_tok, q_w, 10, 0.8, list_max_weights(index))
+    assert rv.recall_at(docs, got, 10) >= 0.9
