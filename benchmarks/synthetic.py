@@ -5,6 +5,8 @@ has probability ~ 1 / r**s; draws are repeated until K distinct tokens are found
 saturate at "in nearly every document" as real aligned tokens do) and logits uniform in the range the
 default model gives its top 512 tokens. Queries: distinct Zipfian tokens with IDF weights, as the
 Retriever weights them. Used by benchmarks.studies.scale and benchmarks.studies.split_search.
+:func:`fitted_shard` draws documents like a real index instead (its tokens' document frequencies and
+its weights; benchmarks.studies.real_vectors).
 """
 from __future__ import annotations
 
@@ -23,6 +25,34 @@ def zipf_cdf(vocab: int, s: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def synthetic_shard(n: int, k: int, cdf: np.ndarray, perm: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``n`` documents x ``k`` distinct Zipfian tokens with logits sorted high to low."""
     rng = np.random.default_rng(seed)
+    tokens = draw_tokens(rng, n, k, cdf, perm)
+    weights = -np.sort(-rng.uniform(*LOGIT_RANGE, size=(n, k)).astype(np.float32), axis=1)
+    return tokens, weights
+
+
+def fitted_cdf(df: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(cumulative probabilities, identity order) drawing token t in proportion to ``df[t]``, its
+    document frequency in a real index: documents drawn from it have that index's posting-list
+    lengths, token by token (up to the saturation of frequent tokens, as in a real index)."""
+    p = np.asarray(df, np.float64)
+    if p.sum() <= 0:
+        raise ValueError("an index with no postings cannot be fitted")
+    cdf = np.cumsum(p / p.sum())
+    cdf[-1] = 1.0  # no draw past the last token from rounding
+    return cdf, np.arange(p.shape[0], dtype=np.int32)
+
+
+def fitted_shard(n: int, k: int, cdf: np.ndarray, weight_pool: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` documents x ``k`` distinct tokens drawn by :func:`fitted_cdf`, with weights drawn from
+    ``weight_pool`` (a real index's weights) and sorted high to low."""
+    rng = np.random.default_rng(seed)
+    tokens = draw_tokens(rng, n, k, cdf, np.arange(cdf.shape[0], dtype=np.int32))
+    weights = -np.sort(-rng.choice(np.asarray(weight_pool, np.float32), size=(n, k)), axis=1)
+    return tokens, weights
+
+
+def draw_tokens(rng: np.random.Generator, n: int, k: int, cdf: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """``n`` rows of ``k`` distinct tokens: rank r drawn with probability cdf[r] - cdf[r - 1], mapped to perm[r]."""
     tokens = np.empty((n, k), np.int32)
     draws = 4 * k
     for lo in range(0, n, 1024):
@@ -37,8 +67,7 @@ def synthetic_shard(n: int, k: int, cdf: np.ndarray, perm: np.ndarray, seed: int
         keys[dup] = 2.0  # duplicates are never among the k chosen
         pick = np.argpartition(keys, k - 1, axis=1)[:, :k]
         tokens[lo:hi] = perm[np.take_along_axis(ranks, pick, axis=1)]
-    weights = -np.sort(-rng.uniform(*LOGIT_RANGE, size=(n, k)).astype(np.float32), axis=1)
-    return tokens, weights
+    return tokens
 
 
 def make_queries(n: int, m: int, cdf: np.ndarray, perm: np.ndarray, df: np.ndarray, n_docs: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -53,4 +82,4 @@ def make_queries(n: int, m: int, cdf: np.ndarray, perm: np.ndarray, df: np.ndarr
     return out
 
 
-__all__ = ["LOGIT_RANGE", "VOCAB", "make_queries", "synthetic_shard", "zipf_cdf"]
+__all__ = ["LOGIT_RANGE", "VOCAB", "draw_tokens", "fitted_cdf", "fitted_shard", "make_queries", "synthetic_shard", "zipf_cdf"]

@@ -79,3 +79,37 @@ def test_pruned_search_keeping_every_token_is_the_exact_search():
     # a pruned query whose candidates hold the exact top-10 finds it after the rescore
     got, _ = rv.pruned_search(index, q_tok, q_w, 10, 0.8, list_max_weights(index))
     assert rv.recall_at(docs, got, 10) >= 0.9
+
+
+def test_fitted_documents_have_the_real_document_frequencies_and_weights():
+    from benchmarks.synthetic import fitted_cdf, fitted_shard
+
+    rng = np.random.default_rng(0)
+    df = rng.integers(1, 100, 400)
+    df[[0, 7, 399]] = 0  # tokens in no document
+    cdf, order = fitted_cdf(df)
+    assert cdf[-1] == 1.0 and np.array_equal(order, np.arange(len(df)))
+    pool = np.array([1.5, 2.5, 7.0], np.float32)
+    tokens, weights = fitted_shard(20000, 4, cdf, pool, seed=1)
+    assert tokens.shape == weights.shape == (20000, 4)
+    assert all(len(set(row)) == 4 for row in tokens[:500].tolist())  # distinct tokens in a document
+    assert not np.isin(tokens, [0, 7, 399]).any()
+    assert set(np.unique(weights).tolist()) <= set(pool.tolist()) and np.all(np.diff(weights, axis=1) <= 0)  # sorted high to low
+    share = np.bincount(tokens.ravel(), minlength=len(df)) / tokens.size
+    np.testing.assert_allclose(share, df / df.sum(), atol=0.0015)  # each token's share of the postings is its real one
+    with pytest.raises(ValueError, match="no postings"):
+        fitted_cdf(np.zeros(4, np.int64))
+
+
+def test_a_fitted_index_is_a_compact_index_of_the_asked_size(tmp_path):
+    rng = np.random.default_rng(2)
+    tokens = np.stack([rng.choice(300, 8, replace=False) for _ in range(50)]).astype(np.int32)
+    real = InvertedIndex.from_forward(tokens, rng.uniform(1, 9, tokens.shape).astype(np.float32), 300)
+    info = rv.write_fitted_index(real, 1000, tmp_path / "fitted")
+    assert info["docs"] == 1000 and info["tokens_per_doc"] == 8
+    fitted = InvertedIndex.load(tmp_path / "fitted", 1000, n_lists=300, quantised=True)
+    assert int(fitted.indptr[-1]) == 8000
+    real_lists = np.diff(real.indptr) > 0
+    assert np.all(np.diff(fitted.indptr)[~real_lists] == 0)  # a token in no real document is in no fitted one
+    w = fitted.float_weights()
+    assert w.min() >= real.weights.min() - 0.05 and w.max() <= real.weights.max() + 0.05  # real weights (8-bit rounding apart)

@@ -30,6 +30,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -334,6 +335,114 @@ def measure(out: Path, results: Path, n_queries: int, rounds: int, n_postings: i
     )
 
 
+# ------------------------------------------------------------------------------ fitted: a larger corpus shaped like the real one
+FITTED_SHARD = 16384  # documents generated at a time (memory: one shard)
+
+
+def write_fitted_index(real, n_docs: int, directory: Path, seed: int = SEED) -> dict:
+    """An index of ``n_docs`` generated documents shaped like ``real`` (an InvertedIndex): each token
+    drawn in proportion to its real document frequency, weights drawn from the real weights
+    (benchmarks/synthetic.py: fitted_shard), as many tokens a document; written as a build writes
+    its postings (memory-mapped, then 8-bit impacts: the default compact format 3)."""
+    from benchmarks.synthetic import fitted_cdf, fitted_shard
+    from indexer.inverted_index import InvertedIndex
+
+    df = np.diff(np.asarray(real.indptr))
+    cdf, _ = fitted_cdf(df)
+    weights = np.asarray(real.float_weights())
+    pool = weights[np.random.default_rng(seed).choice(weights.size, min(weights.size, 1_000_000), replace=False)]
+    k = round(float(df.sum()) / real.n_docs)
+
+    def shards():
+        for i, lo in enumerate(range(0, n_docs, FITTED_SHARD)):
+            yield fitted_shard(min(FITTED_SHARD, n_docs - lo), k, cdf, pool, seed + i)
+
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    t0 = time.perf_counter()
+    InvertedIndex.write_from_shards(shards, real.vocab_size, directory)
+    InvertedIndex.quantise_saved(directory)
+    return {"docs": n_docs, "tokens_per_doc": k, "generate_merge_quantise_s": round(time.perf_counter() - t0, 1)}
+
+
+def time_search(index, queries, rounds: int, k: int, threads: int) -> tuple[list, list[float]]:
+    """Each query's top-k and fastest time through ``InvertedIndex.search`` with ``threads`` Numba threads."""
+    import numba
+
+    numba.set_num_threads(threads)
+    for t, w in queries[:3]:
+        index.search(t, w, k)
+    return timed(lambda t, w: index.search(t, w, k), queries, rounds)
+
+
+def measure_fitted(out: Path, results: Path, n_docs: int, n_queries: int, rounds: int, argv: list[str]) -> None:
+    """The fitted corpus at ``n_docs``: build cost, bytes, memory and the exact search (one thread,
+    split; k = 10 and 100) with the real queries, as 8-bit impacts (format 3) and bit-packed (format 4).
+    Query pruning is left to the real index (``measure``): the generated weights are not tied to their
+    tokens as real ones are, so the bounds pruning relies on would not be the real ones."""
+    import numba
+
+    from benchmarks.provenance import load_avg
+    from benchmarks.tables import write_table
+    from indexer.inverted_index import InvertedIndex
+    from indexer.manifest import Manifest
+    index_dir = out / "index"
+    manifest = Manifest.read(index_dir)
+    real = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.sparse["vocab_size"]), quantised=manifest.compact,
+                              packed=manifest.packed)
+    with (out / "corpus" / "queries.jsonl").open(encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f if line.strip()][:n_queries]
+    queries = encode_queries(index_dir, texts)
+    fitted_dir = out / f"fitted-{n_docs}"
+    info = write_fitted_index(real, n_docs, fitted_dir)
+    threads = numba.config.NUMBA_NUM_THREADS
+    load_start = load_avg()
+    rows, layouts = [], {}
+    for layout in ("8-bit impacts (format 3)", "8-bit impacts, bit-packed doc numbers (format 4)"):
+        packed = "format 4" in layout
+        if packed:
+            InvertedIndex.pack_saved(fitted_dir)
+        index = InvertedIndex.load(fitted_dir, n_docs, mmap=True, n_lists=real.vocab_size, quantised=True, packed=packed)
+        postings_bytes = sum(p.stat().st_size for p in fitted_dir.glob("postings_*"))
+        df = np.diff(np.asarray(index.indptr))
+        layouts[layout] = {"bytes_per_doc": round(postings_bytes / n_docs, 1),
+                           "query_postings_per_doc": round(float(np.mean([df[t].sum() for t, _ in queries])) / n_docs, 2)}
+        exact = {}
+        for k in K_VALUES:
+            for n_threads in sorted({1, threads}):
+                got, secs = time_search(index, queries, rounds, k, n_threads)
+                if n_threads == 1:
+                    exact[k] = [d for d, _ in got]
+                ms = 1000 * np.asarray(secs)
+                rows.append([layout, "exact" + ("" if n_threads == 1 else f", split over {n_threads} threads"), k, 1.0 if n_threads == 1 else
+                             round(float(np.mean([recall_at(exact[k][i], got[i][0], k) for i in range(len(queries))])), 4),
+                             round(float(np.percentile(ms, 50)), 2), round(float(np.percentile(ms, 99)), 2)])
+        layouts[layout]["peak_rss_bytes"] = peak_rss_bytes()
+        del index
+    write_table(
+        results,
+        f"Real-shaped vectors at {n_docs:,} documents: the exact search, 8-bit impacts and bit-packed (issue 53)",
+        "python -m benchmarks.studies.real_vectors " + " ".join(argv),
+        f"{n_docs:,} generated documents shaped like the {real.n_docs:,}-document real index of this study's corpus (each of "
+        f"{info['tokens_per_doc']} tokens a document drawn in proportion to its real document frequency, weights drawn from the real "
+        f"weights: benchmarks/synthetic.py fitted_shard), generated, merged and quantised in {info['generate_merge_quantise_s']} s, "
+        f"memory-mapped; searched with {len(queries)} real queries (the anchors encoded by the LLM as the Retriever searches the sparse "
+        f"channel). Each query's fastest of {rounds} passes, one query at a time; recall@k against the one-thread exact search of the "
+        f"same layout. Load average {load_start} at the start, {load_avg()} at the end.",
+        ["layout", "search", "k", "recall@k", "p50 ms", "p99 ms"],
+        rows,
+        details={"fitted": info, "layouts": layouts, "real_docs": real.n_docs},
+    )
+    shutil.rmtree(fitted_dir, ignore_errors=True)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux reports KiB; memory-mapped pages included)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.studies.real_vectors", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -347,8 +456,17 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--queries", type=int, default=300)
     m.add_argument("--rounds", type=int, default=2)
     m.add_argument("--seismic-postings", type=int, default=4000, help="Seismic's n_postings (its lists are cut to this length)")
+    f = sub.add_parser("fitted", help="a larger generated corpus shaped like the real index, searched with the real queries")
+    f.add_argument("--out", type=Path, required=True, help="the folder of step 1 (its index/ built by step 2)")
+    f.add_argument("--docs", type=int, required=True)
+    f.add_argument("--results", type=Path, required=True)
+    f.add_argument("--queries", type=int, default=300)
+    f.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
-    if args.step == "corpus":
+    if args.step == "fitted":
+        measure_fitted(args.out, args.results, args.docs, args.queries, args.rounds, argv if argv is not None else sys.argv[1:])
+        print(f"wrote {args.results}", file=sys.stderr)
+    elif args.step == "corpus":
         info = write_corpus(args.pairs, args.docs, args.out)
         print(json.dumps(info), file=sys.stderr)
     else:
