@@ -23,6 +23,12 @@ retrieval quality. Three steps:
    against the exact search::
 
        python -m benchmarks.studies.real_vectors measure --out /work/runs/real --results benchmarks/results/scale/real-vectors.json
+
+4. ``fitted``: a larger corpus generated in the real index's shape (each token drawn in proportion to
+   its real document frequency, weights drawn from the real weights), searched exactly with the
+   same real queries, as 8-bit impacts (format 3) and bit-packed (format 4)::
+
+       python -m benchmarks.studies.real_vectors fitted --out /work/runs/real --docs 1000000 --results benchmarks/results/scale/real-shaped-1m.json
 """
 from __future__ import annotations
 
