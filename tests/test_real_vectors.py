@@ -113,3 +113,16 @@ def test_a_fitted_index_is_a_compact_index_of_the_asked_size(tmp_path):
     assert np.all(np.diff(fitted.indptr)[~real_lists] == 0)  # a token in no real document is in no fitted one
     w = fitted.float_weights()
     assert w.min() >= real.weights.min() - 0.05 and w.max() <= real.weights.max() + 0.05  # real weights (8-bit rounding apart)
+
+
+def test_search_in_any_number_of_ranges_is_the_exact_search():
+    rng = np.random.default_rng(5)
+    tokens = np.stack([rng.choice(60, 7, replace=False) for _ in range(700)]).astype(np.int32)
+    compact = InvertedIndex.from_forward(tokens, rng.uniform(1, 9, tokens.shape).astype(np.float32), 60).quantise()
+    q_tok, q_w = np.array([1, 5, 9, 33], np.int64), np.array([1.0, 0.7, 0.2, 2.0], np.float32)
+    for index in (compact, compact.pack()):
+        want = index.search(q_tok, q_w, 10)
+        for parts in (1, 4, 16):
+            got = rv.search_in_parts(index, q_tok, q_w, 10, parts)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])

@@ -371,6 +371,15 @@ def write_fitted_index(real, n_docs: int, directory: Path, seed: int = SEED) -> 
     return {"docs": n_docs, "tokens_per_doc": k, "generate_merge_quantise_s": round(time.perf_counter() - t0, 1)}
 
 
+def search_in_parts(index, tokens: np.ndarray, weights: np.ndarray, k: int, parts: int):
+    """The exact split search of an 8-bit-impact index (packed or not) into exactly ``parts`` document ranges."""
+    from indexer import kernels
+
+    if index.packed is not None:
+        return index.packed.search_split(index.indptr, index.weights, index.scale, index.offset, tokens, weights, index.n_docs, k, parts)
+    return kernels.search_one_u8_split(index.indptr, index.docs, index.weights, index.scale, index.offset, tokens, weights, index.n_docs, k, parts)
+
+
 def time_search(index, queries, rounds: int, k: int, threads: int) -> tuple[list, list[float]]:
     """Each query's top-k and fastest time through ``InvertedIndex.search`` with ``threads`` Numba threads."""
     import numba
@@ -381,7 +390,7 @@ def time_search(index, queries, rounds: int, k: int, threads: int) -> tuple[list
     return timed(lambda t, w: index.search(t, w, k), queries, rounds)
 
 
-def measure_fitted(out: Path, results: Path, n_docs: int, n_queries: int, rounds: int, argv: list[str]) -> None:
+def measure_fitted(out: Path, results: Path, n_docs: int, n_queries: int, rounds: int, argv: list[str], parts: tuple[int, ...] = ()) -> None:
     """The fitted corpus at ``n_docs``: build cost, bytes, memory and the exact search (one thread,
     split; k = 10 and 100) with the real queries, as 8-bit impacts (format 3) and bit-packed (format 4).
     Query pruning is left to the real index (``measure``): the generated weights are not tied to their
@@ -421,6 +430,15 @@ def measure_fitted(out: Path, results: Path, n_docs: int, n_queries: int, rounds
                     exact[k] = [d for d, _ in got]
                 ms = 1000 * np.asarray(secs)
                 rows.append([layout, "exact" + ("" if n_threads == 1 else f", split over {n_threads} threads"), k, 1.0 if n_threads == 1 else
+                             round(float(np.mean([recall_at(exact[k][i], got[i][0], k) for i in range(len(queries))])), 4),
+                             round(float(np.percentile(ms, 50)), 2), round(float(np.percentile(ms, 99)), 2)])
+            for n_parts in parts:  # more document ranges than threads: each range's accumulators fit a smaller cache
+                import numba
+
+                numba.set_num_threads(threads)
+                got, secs = timed(lambda t, w, k=k, p=n_parts, ix=index: search_in_parts(ix, t, w, k, p), queries, rounds)
+                ms = 1000 * np.asarray(secs)
+                rows.append([layout, f"exact, {n_parts} document ranges over {threads} threads", k,
                              round(float(np.mean([recall_at(exact[k][i], got[i][0], k) for i in range(len(queries))])), 4),
                              round(float(np.percentile(ms, 50)), 2), round(float(np.percentile(ms, 99)), 2)])
         layouts[layout]["peak_rss_bytes"] = peak_rss_bytes()
@@ -468,9 +486,11 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--results", type=Path, required=True)
     f.add_argument("--queries", type=int, default=300)
     f.add_argument("--rounds", type=int, default=2)
+    f.add_argument("--parts", default="", help="also the split search into each of these numbers of document ranges (comma-separated)")
     args = ap.parse_args(argv)
     if args.step == "fitted":
-        measure_fitted(args.out, args.results, args.docs, args.queries, args.rounds, argv if argv is not None else sys.argv[1:])
+        measure_fitted(args.out, args.results, args.docs, args.queries, args.rounds, argv if argv is not None else sys.argv[1:],
+                       tuple(int(x) for x in args.parts.split(",") if x))
         print(f"wrote {args.results}", file=sys.stderr)
     elif args.step == "corpus":
         info = write_corpus(args.pairs, args.docs, args.out)
