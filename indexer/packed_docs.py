@@ -126,6 +126,17 @@ def _mask(w):
     return (np.uint64(1) << np.uint64(w)) - np.uint64(1)
 
 
+@nb.njit(cache=True, inline="always")
+def _block_docs(words, base, first_doc, w, size, buf):
+    """A block's ``size`` doc numbers into ``buf``: its gaps decoded (independent of each other), then summed."""
+    mask = _mask(w)
+    buf[0] = first_doc
+    for i in range(1, size):
+        buf[i] = _gap(words, base, i - 1, w, mask) + 1
+    for i in range(1, size):
+        buf[i] += buf[i - 1]
+
+
 @nb.njit(cache=True)
 def decode_into(indptr, list_block, block_word, first, width, words, out):
     """Every doc number, in posting order, into ``out`` (int32, nnz)."""
@@ -191,14 +202,7 @@ def search_one(indptr, list_block, block_word, first, width, words, codes, scale
         blk = list_block[t]
         for s in range(a, b, BLOCK):
             size = min(s + BLOCK, b) - s
-            w = np.int64(width[blk])
-            mask = _mask(w)
-            base = block_word[blk]
-            buf[0] = first[blk]
-            for i in range(1, size):
-                buf[i] = _gap(words, base, i - 1, w, mask) + 1
-            for i in range(1, size):
-                buf[i] += buf[i - 1]
+            _block_docs(words, block_word[blk], first[blk], np.int64(width[blk]), size, buf)
             for i in range(size):
                 d = buf[i]
                 if not seen[d]:
@@ -268,14 +272,7 @@ def search_one_split(indptr, list_block, block_word, first, width, words, codes,
             while blk < list_block[t + 1] and first[blk] < hi:
                 s = indptr[t] + (blk - list_block[t]) * BLOCK
                 size = min(s + BLOCK, end) - s
-                w = np.int64(width[blk])
-                mask = _mask(w)
-                base = block_word[blk]
-                buf[0] = first[blk]
-                for m in range(1, size):
-                    buf[m] = _gap(words, base, m - 1, w, mask) + 1
-                for m in range(1, size):
-                    buf[m] += buf[m - 1]
+                _block_docs(words, block_word[blk], first[blk], np.int64(width[blk]), size, buf)
                 for m in range(size):
                     d = buf[m]
                     if d < lo or d >= hi:
