@@ -126,3 +126,17 @@ def test_search_in_any_number_of_ranges_is_the_exact_search():
             got = rv.search_in_parts(index, q_tok, q_w, 10, parts)
             np.testing.assert_array_equal(got[0], want[0])
             np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_a_fitted_index_never_removes_files_it_did_not_write(tmp_path):
+    real = InvertedIndex.from_forward(np.array([[0, 1], [1, 2]], np.int32), np.ones((2, 2), np.float32), 4)
+    theirs = tmp_path / "fitted"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(FileExistsError, match="did not write"):
+        rv.write_fitted_index(real, 10, theirs)
+    assert (theirs / "notes.txt").read_text(encoding="utf-8") == "mine"
+    mine = tmp_path / "again"
+    rv.write_fitted_index(real, 10, mine)
+    rv.write_fitted_index(real, 20, mine)  # its own earlier output is replaced
+    assert InvertedIndex.load(mine, 20, n_lists=4, quantised=True).n_docs == 20

@@ -234,7 +234,9 @@ def seismic_rows(index, queries, exact: dict, rounds: int, n_postings: int, work
     build_s = time.perf_counter() - t0
     saved = work / "seismic"
     sx.save(str(saved))
-    size = sum(f.stat().st_size for f in work.glob("seismic*"))
+    saved_file = work / "seismic.index.seismic"  # SeismicIndex.save adds its extension
+    size = saved_file.stat().st_size
+    saved_file.unlink()
     string = seismic.get_seismic_string()
     q_str = [(np.asarray([str(int(x)) for x in t], dtype=string), np.asarray(w, np.float32)) for t, w in queries]
     rows = []
@@ -363,7 +365,11 @@ def write_fitted_index(real, n_docs: int, directory: Path, seed: int = SEED) -> 
         for i, lo in enumerate(range(0, n_docs, FITTED_SHARD)):
             yield fitted_shard(min(FITTED_SHARD, n_docs - lo), k, cdf, pool, seed + i)
 
-    shutil.rmtree(directory, ignore_errors=True)
+    if directory.exists():
+        strays = [p.name for p in directory.iterdir() if not p.name.startswith(("postings_", ".postings_"))]
+        if strays:  # only ever remove what this function writes
+            raise FileExistsError(f"{directory}: holds files this study did not write ({', '.join(sorted(strays)[:3])}); choose another --out")
+        shutil.rmtree(directory)
     directory.mkdir(parents=True)
     t0 = time.perf_counter()
     InvertedIndex.write_from_shards(shards, real.vocab_size, directory)
