@@ -82,4 +82,13 @@ def make_queries(n: int, m: int, cdf: np.ndarray, perm: np.ndarray, df: np.ndarr
     return out
 
 
-__all__ = ["LOGIT_RANGE", "VOCAB", "draw_tokens", "fitted_cdf", "fitted_shard", "make_queries", "synthetic_shard", "zipf_cdf"]
+
+def first_documents(indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The postings of documents 0..n-1 only (doc numbers ascend in every list): a smaller index cut from a larger one."""
+    keep = docs < n
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    return kept_before[indptr].astype(np.int64), np.ascontiguousarray(docs[keep]), np.ascontiguousarray(weights[keep])
+
+
+__all__ = ["LOGIT_RANGE", "VOCAB", "draw_tokens", "first_documents", "fitted_cdf", "fitted_shard", "make_queries", "synthetic_shard", "zipf_cdf"]
+

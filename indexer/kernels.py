@@ -5,6 +5,14 @@ The index is CSR by token: the postings of token t are ``docs[indptr[t]:indptr[t
 weights; score(q, d) = sum over matched tokens of q_weight * d_weight (Eq. 16 of
 text-is-worth-several-tokens uses q_weight = 1). Ties are broken by the lower doc number
 so that every implementation returns the same ranking.
+
+Two ways to find the top k in the accumulators, chosen per query from its posting count
+(:func:`scan_whole`). A query that reads few postings lists the documents it touches as it first
+meets them and ranks only those. From :data:`SCAN_WHOLE_FROM` postings per document on, a flag is
+set per posting without a branch and all accumulators are ranked in one pass: the list costs a
+branch per posting that the CPU cannot predict once many documents are touched, the pass a read of
+every accumulator. Both sum the same terms in the same order, so the ranking is the same, bit for
+bit (benchmarks/results/scale/accumulators*.json: python -m benchmarks.studies.accumulators).
 """
 from __future__ import annotations
 
@@ -63,8 +71,75 @@ def _top_k(scores: np.ndarray, touched: np.ndarray, n_touched: int, k: int) -> t
     return hd, hs
 
 
+# Postings per document from which a query's accumulators are ranked in one pass over all of them:
+# the two ways cross between 0.2 and 0.3 on 262,144 and on 1,048,576 synthetic documents (2-core
+# Xeon, one thread; benchmarks.studies.accumulators).
+SCAN_WHOLE_FROM = 0.25
+
+
 @nb.njit(cache=True)
-def _score_one(indptr, docs, weights, q_tokens, q_weights, scores, seen, touched, k):
+def query_postings(indptr, q_tokens) -> int:
+    """How many postings the query reads (unknown tokens read none)."""
+    total = 0
+    for j in range(q_tokens.shape[0]):
+        t = q_tokens[j]
+        if 0 <= t < indptr.shape[0] - 1:
+            total += indptr[t + 1] - indptr[t]
+    return total
+
+
+@nb.njit(cache=True)
+def scan_whole(indptr, q_tokens, n_docs, whole_from=SCAN_WHOLE_FROM) -> bool:
+    """Does the search kernels rank the query's accumulators in one pass: does it read at least
+    ``whole_from`` postings per document (and any at all)? The kernels take ``whole_from`` too:
+    0 ranks every query in one pass, ``inf`` every query through the touched list."""
+    total = query_postings(indptr, q_tokens)
+    return total > 0 and total >= whole_from * n_docs
+
+
+@nb.njit(cache=True)
+def _top_k_flagged(scores: np.ndarray, seen: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best flagged documents, best first, in one ascending pass: a later document that
+    ties the worst kept one ranks below it, so a strict comparison keeps the tie-break."""
+    hs = np.full(k, -np.inf, dtype=np.float32)
+    hd = np.full(k, -1, dtype=np.int32)  # (-inf, -1): room not yet taken
+    worst = hs[0] if k > 0 else np.float32(np.inf)
+    # -inf added to an unflagged document's score, 0 to a flagged one's: arithmetic, not a branch
+    # on the flag (which the CPU cannot predict: 1.04 against 0.19 ms over 262,144 documents)
+    bar = np.array([-np.inf, 0.0], dtype=np.float32)
+    for d in range(scores.shape[0]):
+        if scores[d] + bar[np.int64(seen[d])] > worst:
+            hs[0] = scores[d]
+            hd[0] = d
+            _sift_down(hs, hd, 0, k)
+            worst = hs[0]
+    for end in range(k - 1, 0, -1):
+        hs[0], hs[end] = hs[end], hs[0]
+        hd[0], hd[end] = hd[end], hd[0]
+        _sift_down(hs, hd, 0, end)
+    n = 0
+    while n < k and hd[n] >= 0:
+        n += 1
+    return hd[:n], hs[:n]
+
+
+@nb.njit(cache=True)
+def ranked(scores, seen, touched, n_touched, k, whole):
+    """The top k of a query's accumulators, by whichever way they were kept."""
+    if whole:
+        return _top_k_flagged(scores, seen, k)
+    return _top_k(scores, touched, n_touched, k)
+
+
+@nb.njit(cache=True)
+def search_one(indptr, docs, weights, q_tokens, q_weights, n_docs, k, whole_from=SCAN_WHOLE_FROM):
+    """Top-k (doc numbers int32, scores float32) of one query, best first."""
+    total = query_postings(indptr, q_tokens)
+    whole = total > 0 and total >= whole_from * n_docs
+    room = 0 if whole else min(total, n_docs)  # a touched list as long as the index costs page faults
+    scores = np.zeros(n_docs, dtype=np.float32)
+    seen = np.zeros(n_docs, dtype=np.bool_)
+    touched = np.empty(room, dtype=np.int32)
     n_touched = 0
     for j in range(q_tokens.shape[0]):
         t = q_tokens[j]
@@ -73,25 +148,12 @@ def _score_one(indptr, docs, weights, q_tokens, q_weights, scores, seen, touched
         qw = q_weights[j]
         for p in range(indptr[t], indptr[t + 1]):
             d = docs[p]
-            if not seen[d]:
-                seen[d] = True
+            if not whole and not seen[d]:  # a loop-invariant first test: LLVM makes two loops of it
                 touched[n_touched] = d
                 n_touched += 1
+            seen[d] = True
             scores[d] += qw * weights[p]
-    top_d, top_s = _top_k(scores, touched, n_touched, k)
-    for j in range(n_touched):  # reset only what was touched: O(touched), not O(n_docs)
-        scores[touched[j]] = 0.0
-        seen[touched[j]] = False
-    return top_d, top_s
-
-
-@nb.njit(cache=True)
-def search_one(indptr, docs, weights, q_tokens, q_weights, n_docs, k):
-    """Top-k (doc numbers int32, scores float32) of one query, best first."""
-    scores = np.zeros(n_docs, dtype=np.float32)
-    seen = np.zeros(n_docs, dtype=np.bool_)
-    touched = np.empty(n_docs, dtype=np.int32)
-    return _score_one(indptr, docs, weights, q_tokens, q_weights, scores, seen, touched, k)
+    return ranked(scores, seen, touched, n_touched, k, whole)
 
 
 @nb.njit(cache=True, parallel=True)
@@ -184,13 +246,16 @@ def dequantise(indptr, codes, scale, offset):
 
 
 @nb.njit(cache=True)
-def search_one_u8(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_docs, k):
+def search_one_u8(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_docs, k, whole_from=SCAN_WHOLE_FROM):
     """:func:`search_one` on 8-bit impacts. The accumulators are allocated here rather than
-    passed in (as :func:`_score_one` takes them): LLVM then knows they alias no input, which
+    passed in: LLVM then knows they alias no input, which
     measured 3.6 ms a query against 4.1 ms passed in (the set-up above)."""
+    total = query_postings(indptr, q_tokens)
+    whole = total > 0 and total >= whole_from * n_docs
+    room = 0 if whole else min(total, n_docs)  # a touched list as long as the index costs page faults
     scores = np.zeros(n_docs, dtype=np.float32)
     seen = np.zeros(n_docs, dtype=np.bool_)
-    touched = np.empty(n_docs, dtype=np.int32)
+    touched = np.empty(room, dtype=np.int32)
     n_touched = 0
     for j in range(q_tokens.shape[0]):
         t = q_tokens[j]
@@ -200,12 +265,12 @@ def search_one_u8(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_doc
         b = q_weights[j] * offset[t]
         for p in range(indptr[t], indptr[t + 1]):
             d = docs[p]
-            if not seen[d]:
-                seen[d] = True
+            if not whole and not seen[d]:
                 touched[n_touched] = d
                 n_touched += 1
+            seen[d] = True
             scores[d] += a * np.float32(codes[p]) + b
-    return _top_k(scores, touched, n_touched, k)
+    return ranked(scores, seen, touched, n_touched, k, whole)
 
 
 @nb.njit(cache=True, parallel=True)
@@ -280,17 +345,20 @@ def _merge_parts(part_d, part_s, k):
 
 
 @nb.njit(cache=True, parallel=True)
-def _split_search(indptr, docs, values, scale, offset, stride, q_tokens, q_weights, n_docs, k, parts):
+def _split_search(indptr, docs, values, scale, offset, stride, q_tokens, q_weights, n_docs, k, parts, whole_from):
     """Both split searches: a posting's weight is ``offset[t * stride] + scale[t * stride] * value``,
     per list for 8-bit impacts (stride 1), and 0 + 1 * value for float32 weights (stride 0; adding
     0 and multiplying by 1 are exact, so the scores are search_one's)."""
+    total = query_postings(indptr, q_tokens)
+    whole = total > 0 and total >= whole_from * n_docs
+    room = 0 if whole else min(total, n_docs)  # a touched list as long as the index costs page faults
     part_d = np.full((parts, k), -1, dtype=np.int32)
     part_s = np.full((parts, k), -np.inf, dtype=np.float32)
     for i in nb.prange(parts):
         lo, hi = _range_bounds(n_docs, parts, i)
         scores = np.zeros(hi - lo, dtype=np.float32)
         seen = np.zeros(hi - lo, dtype=np.bool_)
-        touched = np.empty(hi - lo, dtype=np.int32)
+        touched = np.empty(min(room, hi - lo), dtype=np.int32)
         n_touched = 0
         for j in range(q_tokens.shape[0]):
             t = q_tokens[j]
@@ -301,12 +369,12 @@ def _split_search(indptr, docs, values, scale, offset, stride, q_tokens, q_weigh
             a, b = _list_range(indptr, docs, t, lo, hi)
             for p in range(a, b):
                 d = docs[p] - lo
-                if not seen[d]:
-                    seen[d] = True
+                if not whole and not seen[d]:
                     touched[n_touched] = d
                     n_touched += 1
+                seen[d] = True
                 scores[d] += qa * np.float32(values[p]) + qb
-        top_d, top_s = _top_k(scores, touched, n_touched, k)
+        top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole)
         part_d[i, : top_d.shape[0]] = top_d + lo
         part_s[i, : top_s.shape[0]] = top_s
     return _merge_parts(part_d, part_s, k)
@@ -316,14 +384,14 @@ _UNIT_SCALE = np.ones(1, dtype=np.float32)
 _ZERO_OFFSET = np.zeros(1, dtype=np.float32)
 
 
-def search_one_split(indptr, docs, weights, q_tokens, q_weights, n_docs, k, parts):
+def search_one_split(indptr, docs, weights, q_tokens, q_weights, n_docs, k, parts, whole_from=SCAN_WHOLE_FROM):
     """:func:`search_one` with the documents split into ``parts`` ranges scored in parallel."""
-    return _split_search(indptr, docs, weights, _UNIT_SCALE, _ZERO_OFFSET, 0, q_tokens, q_weights, n_docs, k, parts)
+    return _split_search(indptr, docs, weights, _UNIT_SCALE, _ZERO_OFFSET, 0, q_tokens, q_weights, n_docs, k, parts, whole_from)
 
 
-def search_one_u8_split(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts):
+def search_one_u8_split(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts, whole_from=SCAN_WHOLE_FROM):
     """:func:`search_one_u8` with the documents split into ``parts`` ranges scored in parallel."""
-    return _split_search(indptr, docs, codes, scale, offset, 1, q_tokens, q_weights, n_docs, k, parts)
+    return _split_search(indptr, docs, codes, scale, offset, 1, q_tokens, q_weights, n_docs, k, parts, whole_from)
 
 
 # --------------------------------------------------------------------- reference

@@ -38,7 +38,7 @@ import numpy as np
 from indexer.diskspace import save_npy
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.kernels import _merge_parts, _range_bounds, _top_k
+from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, query_postings, ranked
 
 BLOCK = 128
 FILES = ("blockfirst", "blockwidth", "packed")  # postings_<name>.npy
@@ -184,12 +184,16 @@ def _first_bad(indptr, list_block, block_word, first, width, words, n_docs):
 
 # --------------------------------------------------------------------- search (8-bit impacts)
 @nb.njit(cache=True)
-def search_one(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k):
+def search_one(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k,
+               whole_from=SCAN_WHOLE_FROM):
     """:func:`indexer.kernels.search_one_u8` with the doc numbers decoded block by block in the
     scoring loop: the same sums in the same order, so the same top-k ids and scores."""
+    total = query_postings(indptr, q_tokens)
+    whole = total > 0 and total >= whole_from * n_docs
+    room = 0 if whole else min(total, n_docs)  # a touched list as long as the index costs page faults
     scores = np.zeros(n_docs, dtype=np.float32)
     seen = np.zeros(n_docs, dtype=np.bool_)
-    touched = np.empty(n_docs, dtype=np.int32)
+    touched = np.empty(room, dtype=np.int32)
     buf = np.empty(BLOCK, dtype=np.int64)  # one block's doc numbers: the gaps decoded (independent), then summed
     n_touched = 0
     for j in range(q_tokens.shape[0]):
@@ -205,13 +209,13 @@ def search_one(indptr, list_block, block_word, first, width, words, codes, scale
             _block_docs(words, block_word[blk], first[blk], np.int64(width[blk]), size, buf)
             for i in range(size):
                 d = buf[i]
-                if not seen[d]:
-                    seen[d] = True
+                if not whole and not seen[d]:
                     touched[n_touched] = d
                     n_touched += 1
+                seen[d] = True
                 scores[d] += qa * np.float32(codes[s + i]) + qb
             blk += 1
-    return _top_k(scores, touched, n_touched, k)
+    return ranked(scores, seen, touched, n_touched, k, whole)
 
 
 @nb.njit(cache=True, parallel=True)
@@ -246,19 +250,23 @@ def _first_block_from(list_block, first, t, lo):
 
 
 @nb.njit(cache=True, parallel=True)
-def search_one_split(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts):
+def search_one_split(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts,
+                     whole_from=SCAN_WHOLE_FROM):
     """:func:`search_one` with the documents split into ``parts`` ranges scored in parallel (as
     :func:`indexer.kernels.search_one_u8_split`): each part decodes only the blocks that can hold
     its documents (found from the blocks' first doc numbers; a block across a boundary is decoded
     by both parts, each keeping its own documents). Each document is scored by one part with its
     query tokens added in the same order, so the top-k ids and scores are search_one's."""
+    total = query_postings(indptr, q_tokens)
+    whole = total > 0 and total >= whole_from * n_docs
+    room = 0 if whole else min(total, n_docs)  # a touched list as long as the index costs page faults
     part_d = np.full((parts, k), -1, dtype=np.int32)
     part_s = np.full((parts, k), -np.inf, dtype=np.float32)
     for i in nb.prange(parts):
         lo, hi = _range_bounds(n_docs, parts, i)
         scores = np.zeros(hi - lo, dtype=np.float32)
         seen = np.zeros(hi - lo, dtype=np.bool_)
-        touched = np.empty(hi - lo, dtype=np.int32)
+        touched = np.empty(min(room, hi - lo), dtype=np.int32)
         buf = np.empty(BLOCK, dtype=np.int64)
         n_touched = 0
         for j in range(q_tokens.shape[0]):
@@ -278,13 +286,13 @@ def search_one_split(indptr, list_block, block_word, first, width, words, codes,
                     if d < lo or d >= hi:
                         continue
                     d -= lo
-                    if not seen[d]:
-                        seen[d] = True
+                    if not whole and not seen[d]:
                         touched[n_touched] = d
                         n_touched += 1
+                    seen[d] = True
                     scores[d] += qa * np.float32(codes[s + m]) + qb
                 blk += 1
-        top_d, top_s = _top_k(scores, touched, n_touched, k)
+        top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole)
         part_d[i, : top_d.shape[0]] = top_d + lo
         part_s[i, : top_s.shape[0]] = top_s
     return _merge_parts(part_d, part_s, k)

@@ -66,9 +66,11 @@ def reference(index: InvertedIndex, tokens: np.ndarray, w: np.ndarray, k: int):
 def test_search_one_matches_reference(weights):
     rng = np.random.default_rng(12345 if weights == "int" else 54321)
     n_compared = n_short = n_ties = 0
+    ways = {True: 0, False: 0}  # queries ranked by a pass over all accumulators / over the touched list
     for _ in range(300):
         index = random_index(rng, weights)
         tokens, w = random_query(rng, index.vocab_size, "int" if weights == "int" else rng.choice(["ones", "float"]))
+        ways[bool(kernels.scan_whole(index.indptr, tokens, index.n_docs))] += 1
         for k in (1, 3, 10, index.n_docs + 5):
             got_d, got_s = search(index, tokens, w, k)
             ref_d, ref_s = reference(index, tokens, w, k)
@@ -91,8 +93,37 @@ def test_search_one_matches_reference(weights):
             n_compared += 1
     # the random cases did exercise what they claim to
     assert n_compared == 1200 and n_short > 100
+    assert min(ways.values()) > 50, ways
     if weights == "int":
         assert n_ties > 100
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ranking_the_flagged_accumulators_equals_ranking_the_touched_list(seed):
+    """The two ways a query's top k is taken (kernels.scan_whole) agree, ties and all."""
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        n_docs = int(rng.integers(1, 300))
+        seen = rng.random(n_docs) < rng.uniform(0.0, 1.0)
+        scores = np.where(seen, rng.integers(-3, 4, n_docs), 0).astype(np.float32)  # small integers: many ties
+        touched = rng.permutation(np.flatnonzero(seen)).astype(np.int32)  # in the order first met: any order
+        for k in (0, 1, 5, n_docs + 1):
+            got = kernels._top_k_flagged(scores, seen, k)
+            want = kernels._top_k(scores, np.concatenate([touched, np.zeros(n_docs - len(touched), np.int32)]), len(touched), k)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_a_query_ranks_in_one_pass_from_its_threshold_of_postings_per_document():
+    # 4 documents; token 0 is in documents 0 and 3, token 4 in none
+    index = InvertedIndex.from_forward(np.array([[0, 1], [1, 2], [2, 3], [3, 0]], np.int32), np.ones((4, 2), np.float32), vocab_size=5)
+    below = int(np.floor(2 / kernels.SCAN_WHOLE_FROM)) + 1  # 2 postings over more documents than 2 / threshold
+    assert not kernels.scan_whole(index.indptr, np.array([0], np.int64), below)
+    assert kernels.scan_whole(index.indptr, np.array([0], np.int64), 4)
+    assert kernels.scan_whole(index.indptr, np.array([0, 7, -1], np.int64), 4)  # unknown tokens count nothing
+    assert not kernels.scan_whole(index.indptr, np.array([4, 7], np.int64), 4)  # no postings: nothing to scan for
+    assert kernels.scan_whole(index.indptr, np.array([0], np.int64), below, 0.0)  # forced
+    assert not kernels.scan_whole(index.indptr, np.array([0], np.int64), 4, np.inf)
 
 
 def test_reference_matches_definition():
@@ -234,6 +265,17 @@ def test_one_query_split_by_document_range_is_the_exact_search_bit_for_bit(weigh
                 got = kernels.search_one_u8_split(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k, parts)
                 np.testing.assert_array_equal(got[0], exact_u8[0])
                 np.testing.assert_array_equal(got[1], exact_u8[1])
+            # either way of ranking the accumulators (forced), one thread or split: the same ranking
+            for whole_from in (0.0, np.inf):
+                for got, want in (
+                    (kernels.search_one(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k, whole_from), exact),
+                    (kernels.search_one_split(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k, 2, whole_from), exact),
+                    (kernels.search_one_u8(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k, whole_from), exact_u8),
+                    (kernels.search_one_u8_split(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k, 3, whole_from),
+                     exact_u8),
+                ):
+                    np.testing.assert_array_equal(got[0], want[0])
+                    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_the_index_splits_one_query_only_from_its_threshold_on(monkeypatch):

@@ -27,14 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.synthetic import first_documents
+
 BLOCK = 20  # queries in a row of one mode (exact, split), the modes alternating
-
-
-def first_documents(indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The postings of documents 0..n-1 only (doc numbers ascend in every list)."""
-    keep = docs < n
-    kept_before = np.concatenate([[0], np.cumsum(keep)])
-    return kept_before[indptr].astype(np.int64), np.ascontiguousarray(docs[keep]), np.ascontiguousarray(weights[keep])
 
 
 def searches(indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, n: int, k: int, impacts: str):
