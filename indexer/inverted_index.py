@@ -1,6 +1,7 @@
 """The aligned-token inverted index: CSR postings per vocabulary token, memory-mappable."""
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -29,6 +30,33 @@ _PARALLEL_KERNEL = threading.Lock()
 # 80-token queries): 0.6-0.9x at 1k documents, 1.25-1.45x at 10k, 2.1-2.2x at 100k-262k, and the
 # forward after a split search no slower than after a one-thread one.
 SPLIT_MIN_DOCS = 10_000
+# Above that, the ranges are also kept small enough that their accumulators (4 bytes of score and 1
+# of flag a document) fill at most 5/8 of a core's L2 cache: L2 bytes / 8 documents a range. On
+# 1,000,000 real-shaped documents (a 2 MiB L2, 2 threads; benchmarks/results/scale/real-shaped-1m.json)
+# 4 ranges took 3.85 ms a query where 2 took 4.88 (8 and 16: 3.98 and 4.25).
+L2_FALLBACK_BYTES = 1 << 20
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+@functools.lru_cache(maxsize=4)
+def range_docs(caches: Path = CPU_CACHES) -> int:
+    """Documents a range of one query's split search holds at most: this CPU's per-core L2 cache
+    size (Linux sysfs ``caches``; :data:`L2_FALLBACK_BYTES` where it cannot be read) over 8 bytes."""
+    l2 = L2_FALLBACK_BYTES
+    for level in sorted(caches.glob("index*")):
+        try:
+            if (level / "level").read_text().strip() == "2" and (level / "type").read_text().strip() in ("Unified", "Data"):
+                l2 = _cache_bytes((level / "size").read_text())
+        except (OSError, ValueError):
+            continue
+    return max(1, l2 // 8)
+
+
+def _cache_bytes(size: str) -> int:
+    """sysfs cache size ("2048K", "1M", "512") in bytes."""
+    size = size.strip().upper()
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
 
 
 @dataclass
@@ -225,11 +253,12 @@ class InvertedIndex:
         return kernels.search_one(self.indptr, self.docs, self.weights, q_tokens, q_weights, self.n_docs, k)
 
     def search_parts(self) -> int:
-        """Document ranges one query's search is split into: Numba's thread count from
-        :data:`SPLIT_MIN_DOCS` documents on, else 1."""
+        """Document ranges one query's search is split into: from :data:`SPLIT_MIN_DOCS` documents
+        on, Numba's thread count, or more where ranges of :func:`range_docs` documents need more;
+        else 1."""
         if self.n_docs < SPLIT_MIN_DOCS:
             return 1
-        return max(1, min(numba.get_num_threads(), self.n_docs))
+        return max(1, min(numba.get_num_threads(), self.n_docs), -(-self.n_docs // range_docs()))
 
     def batch_search(self, queries: list[tuple[np.ndarray, np.ndarray]], k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Top-k of many (tokens, weights) queries in parallel; padded with -1 / -inf."""

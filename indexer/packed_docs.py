@@ -38,7 +38,7 @@ import numpy as np
 from indexer.diskspace import save_npy
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, query_postings, ranked
+from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, accumulator_plan, ranked
 
 BLOCK = 128
 FILES = ("blockfirst", "blockwidth", "packed")  # postings_<name>.npy
@@ -188,9 +188,7 @@ def search_one(indptr, list_block, block_word, first, width, words, codes, scale
                whole_from=SCAN_WHOLE_FROM):
     """:func:`indexer.kernels.search_one_u8` with the doc numbers decoded block by block in the
     scoring loop: the same sums in the same order, so the same top-k ids and scores."""
-    total = query_postings(indptr, q_tokens)
-    whole = total > 0 and total >= whole_from * n_docs
-    room = 0 if whole else min(total, n_docs)  # a touched list as long as the index costs page faults
+    whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
     scores = np.zeros(n_docs, dtype=np.float32)
     seen = np.zeros(n_docs, dtype=np.bool_)
     touched = np.empty(room, dtype=np.int32)
@@ -257,9 +255,7 @@ def search_one_split(indptr, list_block, block_word, first, width, words, codes,
     its documents (found from the blocks' first doc numbers; a block across a boundary is decoded
     by both parts, each keeping its own documents). Each document is scored by one part with its
     query tokens added in the same order, so the top-k ids and scores are search_one's."""
-    total = query_postings(indptr, q_tokens)
-    whole = total > 0 and total >= whole_from * n_docs
-    room = 0 if whole else min(total, n_docs)  # a touched list as long as the index costs page faults
+    whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
     part_d = np.full((parts, k), -1, dtype=np.int32)
     part_s = np.full((parts, k), -np.inf, dtype=np.float32)
     for i in nb.prange(parts):

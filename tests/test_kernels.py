@@ -299,3 +299,34 @@ def test_the_index_splits_one_query_only_from_its_threshold_on(monkeypatch):
     np.testing.assert_array_equal(got[0], exact[0])
     np.testing.assert_array_equal(got[1], exact[1])
     assert calls == ([index.search_parts()] if index.search_parts() > 1 else [])
+
+
+def test_a_range_of_the_split_search_holds_an_eighth_of_the_l2_cache_in_documents(tmp_path):
+    from indexer.inverted_index import L2_FALLBACK_BYTES, range_docs
+
+    for name, level, kind, size in (("index0", 1, "Data", "48K"), ("index1", 1, "Instruction", "32K"), ("index2", 2, "Unified", "1M"),
+                                    ("index3", 3, "Unified", "266240K")):
+        (tmp_path / name).mkdir()
+        for field, value in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / field).write_text(f"{value}\n")
+    assert range_docs(tmp_path) == (1 << 20) // 8
+    assert range_docs(tmp_path / "absent") == L2_FALLBACK_BYTES // 8
+
+
+def test_a_large_index_splits_a_query_into_ranges_that_fit_the_cache(monkeypatch):
+    import numba
+
+    from indexer import inverted_index
+
+    rng = np.random.default_rng(12)
+    index = random_index(rng, "int")
+    while index.n_docs < 20:
+        index = random_index(rng, "int")
+    tokens, w = random_query(rng, index.vocab_size, "int")
+    exact = index.search(tokens, w, 5)
+    monkeypatch.setattr(inverted_index, "SPLIT_MIN_DOCS", 1)
+    monkeypatch.setattr(inverted_index, "range_docs", lambda: 3)
+    assert index.search_parts() == max(min(numba.get_num_threads(), index.n_docs), -(-index.n_docs // 3))
+    got = index.search(tokens, w, 5)
+    np.testing.assert_array_equal(got[0], exact[0])
+    np.testing.assert_array_equal(got[1], exact[1])
