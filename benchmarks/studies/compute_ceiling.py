@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         f"The decoder's documents/s at the CPU's matmul peak ({cap.describe()})",
         "python -m benchmarks.studies.compute_ceiling " + " ".join(argv if argv is not None else sys.argv[1:]),
         f"{len(texts)} documents of {args.corpus} ({sum(lengths)} prompt tokens, {sum(flops.values()) / len(texts) / 1e9:.2f} GFLOP a "
-        f"document: linear layers {sum(v for k, v in flops.items() if k not in ('attention', 'LM head (pooled)')) / 1e9:.1f} GFLOP, "
+        f"document; over all of them: linear layers {sum(v for k, v in flops.items() if k not in ('attention', 'LM head (pooled)')) / 1e9:.1f} GFLOP, "
         f"causal attention {flops['attention'] / 1e9:.1f}, LM head on the pooled vectors {flops['LM head (pooled)'] / 1e9:.2f}). torch matmuls "
         f"of {rows_per_batch} rows (a batch of {BATCH} documents) at each linear shape of {args.model}, {torch.get_num_threads()} threads; "
         "the ceiling is documents/s if every FLOP ran at that shape's measured rate and nothing else cost time. "
