@@ -24,13 +24,14 @@ UINT8 = "uint8"  # the weights file's element type with 8-bit impacts (the manif
 # batch_search runs a parallel kernel: one thread at a time (Numba's workqueue layer, used where neither
 # TBB nor OpenMP is installed, aborts the process when two threads enter one at once)
 _PARALLEL_KERNEL = threading.Lock()
-# From this many documents on, one query's search is split by document range over Numba's threads
-# (kernels.search_one_split: the same ranking, bit for bit). On 2 cores, each search after a MiniLM
-# query forward (benchmarks/results/scale/split-search.json; synthetic 512-token documents, 10- and
-# 80-token queries): 0.6-0.9x at 1k documents, 1.25-1.45x at 10k, 2.1-2.2x at 100k-262k, and the
-# forward after a split search no slower than after a one-thread one.
-SPLIT_MIN_DOCS = 10_000
-# Above that, the ranges are also kept small enough that their accumulators (4 bytes of score and 1
+# From this many postings on, one query's search is split by document range over Numba's threads
+# (kernels.search_one_split: the same ranking, bit for bit). Served, a search follows a query
+# encoder's forward, which leaves Numba's threads asleep: on 2 cores, each search after a MiniLM
+# forward (benchmarks/results/scale/split-search.json; synthetic 512-token documents, the one-pass
+# kernels), queries reading 21k and 42k postings were 0.83x and 0.91x as fast split, 120k-210k
+# postings 1.5-1.6x, 2.7M-3.1M 1.7-1.8x; and the forward after a split search was no slower.
+SPLIT_MIN_POSTINGS = 65_536
+# The ranges are also kept small enough that their accumulators (4 bytes of score and 1
 # of flag a document) fill at most 5/8 of a core's L2 cache: L2 bytes / 8 documents a range. On
 # 1,000,000 real-shaped documents (a 2 MiB L2, 2 threads; benchmarks/results/scale/real-shaped-1m.json)
 # 4 ranges took 3.85 ms a query where 2 took 4.88 (8 and 16: 3.98 and 4.25).
@@ -235,7 +236,7 @@ class InvertedIndex:
         """Top-k (doc numbers, scores) of one query, best first."""
         q_tokens = np.asarray(q_tokens, dtype=np.int64)
         q_weights = np.ones(len(q_tokens), np.float32) if q_weights is None else np.asarray(q_weights, np.float32)
-        parts = self.search_parts()
+        parts = self.search_parts(q_tokens)
         if self.packed is not None:
             if parts > 1:
                 with _PARALLEL_KERNEL:
@@ -252,11 +253,12 @@ class InvertedIndex:
             return kernels.search_one_u8(self.indptr, self.docs, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
         return kernels.search_one(self.indptr, self.docs, self.weights, q_tokens, q_weights, self.n_docs, k)
 
-    def search_parts(self) -> int:
-        """Document ranges one query's search is split into: from :data:`SPLIT_MIN_DOCS` documents
-        on, Numba's thread count, or more where ranges of :func:`range_docs` documents need more;
-        else 1."""
-        if self.n_docs < SPLIT_MIN_DOCS:
+    def search_parts(self, q_tokens: np.ndarray | None = None) -> int:
+        """Document ranges a query's search is split into: 1 where it reads fewer than
+        :data:`SPLIT_MIN_POSTINGS` postings (``q_tokens`` None: a query reading every list), else
+        Numba's thread count, or more where ranges of :func:`range_docs` documents need more."""
+        postings = int(self.indptr[-1]) if q_tokens is None else kernels.query_postings(self.indptr, np.asarray(q_tokens, np.int64))
+        if postings < SPLIT_MIN_POSTINGS:
             return 1
         return max(1, min(numba.get_num_threads(), self.n_docs), -(-self.n_docs // range_docs()))
 

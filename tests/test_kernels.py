@@ -278,7 +278,7 @@ def test_one_query_split_by_document_range_is_the_exact_search_bit_for_bit(weigh
                     np.testing.assert_array_equal(got[1], want[1])
 
 
-def test_the_index_splits_one_query_only_from_its_threshold_on(monkeypatch):
+def test_the_index_splits_a_query_only_from_its_threshold_of_postings_on(monkeypatch):
     import numba
 
     from indexer import inverted_index
@@ -288,17 +288,20 @@ def test_the_index_splits_one_query_only_from_its_threshold_on(monkeypatch):
     while index.n_docs < 4:
         index = random_index(rng, "int")
     tokens, w = random_query(rng, index.vocab_size, "int")
+    while kernels.query_postings(index.indptr, tokens) == 0:
+        tokens, w = random_query(rng, index.vocab_size, "int")
     exact = index.search(tokens, w, 5)
-    assert index.search_parts() == 1  # a small index: one thread
+    assert index.search_parts() == index.search_parts(tokens) == 1  # a small index: one thread
     calls = []
     real = kernels.search_one_split
     monkeypatch.setattr(kernels, "search_one_split", lambda *a: calls.append(a[-1]) or real(*a))
-    monkeypatch.setattr(inverted_index, "SPLIT_MIN_DOCS", 1)
-    assert index.search_parts() == min(numba.get_num_threads(), index.n_docs)
+    monkeypatch.setattr(inverted_index, "SPLIT_MIN_POSTINGS", kernels.query_postings(index.indptr, tokens))
+    assert index.search_parts(tokens) == min(numba.get_num_threads(), index.n_docs)  # a query reading that many postings
+    assert index.search_parts(tokens[:0]) == 1  # one reading fewer
     got = index.search(tokens, w, 5)
     np.testing.assert_array_equal(got[0], exact[0])
     np.testing.assert_array_equal(got[1], exact[1])
-    assert calls == ([index.search_parts()] if index.search_parts() > 1 else [])
+    assert calls == ([index.search_parts(tokens)] if index.search_parts(tokens) > 1 else [])
 
 
 def test_a_range_of_the_split_search_holds_an_eighth_of_the_l2_cache_in_documents(tmp_path):
@@ -324,7 +327,7 @@ def test_a_large_index_splits_a_query_into_ranges_that_fit_the_cache(monkeypatch
         index = random_index(rng, "int")
     tokens, w = random_query(rng, index.vocab_size, "int")
     exact = index.search(tokens, w, 5)
-    monkeypatch.setattr(inverted_index, "SPLIT_MIN_DOCS", 1)
+    monkeypatch.setattr(inverted_index, "SPLIT_MIN_POSTINGS", 1)
     monkeypatch.setattr(inverted_index, "range_docs", lambda: 3)
     assert index.search_parts() == max(min(numba.get_num_threads(), index.n_docs), -(-index.n_docs // 3))
     got = index.search(tokens, w, 5)

@@ -148,7 +148,7 @@ def test_one_query_split_by_document_range_is_the_packed_search_bit_for_bit(seed
                     np.testing.assert_array_equal(got[0], want[0])
                     np.testing.assert_array_equal(got[1], want[1])
     # and through InvertedIndex.search once the index is over the threshold
-    monkeypatch.setattr(inverted_index, "SPLIT_MIN_DOCS", 1)
+    monkeypatch.setattr(inverted_index, "SPLIT_MIN_POSTINGS", 1)
     tokens = np.arange(len(lists), dtype=np.int64)
     weights = rng.random(len(lists)).astype(np.float32)
     want = index_of(lists, n_docs, seed).search(tokens, weights, 10)  # unpacked 8-bit impacts, split the same way

@@ -113,8 +113,8 @@ def time_numba(index, queries, k: int) -> dict:
     res["p50_ms"] = round(1000 * float(np.percentile(lat, 50)), 2)
     res["p95_ms"] = round(1000 * float(np.percentile(lat, 95)), 2)
     res["qps_1_query_at_a_time"] = round(len(lat) / sum(lat), 1)
-    # one query split by document range over 2 threads (what InvertedIndex.search does from
-    # SPLIT_MIN_DOCS documents on); the ranking must be the exact one, bit for bit
+    # one query split by document range over 2 threads (what InvertedIndex.search does for a query
+    # reading SPLIT_MIN_POSTINGS postings or more); the ranking must be the exact one, bit for bit
     numba.set_num_threads(2)
     kernels.search_one_split(index.indptr, index.docs, index.weights, queries[0][0], queries[0][1], index.n_docs, k, 2)  # compile
     lat, same = [], True
@@ -191,7 +191,7 @@ def write_scale_table(result: dict, path: Path) -> Path:
         "Milvus: one `search` call), "
         f"{result.get('queries', '?')} queries of {result.get('query_tokens', '?')} IDF-weighted tokens, top-{result.get('k', '?')}. "
         "Split: the same queries, each over 2 threads by document range (`kernels.search_one_split`, what "
-        "`InvertedIndex.search` does from `SPLIT_MIN_DOCS` documents on; its ranking checked identical to `search_one`'s). "
+        "`InvertedIndex.search` does for a query reading `SPLIT_MIN_POSTINGS` postings or more; its ranking checked identical to `search_one`'s). "
         "QPS: Numba `batch_search` with 1 and 2 Numba threads; Milvus: 1 and 2 client threads. Peak RSS: the process's "
         "maximum resident set, memory-mapped index pages included (the merge writes the 4 GB of postings through a memory map: "
         "those pages are file-backed and reclaimable, not heap). Milvus Lite 3.2 (pure Python) "
