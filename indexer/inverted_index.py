@@ -28,8 +28,8 @@ _PARALLEL_KERNEL = threading.Lock()
 # (kernels.search_one_split: the same ranking, bit for bit). Served, a search follows a query
 # encoder's forward, which leaves Numba's threads asleep: on 2 cores, each search after a MiniLM
 # forward (benchmarks/results/scale/split-search.json; synthetic 512-token documents, the one-pass
-# kernels), queries reading 21k and 42k postings were 0.83x and 0.91x as fast split, 120k-210k
-# postings 1.5-1.6x, 2.7M-3.1M 1.7-1.8x; and the forward after a split search was no slower.
+# kernels), queries reading 21k and 42k postings were 0.83x and 0.91x as fast split, 120k-240k
+# postings 1.35-1.6x, 0.55M-3.1M 1.67-1.78x; and the forward after a split search was no slower.
 SPLIT_MIN_POSTINGS = 65_536
 # The ranges are also kept small enough that their accumulators (4 bytes of score and 1
 # of flag a document) fill at most 5/8 of a core's L2 cache: L2 bytes / 8 documents a range. On

@@ -189,8 +189,10 @@ def engine_rows(index, queries, rounds: int) -> tuple[list[dict], dict[int, list
             got, secs = timed(lambda t, w, k=k: index.search(t, w, k), queries, rounds)
             if n_threads == 1:
                 exact[k] = [d for d, _ in got]
-            rows.append({"system": "engine, exact" + ("" if n_threads == 1 else f", split over {n_threads} threads"), "k": k,
-                         "setting": f"{n_threads} thread(s), {index.search_parts()} part(s)", "secs": secs,
+            split = sum(index.search_parts(t) > 1 for t, _ in queries)  # InvertedIndex.search splits the queries that read many postings
+            rows.append({"system": "engine, exact" + ("" if n_threads == 1 else f", {n_threads} threads"), "k": k,
+                         "setting": f"{n_threads} thread(s); {split} of {len(queries)} queries split ({index.search_parts()} parts), "
+                                    f"the others on one thread", "secs": secs,
                          "recall": [recall_at(exact[k][i], got[i][0], k) for i in range(len(queries))]})
     # the engine's own approximation (indexer/query_pruning.py): the lowest-bound query tokens dropped,
     # the pruned query's top candidates rescored exactly with them
@@ -198,7 +200,7 @@ def engine_rows(index, queries, rounds: int) -> tuple[list[dict], dict[int, list
     for keep_mass in PRUNE_MASSES:
         for k in K_VALUES:
             got, secs = timed(lambda t, w, k=k, m=keep_mass: pruned_search(index, t, w, k, m, list_max), queries, rounds)
-            rows.append({"system": f"engine, query pruning + rescore, split over {threads} threads", "k": k,
+            rows.append({"system": f"engine, query pruning + rescore, {threads} threads", "k": k,
                          "setting": f"value bound, keep_mass {keep_mass}, rescore top {rescore_depth(k)}", "secs": secs,
                          "recall": [recall_at(exact[k][i], got[i][0], k) for i in range(len(queries))]})
     numba.set_num_threads(threads)
@@ -435,7 +437,11 @@ def measure_fitted(out: Path, results: Path, n_docs: int, n_queries: int, rounds
                 if n_threads == 1:
                     exact[k] = [d for d, _ in got]
                 ms = 1000 * np.asarray(secs)
-                rows.append([layout, "exact" + ("" if n_threads == 1 else f", split over {n_threads} threads"), k, 1.0 if n_threads == 1 else
+                import numba
+
+                numba.set_num_threads(n_threads)
+                ranges = index.search_parts(queries[0][0])  # what InvertedIndex.search did (these queries all read alike)
+                rows.append([layout, f"exact, {n_threads} thread(s), {ranges} document range(s)", k, 1.0 if n_threads == 1 else
                              round(float(np.mean([recall_at(exact[k][i], got[i][0], k) for i in range(len(queries))])), 4),
                              round(float(np.percentile(ms, 50)), 2), round(float(np.percentile(ms, 99)), 2)])
             for n_parts in parts:  # more document ranges than threads: each range's accumulators fit a smaller cache
