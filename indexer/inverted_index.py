@@ -32,9 +32,10 @@ _PARALLEL_KERNEL = threading.Lock()
 # postings 1.35-1.6x, 0.55M-3.1M 1.67-1.78x; and the forward after a split search was no slower.
 SPLIT_MIN_POSTINGS = 65_536
 # The ranges are also kept small enough that their accumulators (4 bytes of score and 1
-# of flag a document) fill at most 5/8 of a core's L2 cache: L2 bytes / 8 documents a range. On
-# 1,000,000 real-shaped documents (a 2 MiB L2, 2 threads; benchmarks/results/scale/real-shaped-1m.json)
-# 4 ranges took 3.85 ms a query where 2 took 4.88 (8 and 16: 3.98 and 4.25).
+# of flag a document) fill at most 5/8 of a core's L2 cache: L2 bytes / 8 documents a range, on one
+# thread too. On 1,000,000 real-shaped documents (a 2 MiB L2; benchmarks/results/scale/real-shaped-1m.json),
+# 4 ranges took 3.94 ms a query on 2 threads where 2 took 4.85 (8: 3.99), and 7.95 ms on one thread
+# where one range had taken 15.4 (the same study at f059ce7).
 L2_FALLBACK_BYTES = 1 << 20
 CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
 
