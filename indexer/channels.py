@@ -32,7 +32,7 @@ import numpy as np
 from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER2_NAME, ENCODER_NAME, DenseIndex
 from indexer.errors import IndexFormatError
 from indexer.inverted_index import InvertedIndex
-from indexer.layout import BITPACKED_DOC_IDS, MANIFEST, UINT8_IMPACTS
+from indexer.layout import MANIFEST, UINT8_IMPACTS, doc_number_kwargs
 from indexer.lexical import LEXICAL_DIR, BM25Builder, BM25Index, make_analyzer
 
 # ------------------------------------------------------------------ what a channel needs
@@ -165,7 +165,7 @@ ChannelReader = Callable[[Path, dict, int, bool], Any]
 
 def _read_sparse(d: Path, info: dict, n_docs: int, mmap: bool) -> InvertedIndex:
     return InvertedIndex.load(d, n_docs, mmap=mmap, n_lists=int(info["vocab_size"]), quantised=info.get("impacts") == UINT8_IMPACTS,
-                             packed=info.get("doc_ids") == BITPACKED_DOC_IDS)
+                             **doc_number_kwargs(info))
 
 
 def _read_dense(name: str) -> ChannelReader:
@@ -182,7 +182,7 @@ def _read_bm25(d: Path, info: dict, n_docs: int, mmap: bool) -> BM25Index:
     if info.get("analyzer") not in ANALYZERS:
         raise IndexFormatError(f"{d / MANIFEST}: field 'lexical.analyzer': {info.get('analyzer')!r} is not one of {ANALYZERS}")
     return BM25Index.load(d / LEXICAL_DIR, n_docs, info.get("n_terms"), info.get("analyzer"), quantised=info.get("impacts") == UINT8_IMPACTS,
-                          packed=info.get("doc_ids") == BITPACKED_DOC_IDS)
+                          **doc_number_kwargs(info))
 
 
 def _default_tau() -> int:

@@ -26,6 +26,12 @@ delta-coded and bit-packed in blocks of 128 (indexer/packed_docs.py: ``postings_
 kernels decode a block at a time); the manifest's ``sparse`` and ``lexical`` record
 ``"doc_ids": "bitpacked-128"``. For now only :func:`compact_copy` writes it (``pack_doc_ids``,
 ``python -m indexer.compact --pack-doc-ids``); a build's compact index is still format 3.
+
+Format 5 (:data:`indexer.manifest.RANGE_FORMAT_VERSION`) stores the doc numbers instead as 16-bit
+offsets within ranges of 65,536 documents (indexer/range_docs.py: ``postings_rangestart`` and
+``postings_low``; lossless, 2 bytes a doc number, searched as fast as format 3, range by range);
+the records say ``"doc_ids": "range16-65536"``. :func:`compact_copy` writes it with
+``range_doc_ids`` (``--range-doc-ids``).
 """
 from __future__ import annotations
 
@@ -44,7 +50,16 @@ from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import LEXICAL_DIR
-from indexer.manifest import BITPACKED_DOC_IDS, COMPACT_FORMAT_VERSION, MANIFEST, PACKED_FORMAT_VERSION, UINT8_IMPACTS, Manifest
+from indexer.manifest import (
+    BITPACKED_DOC_IDS,
+    COMPACT_FORMAT_VERSION,
+    MANIFEST,
+    PACKED_FORMAT_VERSION,
+    RANGE_DOC_IDS,
+    RANGE_FORMAT_VERSION,
+    UINT8_IMPACTS,
+    Manifest,
+)
 from indexer.reader import open_index
 from indexer.staging import staging_dir
 
@@ -85,6 +100,23 @@ def pack_channel_files(directory: Path) -> dict:
     return {"doc_ids": BITPACKED_DOC_IDS}
 
 
+def range_channel_files(directory: Path, n_docs: int) -> dict:
+    """Saved postings' doc numbers (8-bit impacts already) range-blocked in place
+    (indexer/range_docs.py); returns what the channel's manifest record gains."""
+    InvertedIndex.split_saved(Path(directory), n_docs)
+    return {"doc_ids": RANGE_DOC_IDS}
+
+
+def encode_doc_ids(directory: Path, doc_ids: str | None, n_docs: int) -> dict:
+    """Saved postings' doc numbers as a manifest record names them (``None``: int32, left as
+    they are); returns what the record gains."""
+    if doc_ids == BITPACKED_DOC_IDS:
+        return pack_channel_files(directory)
+    if doc_ids == RANGE_DOC_IDS:
+        return range_channel_files(directory, n_docs)
+    return {}
+
+
 def truncate_channel_files(directory: Path, n_docs: int, top_k: int) -> None:
     """Keep each document's ``top_k`` largest weights of the saved float32 aligned-token postings
     in ``directory``, rewritten in place. The weights are the LM head's logits and a build keeps
@@ -119,6 +151,7 @@ def compact_dense_kind(kind: str, compact: bool) -> str:
 def compact_copy(
     index_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dense_kind: str = COMPACT_DENSE_KIND,
     quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False, pack_doc_ids: bool = False, top_k: int | None = None,
+    range_doc_ids: bool = False,
 ) -> Manifest:
     """Write a compact copy of the plain index at ``index_dir`` to ``out_dir`` (published as a
     generation, as a build publishes) and return its manifest. No model runs: the postings'
@@ -126,10 +159,15 @@ def compact_copy(
     too unless ``lexical`` is False, and every dense channel's vectors are read back and
     re-indexed as ``dense_kind`` (a FAISS factory string: ``SQ8``, ``SQfp16``, or ``Flat`` to
     keep them exact). Everything else (documents, ids, projections) is copied as it is.
-    ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 4; BM25's where it is quantised).
+    ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 4; BM25's where it is quantised);
+    ``range_doc_ids``: range-blocked instead (format 5).
     ``top_k``: keep only each document's ``top_k`` aligned tokens, fewer than the index holds
     (:func:`truncate_channel_files`: what a build with that top_k writes)."""
     impacts_record(quantisation)
+    if pack_doc_ids and range_doc_ids:
+        raise ValueError("doc numbers are either bit-packed (format 4) or range-blocked (format 5), not both")
+    doc_ids = BITPACKED_DOC_IDS if pack_doc_ids else RANGE_DOC_IDS if range_doc_ids else None
+    version = PACKED_FORMAT_VERSION if pack_doc_ids else RANGE_FORMAT_VERSION if range_doc_ids else COMPACT_FORMAT_VERSION
     target = Path(out_dir)
     opened = open_index(index_dir)
     try:
@@ -156,14 +194,12 @@ def compact_copy(
                     truncate_channel_files(tmp, m.n_docs, top_k)
                 quantise_channel_files(tmp, quantisation)
                 sparse_info = {**m.sparse, **impacts_record(quantisation), **({"top_k": top_k} if top_k is not None else {})}
-                if pack_doc_ids:
-                    sparse_info |= pack_channel_files(tmp)
+                sparse_info |= encode_doc_ids(tmp, doc_ids, m.n_docs)
                 lexical_info = m.lexical
                 if m.lexical is not None and lexical:
                     quantise_channel_files(tmp / LEXICAL_DIR, quantisation)
                     lexical_info = {**m.lexical, **impacts_record(quantisation)}
-                    if pack_doc_ids:
-                        lexical_info |= pack_channel_files(tmp / LEXICAL_DIR)
+                    lexical_info |= encode_doc_ids(tmp / LEXICAL_DIR, doc_ids, m.n_docs)
                 changed: dict = {}
                 for field, name in _DENSE_CHANNELS:
                     info = getattr(m, field)
@@ -176,9 +212,9 @@ def compact_copy(
                     index.save(tmp, name)
                     changed[field] = {**info, "kind": dense_kind}
                 out = dataclasses.replace(
-                    m, format_version=PACKED_FORMAT_VERSION if pack_doc_ids else COMPACT_FORMAT_VERSION, sparse=sparse_info, lexical=lexical_info,
+                    m, format_version=version, sparse=sparse_info, lexical=lexical_info,
                     build={**m.build, "compacted": {"from": str(index_dir), "generation": opened.path.name, "dense_kind": dense_kind,
-                                                    "quantisation": quantisation, "doc_ids": BITPACKED_DOC_IDS if pack_doc_ids else "int32",
+                                                    "quantisation": quantisation, "doc_ids": doc_ids or "int32",
                                                     **({"top_k": {"from": m.sparse["top_k"], "to": top_k}} if top_k is not None else {}),
                                                     "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
                     files=None, checksum=None, **changed,
@@ -199,18 +235,20 @@ def main(argv: list[str] | None = None) -> int:
 
     from indexer.manifest import IndexFormatError
 
-    p = argparse.ArgumentParser(prog="python -m indexer.compact", description="Write a compact copy (format 3, or 4 with --pack-doc-ids) of a plain index; no model runs.")
+    p = argparse.ArgumentParser(prog="python -m indexer.compact", description="Write a compact copy (format 3; 4 with --pack-doc-ids, 5 with --range-doc-ids) of a plain index; no model runs.")
     p.add_argument("index", type=Path, help="a plain index (format 1 or 2)")
     p.add_argument("out", type=Path, help="the compact index to write")
     p.add_argument("--dense-kind", default=COMPACT_DENSE_KIND, help=f"FAISS kind of the dense channels (default {COMPACT_DENSE_KIND}; SQfp16, Flat...)")
     p.add_argument("--quantisation", choices=QUANTISATIONS, default=PER_LIST, help="one 8-bit map per posting list (default) or one for all")
     p.add_argument("--pack-doc-ids", action="store_true", help="doc numbers delta-coded and bit-packed in blocks of 128 (format 4; lossless)")
+    p.add_argument("--range-doc-ids", action="store_true",
+                   help="doc numbers as 16-bit offsets within ranges of 65,536 documents (format 5; lossless, as fast as format 3)")
     p.add_argument("--top-k", type=int, default=None, help="keep each document's TOP_K aligned tokens, fewer than the index holds (default: all)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     args = p.parse_args(argv)
     try:
         m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite, pack_doc_ids=args.pack_doc_ids,
-                         top_k=args.top_k)
+                         top_k=args.top_k, range_doc_ids=args.range_doc_ids)
     except (IndexFormatError, OSError, ValueError, RuntimeError) as exc:  # FAISS reports a bad kind as a RuntimeError
         print(f"compact: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

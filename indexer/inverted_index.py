@@ -15,6 +15,7 @@ from indexer import kernels
 from indexer.diskspace import allocate_npy, save_npy
 from indexer.integrity import check_csr, load_npy
 from indexer.packed_docs import PackedDocs, pack_saved
+from indexer.range_docs import RangeDocs, split_saved
 
 _FILES = ("indptr", "docs", "weights")
 # 8-bit impacts (indexer/compact.py): the weights file holds uint8 codes and these two float32
@@ -70,7 +71,9 @@ class InvertedIndex:
 
     With packed doc numbers (``packed`` given, format 4: indexer/packed_docs.py; 8-bit impacts
     only), ``docs`` is None: the kernels decode them block by block, and :meth:`doc_numbers`
-    gives them all back."""
+    gives them all back. With range-blocked doc numbers (``ranges`` given, format 5:
+    indexer/range_docs.py; 8-bit impacts only) ``docs`` is None too: 16-bit offsets within
+    ranges of 65,536 documents, searched range by range."""
 
     indptr: np.ndarray  # int64, (vocab_size + 1,)
     docs: np.ndarray | None  # int32, (nnz,), ascending within each posting list; None when packed
@@ -79,14 +82,17 @@ class InvertedIndex:
     scale: np.ndarray | None = None  # float32, (vocab_size,): 8-bit impacts only
     offset: np.ndarray | None = None  # float32, (vocab_size,)
     packed: PackedDocs | None = None  # the doc numbers delta-coded and bit-packed (docs None)
+    ranges: RangeDocs | None = None  # the doc numbers as 16-bit offsets within ranges (docs None)
 
     @property
     def quantised(self) -> bool:
         return self.scale is not None
 
     def doc_numbers(self) -> np.ndarray:
-        """Every posting's doc number (int32; decoded whole where packed)."""
-        return self.docs if self.packed is None else self.packed.decode(self.indptr)
+        """Every posting's doc number (int32; decoded whole where packed or range-blocked)."""
+        if self.packed is not None:
+            return self.packed.decode(self.indptr)
+        return self.docs if self.ranges is None else self.ranges.decode(self.indptr)
 
     def pack(self) -> InvertedIndex:
         """This index (8-bit impacts) with its doc numbers bit-packed (indexer/packed_docs.py)."""
@@ -94,7 +100,16 @@ class InvertedIndex:
             raise ValueError("packed doc numbers go with 8-bit impacts (a compact index)")
         if self.packed is not None:
             return self
-        return InvertedIndex(self.indptr, None, self.weights, self.n_docs, self.scale, self.offset, PackedDocs.pack(self.indptr, self.docs))
+        return InvertedIndex(self.indptr, None, self.weights, self.n_docs, self.scale, self.offset, PackedDocs.pack(self.indptr, self.doc_numbers()))
+
+    def split_ranges(self) -> InvertedIndex:
+        """This index (8-bit impacts) with its doc numbers range-blocked (indexer/range_docs.py)."""
+        if not self.quantised:
+            raise ValueError("range-blocked doc numbers go with 8-bit impacts (a compact index)")
+        if self.ranges is not None:
+            return self
+        ranges = RangeDocs.split(self.indptr, self.doc_numbers(), self.n_docs)
+        return InvertedIndex(self.indptr, None, self.weights, self.n_docs, self.scale, self.offset, ranges=ranges)
 
     def float_weights(self) -> np.ndarray:
         """Every posting's weight as float32 (dequantised where quantised)."""
@@ -105,7 +120,7 @@ class InvertedIndex:
     def quantise(self, per_list: bool = True) -> InvertedIndex:
         """This index with 8-bit impacts (see indexer/compact.py); ``per_list`` False: one scale for all lists."""
         codes, scale, offset = quantise_weights(self.indptr, np.asarray(self.float_weights(), np.float32), per_list)
-        return InvertedIndex(self.indptr, self.docs, codes, self.n_docs, scale, offset, self.packed)
+        return InvertedIndex(self.indptr, self.docs, codes, self.n_docs, scale, offset, self.packed, self.ranges)
 
     @property
     def vocab_size(self) -> int:
@@ -114,7 +129,7 @@ class InvertedIndex:
     @property
     def nbytes(self) -> int:
         extra = self.scale.nbytes + self.offset.nbytes if self.quantised else 0
-        docs = self.docs.nbytes if self.packed is None else self.packed.nbytes
+        docs = next(a.nbytes for a in (self.packed, self.ranges, self.docs) if a is not None)
         return int(self.indptr.nbytes + docs + self.weights.nbytes + extra)
 
     @classmethod
@@ -181,8 +196,8 @@ class InvertedIndex:
 
     def save(self, directory: Path) -> None:
         for name in _FILES + (_QUANTISED_FILES if self.quantised else ()):
-            if name == "docs" and self.packed is not None:
-                self.packed.save(directory)
+            if name == "docs" and (self.packed is not None or self.ranges is not None):
+                (self.packed or self.ranges).save(directory)
                 continue
             save_npy(directory / f"postings_{name}.npy", getattr(self, name))
 
@@ -190,6 +205,11 @@ class InvertedIndex:
     def pack_saved(directory: Path) -> None:
         """Turn saved postings' ``postings_docs.npy`` into packed doc numbers in place (indexer/packed_docs.py)."""
         pack_saved(Path(directory))
+
+    @staticmethod
+    def split_saved(directory: Path, n_docs: int) -> None:
+        """Turn saved postings' ``postings_docs.npy`` into range-blocked doc numbers in place (indexer/range_docs.py)."""
+        split_saved(Path(directory), n_docs)
 
     @staticmethod
     def quantise_saved(directory: Path, per_list: bool = True) -> None:
@@ -215,29 +235,37 @@ class InvertedIndex:
     @classmethod
     def load(
         cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False,
-        quantised: bool = False, packed: bool = False,
+        quantised: bool = False, packed: bool = False, ranged: bool = False,
     ) -> InvertedIndex:
         """Open saved postings, checked (indexer/integrity.py) before any kernel can read them:
         an out-of-range doc number or offset would make the kernels read or write out of bounds.
         ``n_lists``: the number of posting lists expected (vocabulary size); ``positive``:
         weights must be > 0 (BM25); ``quantised``: 8-bit impacts, ``packed``: bit-packed doc
-        numbers (what the manifest records)."""
-        if packed and not quantised:
-            raise ValueError("packed doc numbers go with 8-bit impacts (a compact index)")
+        numbers, ``ranged``: range-blocked doc numbers (what the manifest records)."""
+        if (packed or ranged) and not quantised:
+            raise ValueError("packed or range-blocked doc numbers go with 8-bit impacts (a compact index)")
+        if packed and ranged:
+            raise ValueError("doc numbers are either bit-packed or range-blocked, not both")
         dtypes = {"indptr": "int64", "docs": "int32", "weights": UINT8 if quantised else "float32", "scale": "float32", "offset": "float32"}
-        names = tuple(n for n in _FILES if not (packed and n == "docs")) + (_QUANTISED_FILES if quantised else ())
+        names = tuple(n for n in _FILES if not ((packed or ranged) and n == "docs")) + (_QUANTISED_FILES if quantised else ())
         # the small per-list arrays are read whole: every query reads them
         arrays = {name: load_npy(Path(directory) / f"postings_{name}.npy", dtypes[name], 1, mmap and name not in _QUANTISED_FILES) for name in names}
         check_csr(Path(directory), "postings_", arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, n_lists, positive,
                   arrays.get("scale"), arrays.get("offset"))
         packed_docs = PackedDocs.load(Path(directory), arrays["indptr"], n_docs, mmap) if packed else None
-        return cls(arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, arrays.get("scale"), arrays.get("offset"), packed_docs)
+        ranges = RangeDocs.load(Path(directory), arrays["indptr"], n_docs, mmap) if ranged else None
+        return cls(arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, arrays.get("scale"), arrays.get("offset"), packed_docs, ranges)
 
     def search(self, q_tokens: np.ndarray, q_weights: np.ndarray | None = None, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (doc numbers, scores) of one query, best first."""
         q_tokens = np.asarray(q_tokens, dtype=np.int64)
         q_weights = np.ones(len(q_tokens), np.float32) if q_weights is None else np.asarray(q_weights, np.float32)
         parts = self.search_parts(q_tokens)
+        if self.ranges is not None:  # split by its own ranges: in parallel where a split pays
+            if parts > 1:
+                with _PARALLEL_KERNEL:
+                    return self.ranges.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k, parallel=True)
+            return self.ranges.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
         if self.packed is not None:
             if parts > 1:
                 with _PARALLEL_KERNEL:
@@ -270,6 +298,8 @@ class InvertedIndex:
         q_tokens = np.concatenate([np.asarray(t, np.int64) for t, _ in queries]) if queries else np.zeros(0, np.int64)
         q_weights = np.concatenate([np.asarray(w, np.float32) for _, w in queries]) if queries else np.zeros(0, np.float32)
         with _PARALLEL_KERNEL:
+            if self.ranges is not None:
+                return self.ranges.search_many(self.indptr, self.weights, self.scale, self.offset, q_indptr, q_tokens, q_weights, self.n_docs, k)
             if self.packed is not None:
                 return self.packed.search_many(self.indptr, self.weights, self.scale, self.offset, q_indptr, q_tokens, q_weights, self.n_docs, k)
             if self.quantised:
@@ -280,10 +310,11 @@ class InvertedIndex:
 
     def contributions(self, q_tokens: np.ndarray, doc: int) -> np.ndarray:
         """The document's weight for each query token (0 where the document lacks it)."""
-        if self.packed is not None:
+        if self.packed is not None or self.ranges is not None:
+            coded = self.packed or self.ranges
             out = np.zeros(len(q_tokens), np.float32)
             for j, t in enumerate(np.asarray(q_tokens, np.int64)):
-                p = self.packed.find(self.indptr, int(t), int(doc)) if 0 <= t < self.vocab_size else -1
+                p = coded.find(self.indptr, int(t), int(doc)) if 0 <= t < self.vocab_size else -1
                 if p >= 0:
                     out[j] = self.offset[t] + self.scale[t] * np.float32(self.weights[p])
             return out

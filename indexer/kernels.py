@@ -133,6 +133,44 @@ def _top_k_flagged(scores: np.ndarray, seen: np.ndarray, k: int) -> tuple[np.nda
 
 
 @nb.njit(cache=True)
+def _top_k_positive(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best documents of positive score, best first, in one ascending pass: where every
+    posting adds a positive amount (:func:`positive_query`), those are the touched ones, and no flag is needed."""
+    hs = np.full(k, -np.inf, dtype=np.float32)
+    hd = np.full(k, -1, dtype=np.int32)
+    bar = np.float32(0.0) if k > 0 else np.float32(np.inf)
+    for d in range(scores.shape[0]):
+        if scores[d] > bar:
+            hs[0] = scores[d]
+            hd[0] = d
+            _sift_down(hs, hd, 0, k)
+            bar = max(hs[0], np.float32(0.0))
+    for end in range(k - 1, 0, -1):
+        hs[0], hs[end] = hs[end], hs[0]
+        hd[0], hd[end] = hd[end], hd[0]
+        _sift_down(hs, hd, 0, end)
+    n = 0
+    while n < k and hd[n] >= 0:
+        n += 1
+    return hd[:n], hs[:n]
+
+
+@nb.njit(cache=True)
+def positive_query(indptr, scale, offset, q_tokens, q_weights) -> bool:
+    """Does every posting the query reads (8-bit impacts) add a positive amount to its document's
+    score? So where each query token's weight and its list's offset (the lowest level) are positive
+    and its scale is not negative (``q * offset + q * scale * code`` >= ``q * offset`` > 0 in float32,
+    and a sum of positive float32 stays positive): then a document was touched exactly where its score is above 0."""
+    for j in range(q_tokens.shape[0]):
+        t = q_tokens[j]
+        if t < 0 or t >= indptr.shape[0] - 1 or indptr[t] == indptr[t + 1]:
+            continue
+        if not (q_weights[j] > 0 and q_weights[j] * offset[t] > 0 and scale[t] >= 0):
+            return False
+    return True
+
+
+@nb.njit(cache=True)
 def ranked(scores, seen, touched, n_touched, k, whole):
     """The top k of a query's accumulators, by whichever way they were kept."""
     if whole:

@@ -15,5 +15,13 @@ UINT8_IMPACTS = "uint8"
 # the "doc_ids" of a channel (manifest's sparse / lexical) delta-coded and bit-packed in blocks of
 # 128 (indexer/packed_docs.py, format 4); absent: int32 doc numbers (postings_docs.npy)
 BITPACKED_DOC_IDS = "bitpacked-128"
+# ... or as 16-bit offsets within ranges of 65,536 documents (indexer/range_docs.py, format 5)
+RANGE_DOC_IDS = "range16-65536"
 
-__all__ = ["BITPACKED_DOC_IDS", "DOC_IDS", "MANIFEST", "UINT8_IMPACTS"]
+
+def doc_number_kwargs(record: dict) -> dict[str, bool]:
+    """How a channel's manifest record says its doc numbers are stored, as InvertedIndex.load's keywords."""
+    return {"packed": record.get("doc_ids") == BITPACKED_DOC_IDS, "ranged": record.get("doc_ids") == RANGE_DOC_IDS}
+
+
+__all__ = ["BITPACKED_DOC_IDS", "DOC_IDS", "MANIFEST", "RANGE_DOC_IDS", "UINT8_IMPACTS", "doc_number_kwargs"]

@@ -15,7 +15,13 @@ from embedder.util import write_json_atomic
 from indexer.channels import CHANNEL_SPECS, field_problem
 from indexer.checksums import json_checksum
 from indexer.errors import IndexFormatError  # also imported from here (its first home)
-from indexer.layout import BITPACKED_DOC_IDS, DOC_IDS, MANIFEST, UINT8_IMPACTS  # also imported from here (their first home)
+from indexer.layout import (  # also imported from here (their first home)
+    BITPACKED_DOC_IDS,
+    DOC_IDS,
+    MANIFEST,
+    RANGE_DOC_IDS,
+    UINT8_IMPACTS,
+)
 from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
 
 _REQUIRED_CHANNELS = tuple(s.manifest_key for s in CHANNEL_SPECS if s.required)  # ("sparse",): every index holds it
@@ -33,8 +39,14 @@ COMPACT_FORMAT_VERSION = 3
 # (indexer/packed_docs.py: no postings_docs.npy) are format 4, with or without segments: a reader of
 # format 3 would find no doc numbers. Formats 1-3 are read as before.
 PACKED_FORMAT_VERSION = 4
-COMPACT_VERSIONS = (COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION)  # 8-bit impacts
-READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION)
+# Compact indexes whose doc numbers are 16-bit offsets within ranges of 65,536 documents
+# (indexer/range_docs.py: postings_rangestart.npy and postings_low.npy in place of postings_docs.npy)
+# are format 5: a reader of formats 3-4 would find neither doc numbers nor packed blocks.
+RANGE_FORMAT_VERSION = 5
+COMPACT_VERSIONS = (COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION)  # 8-bit impacts
+READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION)
+# the doc-number encodings beside int32, and the format each belongs to
+_DOC_ID_FORMATS = {BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION}
 
 
 @dataclass
@@ -73,13 +85,18 @@ class Manifest:
 
     @property
     def compact(self) -> bool:
-        """8-bit impacts (format 3 or 4, indexer/compact.py)."""
+        """8-bit impacts (format 3, 4 or 5, indexer/compact.py)."""
         return self.sparse.get("impacts") == UINT8_IMPACTS
 
     @property
     def packed(self) -> bool:
         """Bit-packed doc numbers in the aligned-token postings (format 4, indexer/packed_docs.py)."""
         return self.sparse.get("doc_ids") == BITPACKED_DOC_IDS
+
+    @property
+    def ranged(self) -> bool:
+        """Range-blocked doc numbers in the aligned-token postings (format 5, indexer/range_docs.py)."""
+        return self.sparse.get("doc_ids") == RANGE_DOC_IDS
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
@@ -176,27 +193,31 @@ def _field_problem(data: dict) -> str | None:
 
 
 def _impacts_problem(data: dict, version: int) -> str | None:
-    """Formats 3-4 and 8-bit impacts go together: a format-1 manifest naming uint8 impacts (or a
+    """Formats 3-5 and 8-bit impacts go together: a format-1 manifest naming uint8 impacts (or a
     format-3 one without them) would have its postings read with the wrong element type. Format 4
-    and bit-packed doc numbers go together too (in the aligned-token postings; BM25's may be packed
-    or not), and only with 8-bit impacts."""
+    and bit-packed doc numbers go together too, and format 5 and range-blocked ones (in the
+    aligned-token postings; BM25's may be encoded or not), and only with 8-bit impacts."""
     for key in (s.manifest_key for s in CHANNEL_SPECS if s.postings is not None):
         impacts = (data.get(key) or {}).get("impacts")
         if impacts is not None and impacts != UINT8_IMPACTS:
             return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}"
         if impacts is not None and version not in COMPACT_VERSIONS:
-            return f"field '{key}.impacts': 8-bit impacts in an index of format {version} (they are format {COMPACT_FORMAT_VERSION} or {PACKED_FORMAT_VERSION})"
+            return (f"field '{key}.impacts': 8-bit impacts in an index of format {version} "
+                    f"(they are format {', '.join(map(str, COMPACT_VERSIONS))})")
         doc_ids = (data.get(key) or {}).get("doc_ids")
-        if doc_ids is not None and doc_ids != BITPACKED_DOC_IDS:
-            return f"field '{key}.doc_ids': {doc_ids!r} is not {BITPACKED_DOC_IDS!r}"
-        if doc_ids is not None and version != PACKED_FORMAT_VERSION:
-            return f"field '{key}.doc_ids': bit-packed doc numbers in an index of format {version} (they are format {PACKED_FORMAT_VERSION})"
+        if doc_ids is not None and doc_ids not in _DOC_ID_FORMATS:
+            return f"field '{key}.doc_ids': {doc_ids!r} is not one of {sorted(_DOC_ID_FORMATS)}"
+        if doc_ids is not None and version != _DOC_ID_FORMATS[doc_ids]:
+            what = "bit-packed" if doc_ids == BITPACKED_DOC_IDS else "range-blocked"
+            return f"field '{key}.doc_ids': {what} doc numbers in an index of format {version} (they are format {_DOC_ID_FORMATS[doc_ids]})"
         if doc_ids is not None and impacts is None:
-            return f"field '{key}.doc_ids': bit-packed doc numbers without 8-bit impacts ('{key}.impacts')"
+            what = "bit-packed" if doc_ids == BITPACKED_DOC_IDS else "range-blocked"
+            return f"field '{key}.doc_ids': {what} doc numbers without 8-bit impacts ('{key}.impacts')"
     if version in COMPACT_VERSIONS and data["sparse"].get("impacts") != UINT8_IMPACTS:
         return f"field 'sparse.impacts': format {version} needs {UINT8_IMPACTS!r}"
-    if version == PACKED_FORMAT_VERSION and data["sparse"].get("doc_ids") != BITPACKED_DOC_IDS:
-        return f"field 'sparse.doc_ids': format {PACKED_FORMAT_VERSION} needs {BITPACKED_DOC_IDS!r}"
+    for doc_ids, fmt in _DOC_ID_FORMATS.items():
+        if version == fmt and data["sparse"].get("doc_ids") != doc_ids:
+            return f"field 'sparse.doc_ids': format {fmt} needs {doc_ids!r}"
     return None
 
 
@@ -221,4 +242,4 @@ def _embedding_problem(embedding: dict) -> str | None:
 
 
 __all__ = ["BITPACKED_DOC_IDS", "COMPACT_FORMAT_VERSION", "COMPACT_VERSIONS", "DOC_IDS", "FORMAT_VERSION", "MANIFEST", "PACKED_FORMAT_VERSION",
-           "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "UINT8_IMPACTS", "IndexFormatError", "Manifest"]
+           "RANGE_DOC_IDS", "RANGE_FORMAT_VERSION", "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "UINT8_IMPACTS", "IndexFormatError", "Manifest"]

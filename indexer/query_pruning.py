@@ -31,6 +31,7 @@ import numba as nb
 import numpy as np
 
 from indexer.inverted_index import InvertedIndex
+from indexer.range_docs import find as range_find
 
 
 def check_keep_mass(keep_mass: object) -> float:
@@ -144,7 +145,12 @@ def rescore(
     dropped_tokens = np.asarray(dropped_tokens, np.int64)
     dropped_weights = np.asarray(dropped_weights, np.float32)
     if docs.size and dropped_tokens.size:
-        if index.packed is not None:  # no doc-number array to search: one lookup per candidate
+        if index.ranges is not None:  # range-blocked doc numbers: a binary search in the candidate's range
+            added = np.zeros(docs.shape[0], np.float32)
+            _add_dropped_ranged(np.asarray(index.indptr, np.int64), index.ranges.starts, index.ranges.low, index.weights, index.scale,
+                                index.offset, docs, dropped_tokens, dropped_weights, added)
+            exact += added
+        elif index.packed is not None:  # no doc-number array to search: one lookup per candidate
             for i, d in enumerate(docs):
                 exact[i] += np.float32(np.dot(dropped_weights, index.contributions(dropped_tokens, int(d))))
         else:
@@ -185,3 +191,18 @@ def _add_dropped(indptr, docs, weights, scale, offset, cands, tokens, q_weights,
             if lo < hi and docs[lo] == d:
                 w = offset[t] + scale[t] * np.float32(weights[lo]) if quantised else np.float32(weights[lo])
                 scores[i] += q_weights[j] * w
+
+
+@nb.njit(cache=True)
+def _add_dropped_ranged(indptr, starts, low, codes, scale, offset, cands, tokens, q_weights, scores):
+    """:func:`_add_dropped` on range-blocked doc numbers (indexer/range_docs.py, 8-bit impacts):
+    each lookup a binary search in the part of the token's list that lies in the candidate's range."""
+    n_lists = indptr.shape[0] - 1
+    for j in range(tokens.shape[0]):
+        t = tokens[j]
+        if t < 0 or t >= n_lists:
+            continue
+        for i in range(cands.shape[0]):
+            p = range_find(indptr, starts, low, t, np.int64(cands[i]))
+            if p >= 0:
+                scores[i] += q_weights[j] * (offset[t] + scale[t] * np.float32(codes[p]))

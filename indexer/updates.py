@@ -38,7 +38,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from indexer.channels import CHANNEL_SPECS, LLM_EMBEDDINGS, LM_HEAD, SENTENCE_ENCODER, ChannelSpec, sentence_encoder_specs, spec
-from indexer.compact import PER_LIST, pack_channel_files, quantise_channel_files
+from indexer.compact import PER_LIST, encode_doc_ids, quantise_channel_files
 from indexer.corpus import CorpusError, Document
 from indexer.dense import DenseIndex, normalise
 from indexer.diskspace import write_bytes
@@ -47,7 +47,7 @@ from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import BM25Builder, make_analyzer
-from indexer.manifest import BITPACKED_DOC_IDS, DOC_IDS, UINT8_IMPACTS, IndexFormatError, Manifest
+from indexer.manifest import DOC_IDS, UINT8_IMPACTS, IndexFormatError, Manifest
 from indexer.reader import open_index
 from indexer.shard_encoder import ShardPlan, chunks, encode_shard
 from indexer.staging import staging_dir
@@ -295,8 +295,8 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
     n_docs = InvertedIndex.write_from_shards(sparse_parts, vocab, out)
     if m.compact:  # a compact index stays compact: the kept weights were read back dequantised
         quantise_channel_files(out, m.sparse.get("quantisation", PER_LIST))
-    if m.packed:  # and a format-4 index packed: its doc numbers were read back decoded (the manifest's sparse record kept)
-        pack_channel_files(out)
+    # and a format-4 or -5 index's doc numbers encoded again: they were read back decoded (the manifest's sparse record kept)
+    encode_doc_ids(out, m.sparse.get("doc_ids"), n_docs)
     ids = [d.doc_id for d in kept_docs] + [d.doc_id for d in added]
     write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
     n_kept = len(kept_docs)
@@ -350,8 +350,8 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
         lex.save(out / BM25.name)
         if lexical.get("impacts") == UINT8_IMPACTS:
             quantise_channel_files(out / BM25.name, lexical.get("quantisation", PER_LIST))
-        if lexical.get("doc_ids") == BITPACKED_DOC_IDS:  # BM25's are packed where compact_copy packed them (with its 8-bit impacts)
-            pack_channel_files(out / BM25.name)
+        # BM25's are encoded where compact_copy encoded them (with its 8-bit impacts)
+        encode_doc_ids(out / BM25.name, lexical.get("doc_ids"), n_docs)
         records[BM25.manifest_key] = {**lexical, "n_terms": len(lex.vocab)}
     corpus = {**m.corpus, "updated": True}
     return Manifest(

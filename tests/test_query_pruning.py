@@ -175,10 +175,10 @@ def test_pruned_search_at_keep_mass_one_is_the_exact_search(quantised):
             assert np.array_equal(got[0], exact[0]) and np.array_equal(got[1], exact[1])
 
 
-@pytest.mark.parametrize("kind", ["float32", "uint8", "packed"])
+@pytest.mark.parametrize("kind", ["float32", "uint8", "packed", "ranged"])
 def test_rescoring_every_candidate_gives_the_exact_ranking(kind):
     index = tiny_index(seed=5)
-    index = {"float32": index, "uint8": index.quantise(), "packed": index.quantise().pack()}[kind]
+    index = {"float32": index, "uint8": index.quantise(), "packed": index.quantise().pack(), "ranged": index.quantise().split_ranges()}[kind]
     bound = list_max_weights(index)
     for seed in range(10):
         tokens, weights = random_query(seed)

@@ -20,7 +20,7 @@ from conftest import REPO, save_tiny_sentence_encoder, toy_docs, write_corpus
 from indexer.build import build_index
 from indexer.compact import compact_copy
 from indexer.corpus import CorpusError, CorpusSpec, document_from_object
-from indexer.manifest import BITPACKED_DOC_IDS, PACKED_FORMAT_VERSION, Manifest
+from indexer.manifest import BITPACKED_DOC_IDS, PACKED_FORMAT_VERSION, RANGE_DOC_IDS, RANGE_FORMAT_VERSION, Manifest
 from indexer.reader import open_index
 from indexer.stored_documents import StoredDocuments
 from indexer.updates import UpdateError, update_index
@@ -136,22 +136,25 @@ def test_both_encoder_channels_update_as_a_rebuild(tmp_path, tiny_embedder, enco
     assert verify(tmp_path / "index").ok
 
 
-def test_a_packed_index_updates_as_its_unpacked_compact_copy(tmp_path, tiny_embedder, encoder):
-    """Format 4 (bit-packed doc numbers) stays format 4 through an update, and ranks exactly as the
-    same update of the format-3 copy (int32 doc numbers) of the same index."""
+@pytest.mark.parametrize("encoded", ["packed", "ranged"])
+def test_an_encoded_index_updates_as_its_int32_compact_copy(tmp_path, tiny_embedder, encoder, encoded):
+    """Format 4 (bit-packed doc numbers) stays format 4 through an update, format 5 (range-blocked)
+    format 5, and each ranks exactly as the same update of the format-3 copy (int32 doc numbers) of the same index."""
     initial, add, deleted, _ = changes()
     build(write_corpus(tmp_path / "a", initial, "beir"), tmp_path / "plain", tiny_embedder, encoder)
     compact_copy(tmp_path / "plain", tmp_path / "compact")
-    compact_copy(tmp_path / "plain", tmp_path / "packed", pack_doc_ids=True)
+    compact_copy(tmp_path / "plain", tmp_path / "packed", pack_doc_ids=encoded == "packed", range_doc_ids=encoded == "ranged")
     for name in ("compact", "packed"):
         report = update_index(tmp_path / name, add=as_documents(add), delete=deleted, embedder=tiny_embedder, encoder=encoder, progress=False)
         assert (report.added, report.replaced, report.deleted, report.n_docs) == (10, 3, 3, 37), name
     m = Manifest.read((tmp_path / "packed").resolve())
-    assert m.format_version == PACKED_FORMAT_VERSION and m.packed and m.compact
-    assert m.sparse["doc_ids"] == m.lexical["doc_ids"] == BITPACKED_DOC_IDS and m.build["updates"] == 1
+    version, doc_ids, files = {"packed": (PACKED_FORMAT_VERSION, BITPACKED_DOC_IDS, "postings_packed.npy"),
+                               "ranged": (RANGE_FORMAT_VERSION, RANGE_DOC_IDS, "postings_low.npy")}[encoded]
+    assert m.format_version == version and getattr(m, encoded) and m.compact
+    assert m.sparse["doc_ids"] == m.lexical["doc_ids"] == doc_ids and m.build["updates"] == 1
     d = (tmp_path / "packed").resolve()
     assert not (d / "postings_docs.npy").exists() and not (d / "lexical" / "postings_docs.npy").exists()
-    assert {"postings_packed.npy", "lexical/postings_packed.npy"} <= set(m.files)
+    assert {files, f"lexical/{files}"} <= set(m.files)
     report = verify(tmp_path / "packed")
     assert report.ok, report.problems
     assert "doc_ids" not in Manifest.read((tmp_path / "compact").resolve()).sparse  # the format-3 copy stays unpacked
@@ -159,7 +162,8 @@ def test_a_packed_index_updates_as_its_unpacked_compact_copy(tmp_path, tiny_embe
     try:
         assert a.doc_ids == b.doc_ids
         for x, y in ((a.channels["sparse"], b.channels["sparse"]), (a.channels["bm25"].postings, b.channels["bm25"].postings)):
-            assert x.packed is None and y.packed is not None and y.docs is None
+            coded = y.packed if encoded == "packed" else y.ranges
+            assert x.packed is None and x.ranges is None and coded is not None and y.docs is None
             np.testing.assert_array_equal(y.indptr, x.indptr)
             np.testing.assert_array_equal(y.doc_numbers(), x.docs)
             np.testing.assert_array_equal(y.weights, x.weights)

@@ -43,7 +43,8 @@ from tqdm.auto import tqdm
 
 from embedder.util import file_sha256
 from indexer.integrity import check_doc_ids
-from indexer.manifest import BITPACKED_DOC_IDS, DOC_IDS, UINT8_IMPACTS, IndexFormatError, Manifest
+from indexer.layout import doc_number_kwargs
+from indexer.manifest import DOC_IDS, UINT8_IMPACTS, IndexFormatError, Manifest
 
 EXPORT_FORMAT = "aligned-tokens-milvus"
 EXPORT_VERSION = 1
@@ -166,12 +167,12 @@ def export_milvus(
 
     start = time.perf_counter()
     sparse = InvertedIndex.load(index_dir, manifest.n_docs, n_lists=manifest.sparse["vocab_size"], quantised=manifest.compact,
-                                packed=manifest.packed).doc_vectors()
+                                **doc_number_kwargs(manifest.sparse)).doc_vectors()
     dense = _dense_vectors(index_dir, manifest)
     bm25 = None
     if manifest.lexical:
         lex = BM25Index.load(index_dir / LEXICAL_DIR, manifest.n_docs, manifest.lexical.get("n_terms"), manifest.lexical.get("analyzer"),
-                            quantised=manifest.lexical.get("impacts") == UINT8_IMPACTS, packed=manifest.lexical.get("doc_ids") == BITPACKED_DOC_IDS)
+                            quantised=manifest.lexical.get("impacts") == UINT8_IMPACTS, **doc_number_kwargs(manifest.lexical))
         bm25 = lex.postings.doc_vectors()
     channels = ["sparse"] + (["dense"] if dense is not None else []) + (["bm25"] if bm25 is not None else [])
 
