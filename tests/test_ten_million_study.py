@@ -55,10 +55,12 @@ def test_build_then_measure_a_small_corpus(tmp_path, monkeypatch):
     with pytest.raises(FileExistsError):
         ten_million.build(tmp_path, 10, 16, 1.0, 3)
     out = tmp_path / "r.json"
-    ten_million.measure(tmp_path, out, n_queries=4, query_tokens=8, rounds=1, keep_masses=[0.9], depths=[50], threads=[1], command="test")
+    ten_million.measure(tmp_path, out, n_queries=4, query_tokens=8, rounds=1, keep_masses=[0.9], depths=[50], threads=[1], command="test",
+                        format_3=True)
     table = json.loads(out.read_text())
     rows = {(r[0], r[3], r[4]): r for r in table["rows"]}
     assert rows["exact", 10, 1][5] == rows["exact", 100, 1][5] == 1.0  # recall against itself
     pruned = rows["pruned 0.9", 10, 1]
     assert 0 < pruned[2] < 1 and 0 <= pruned[5] <= 1
     assert table["details"]["exact_same_on_every_thread_count"] is True
+    assert table["details"]["format_3_same_as_format_5"] is True and rows["exact, format 3", 10, 1][5] == 1.0

@@ -103,7 +103,7 @@ def _recall(got: list, want: list, k: int = 10) -> float:
 
 
 def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds: int, keep_masses: list[float], depths: list[int],
-            threads: list[int], command: str) -> None:
+            threads: list[int], command: str, format_3: bool = False) -> None:
     from benchmarks.tables import write_table
     from indexer.inverted_index import InvertedIndex
     from indexer.query_pruning import prune_query, rescore
@@ -139,6 +139,17 @@ def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds:
             print(rows[-1], file=sys.stderr, flush=True)
     same = all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for th in threads for a, b in zip(exact[10, th], exact[10, threads[0]]))
     details["exact_same_on_every_thread_count"] = same
+    if format_3:  # the same postings with int32 doc numbers (decoded into memory), the same queries
+        plain = InvertedIndex(index.indptr, index.doc_numbers(), index.weights, n_docs, index.scale, index.offset)
+        for th in threads:
+            numba.set_num_threads(th)
+            got, secs = _timed(lambda t, w: plain.search(t, w, 10), queries, rounds)
+            rows.append(["exact, format 3", "–", 1.0, 10, th, _recall(got, exact[10, threads[0]]), round(1000 * np.percentile(secs, 50), 2),
+                         round(1000 * np.percentile(secs, 99), 2)])
+            details.setdefault("format_3_same_as_format_5", True)
+            details["format_3_same_as_format_5"] &= all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(got, exact[10, th]))
+            print(rows[-1], file=sys.stderr, flush=True)
+        del plain
     numba.set_num_threads(all_threads)
     for keep in keep_masses:
         pruned = [prune_query(t, w, keep) for t, w in queries]
@@ -170,7 +181,8 @@ def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds:
         f"(median {int(np.median(postings)):,} postings a query, {np.median(postings) / n_docs:.2f} a document), through InvertedIndex.search "
         "(ranges in parallel from 65,536 postings on). 'pruned m': the fewest highest-weight query tokens covering m of the query's weight, "
         "searched to the given depth, then rescored exactly with the dropped tokens (indexer.query_pruning.rescore) and cut to 10; "
-        "'postings kept': the pruned queries' share of the exact ones'. recall@k: share of the exact top-k (one thread) found. "
+        "'exact, format 3': the same postings with their doc numbers decoded to int32 in memory (format 3, split into L2-sized ranges "
+        "where a query reads 65,536 postings or more). 'postings kept': the pruned queries' share of the exact ones'. recall@k: share of the exact top-k (one thread) found. "
         f"Times: each query's fastest of {rounds} passes; p50 and p99 over the queries. Resident memory after the warm read: "
         f"{rss_warm.get('VmRSS', 0) / 2**30:.1f} GiB (the memory map counts once read). Numba {numba.threading_layer()} layer.",
         ["search", "depth", "postings kept", "k", "threads", "recall@k vs exact", "p50 ms", "p99 ms"],
@@ -197,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--keep-mass", default="0.99,0.98,0.95,0.9")
     m.add_argument("--depth", default="100,1000", help="pruned search depths rescored")
     m.add_argument("--threads", default="1,2")
+    m.add_argument("--format-3", action="store_true", help="also search the postings with int32 doc numbers (decoded into memory: 4 bytes a posting)")
     args = p.parse_args(argv)
     if args.cmd == "build":
         info = build(args.out, args.docs, args.top_k, args.zipf_s, args.seed)
@@ -204,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = "python -m benchmarks.studies.ten_million " + " ".join(argv if argv is not None else sys.argv[1:])
     measure(args.out, args.results, args.queries, args.query_tokens, args.rounds, [float(x) for x in args.keep_mass.split(",")],
-            [int(x) for x in args.depth.split(",")], [int(x) for x in args.threads.split(",")], command)
+            [int(x) for x in args.depth.split(",")], [int(x) for x in args.threads.split(",")], command, args.format_3)
     print(f"wrote {args.results}", file=sys.stderr)
     return 0
 
