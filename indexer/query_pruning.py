@@ -164,6 +164,26 @@ def rescore(
     return docs[order], exact[order]
 
 
+def pruned_search(index: InvertedIndex, tokens: np.ndarray, weights: np.ndarray, k: int = 10, keep_mass: float = 0.95, depth: int = 100,
+                  list_max: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` (doc numbers, scores) of a query searched pruned: its fewest highest-value tokens
+    covering ``keep_mass`` of its value (:func:`prune_query`) searched to ``depth`` (at least ``k``),
+    those candidates rescored exactly with the dropped tokens (:func:`rescore`), best first. Not exact:
+    a document the kept tokens leave below ``depth`` is lost (measured as recall against the exact
+    search: benchmarks/results/scale/ten-million.json, benchmarks/results/query-pruning/). ``keep_mass`` 1: the exact search."""
+    tokens = np.asarray(tokens, np.int64)
+    weights = np.asarray(weights, np.float32)
+    if check_keep_mass(keep_mass) >= 1.0:
+        return index.search(tokens, weights, k)
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 1:
+        raise ValueError(f"depth must be a positive integer, not {depth!r}")
+    keep = kept_positions(token_values(tokens, weights, list_max), keep_mass)
+    dropped = np.ones(tokens.shape[0], bool)
+    dropped[keep] = False
+    docs, scores = index.search(tokens[keep], weights[keep], max(int(depth), k))
+    return rescore(index, docs, scores, tokens[dropped], weights[dropped], k)
+
+
 @nb.njit(cache=True)
 def _add_dropped(indptr, docs, weights, scale, offset, cands, tokens, q_weights, scores):
     """``scores[i] += q_weight * doc weight`` for each token of ``tokens`` that document ``cands[i]``

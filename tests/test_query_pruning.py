@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from indexer.inverted_index import InvertedIndex
-from indexer.query_pruning import kept_positions, list_max_weights, prune_query, rescore, token_values
+from indexer.query_pruning import kept_positions, list_max_weights, prune_query, pruned_search, rescore, token_values
 
 VOCAB = 60
 
@@ -202,3 +202,26 @@ def test_rescore_with_nothing_dropped_reorders_nothing():
     padded = np.concatenate([docs, [-1, -1]]), np.concatenate([scores, [-np.inf, -np.inf]]).astype(np.float32)
     got_docs, got_scores = rescore(index, *padded, np.zeros(0, np.int64), np.zeros(0, np.float32), 10)
     assert np.array_equal(got_docs, docs[:10]) and np.array_equal(got_scores, scores[:10])
+
+
+@pytest.mark.parametrize("kind", ["float32", "ranged"])
+def test_pruned_search_is_prune_then_search_then_rescore(kind):
+    index = tiny_index(seed=7)
+    index = index if kind == "float32" else index.quantise().split_ranges()
+    for seed in range(6):
+        tokens, weights = random_query(seed)
+        # keep_mass 1: the exact search itself
+        assert all(np.array_equal(a, b) for a, b in zip(pruned_search(index, tokens, weights, 10, 1.0), index.search(tokens, weights, 10)))
+        keep = kept_positions(token_values(tokens, weights), 0.7)
+        dropped = np.setdiff1d(np.arange(len(tokens)), keep)
+        docs, scores = index.search(tokens[keep], weights[keep], 30)
+        want = rescore(index, docs, scores, tokens[dropped], weights[dropped], 10)
+        got = pruned_search(index, tokens, weights, 10, 0.7, depth=30)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        # searched to the whole index, the candidates hold the exact top 10 (every matched document)
+        exact = index.search(tokens, weights, 10)
+        deep = pruned_search(index, tokens, weights, 10, 0.7, depth=index.n_docs)
+        assert np.allclose(deep[1], exact[1], rtol=1e-5, atol=1e-4)
+    for depth in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="depth"):
+            pruned_search(index, tokens, weights, 10, 0.7, depth=depth)

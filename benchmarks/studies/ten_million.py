@@ -106,7 +106,7 @@ def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds:
             threads: list[int], command: str, format_3: bool = False) -> None:
     from benchmarks.tables import write_table
     from indexer.inverted_index import InvertedIndex
-    from indexer.query_pruning import prune_query, rescore
+    from indexer.query_pruning import prune_query, pruned_search
 
     index_dir = out / "index"
     info = json.loads((index_dir / BUILD).read_text())
@@ -152,19 +152,9 @@ def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds:
         del plain
     numba.set_num_threads(all_threads)
     for keep in keep_masses:
-        pruned = [prune_query(t, w, keep) for t, w in queries]
-        dropped = []
-        for (t, w), (pt, _) in zip(queries, pruned):
-            gone = ~np.isin(t, pt)
-            dropped.append((t[gone], w[gone]))
-        kept = float(np.mean([int(df[pt].sum()) / max(1, p) for (pt, _), p in zip(pruned, postings)]))
+        kept = float(np.mean([int(df[prune_query(t, w, keep)[0]].sum()) / max(1, p) for (t, w), p in zip(queries, postings)]))
         for depth in depths:
-            def run(i, depth=depth, pruned=pruned, dropped=dropped):
-                pt, pw = pruned[i]
-                d, s = index.search(pt, pw, depth)
-                return rescore(index, d, s, dropped[i][0], dropped[i][1], 10)
-
-            got, secs = _timed(run, [(i,) for i in range(len(queries))], rounds)
+            got, secs = _timed(lambda t, w, keep=keep, depth=depth: pruned_search(index, t, w, 10, keep, depth), queries, rounds)
             rows.append([f"pruned {keep}", depth, round(kept, 3), 10, all_threads, _recall(got, exact[10, threads[0]]),
                          round(1000 * np.percentile(secs, 50), 2), round(1000 * np.percentile(secs, 99), 2)])
             print(rows[-1], file=sys.stderr, flush=True)
