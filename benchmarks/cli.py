@@ -178,9 +178,11 @@ def _run(args: argparse.Namespace, command: str) -> int:
         query_encoder=args.query_encoder,
         profile=args.profile,
         feedback=args.feedback,
+        sparse_pruning=args.sparse_pruning,
     )
     extra = {"quick": args.quick, "split": args.split, "seed": args.seed if args.quick else None, "systems": names, "segments": args.segments,
-             "query_encoder": args.query_encoder, "profile": args.profile, "feedback": args.feedback.to_dict() if args.feedback else None}
+             "query_encoder": args.query_encoder, "profile": args.profile, "feedback": args.feedback.to_dict() if args.feedback else None,
+             "sparse_pruning": args.sparse_pruning.to_dict() if args.sparse_pruning else None}
     if args.fusion_from:
         extra["fusion_from"] = str(args.fusion_from)
     try:

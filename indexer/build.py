@@ -10,6 +10,7 @@ that loads as an index; the shards are removed once it is in place.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -37,14 +38,14 @@ from indexer.channels import (
     WriteContext,
 )
 from indexer.channels import spec as channel_spec
-from indexer.compact import compact_dense_kind, impacts_record, quantise_channel_files
+from indexer.compact import compact_dense_kind, compact_format, encode_doc_ids, impacts_record, quantise_channel_files
 from indexer.corpus import CorpusSpec, Document
 from indexer.dense import ENCODER_NAME
 from indexer.diskspace import NoSpaceError, write_bytes
 from indexer.generations import build_lock, publish_staged, rename_exchange, stage
 from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
-from indexer.manifest import COMPACT_FORMAT_VERSION, DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
+from indexer.manifest import DOC_IDS, FORMAT_VERSION, MANIFEST, SEGMENTS_FORMAT_VERSION, Manifest
 from indexer.ray_workers import RayOptions
 from indexer.shard_encoder import EmbedderSpec, ShardPlan, chunks, encode_shard
 from indexer.shards import ShardStore, commit_shard, corpus_identity, read_shard
@@ -103,7 +104,9 @@ class BuildPlan:
     the aligned-token channel is always built); ``shards``: the committed shards' plan (K, documents
     per shard, segment windows; whether the LLM states are kept follows from the channels);
     ``executor``: who encodes them. ``dense_kind``: the FAISS kind of every dense channel (a compact
-    build turns the default Flat into SQ8); ``compact``: 8-bit impacts (indexer/compact.py)."""
+    build turns the default Flat into SQ8); ``compact``: 8-bit impacts (indexer/compact.py);
+    ``doc_ids``: how a compact build stores the postings' doc numbers (None: int32, format 3;
+    ``bitpacked-128``: format 4; ``range16-65536``: format 5)."""
 
     channels: Mapping[str, Any]
     shards: ShardPlan
@@ -111,12 +114,13 @@ class BuildPlan:
     dense_kind: str = "Flat"
     compact: bool = False
     progress: bool = True
+    doc_ids: str | None = None
 
     @classmethod
     def make(
         cls, channels: Mapping[str, Any], embedder: Embedder, top_k: int = DEFAULT_TOP_K, shard_size: int = DEFAULT_SHARD_SIZE,
         segments: bool = False, max_segments: int | None = None, executor: Executor = Executor(), dense_kind: str = "Flat",
-        compact: bool = False, progress: bool = True,
+        compact: bool = False, progress: bool = True, doc_ids: str | None = None,
     ) -> BuildPlan:
         """A plan checked and completed: channels named any way the table knows them, in table
         order, sparse included; K capped at the vocabulary; the dense kind of a compact build."""
@@ -128,12 +132,15 @@ class BuildPlan:
             raise ValueError("workers must be >= 1, and workers > 1 or ray need embedder_spec (how each worker loads the embedder)")
         if max_segments is not None and max_segments < 1:
             raise ValueError(f"max_segments must be positive, not {max_segments}")
+        compact_format(doc_ids)  # a known encoding, or ValueError
+        if doc_ids is not None and not compact:
+            raise ValueError("encoded doc numbers (doc_ids) go with a compact index (8-bit impacts)")
         named = {channel_spec(name).mode: setting for name, setting in channels.items()}
         chosen = {s.mode: named.get(s.mode, True) for s in CHANNEL_SPECS if s.required or s.mode in named}
         keep = any(LLM_EMBEDDINGS in s.build_needs for s in CHANNEL_SPECS if s.mode in chosen)
         windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
         shards = ShardPlan(min(top_k, embedder.vocab_size), keep, shard_size, windows)
-        return cls(chosen, shards, executor, compact_dense_kind(dense_kind, compact), compact, progress)
+        return cls(chosen, shards, executor, compact_dense_kind(dense_kind, compact), compact, progress, doc_ids)
 
     @property
     def specs(self) -> tuple[ChannelSpec, ...]:
@@ -168,6 +175,7 @@ def build_index(
     ray: RayOptions | None = None,
     compact: bool = False,
     channels: Mapping[str, Any] | None = None,
+    doc_ids: str | None = None,
 ) -> Manifest:
     """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written. The
     keyword form of :func:`build` (a :class:`BuildPlan` made from these arguments).
@@ -198,13 +206,15 @@ def build_index(
     ``compact``: a compact index (indexer/compact.py, format 3): 8-bit impacts in the postings
     and BM25, and the dense channels as :data:`indexer.compact.COMPACT_DENSE_KIND` where
     ``dense_kind`` is the default Flat. The shards are those of a plain build (same resume key).
+    ``doc_ids`` (compact only): the postings' doc numbers bit-packed (``"bitpacked-128"``, format 4)
+    or range-blocked (``"range16-65536"``, format 5: what fits ten million documents in RAM); None: int32.
     """
     options = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical or None, "encoder": encoder,
                "encoder2": encoder2}  # None: not built
     chosen = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.option in options and options[s.option] is not None}
     chosen |= {channel_spec(name).mode: setting for name, setting in (channels or {}).items()}
     plan = BuildPlan.make(chosen, embedder, top_k, chunk_size, segments, max_segments, Executor(workers, embedder_spec, ray), dense_kind,
-                          compact, progress)
+                          compact, progress, doc_ids)
     return build(corpus, index_dir, embedder, plan, overwrite)
 
 
@@ -415,7 +425,7 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
             "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum()),
             "sparse": "max over segments", "dense": "one vector per segment, document = best segment",
         }
-    quantise = _quantise if plan.compact else None
+    quantise = functools.partial(_compact_channel, doc_ids=plan.doc_ids, n_docs=len(ids)) if plan.compact else None
     writers = {
         s.mode: s.writer(WriteContext(out, embedder, plan.channels[s.mode], arrays, plan.shards.k, plan.dense_kind, row_doc, quantise))
         for s in plan.specs
@@ -451,7 +461,7 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
         **{s.manifest_key: records.get(s.manifest_key) for s in CHANNEL_SPECS},
         segments=segments_info,
         documents=stored_info,
-        format_version=COMPACT_FORMAT_VERSION if plan.compact else SEGMENTS_FORMAT_VERSION if plan.shards.windows is not None else FORMAT_VERSION,
+        format_version=compact_format(plan.doc_ids) if plan.compact else SEGMENTS_FORMAT_VERSION if plan.shards.windows is not None else FORMAT_VERSION,
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),
@@ -476,11 +486,11 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
     return manifest
 
 
-def _quantise(directory: Path) -> dict:
-    """A compact build's 8-bit impacts for the postings saved in ``directory``: what the
-    channel's manifest record gains."""
+def _compact_channel(directory: Path, doc_ids: str | None, n_docs: int) -> dict:
+    """A compact build's 8-bit impacts for the postings saved in ``directory``, and their doc
+    numbers encoded as ``doc_ids`` says: what the channel's manifest record gains."""
     quantise_channel_files(directory)
-    return impacts_record()
+    return impacts_record() | encode_doc_ids(directory, doc_ids, n_docs)
 
 
 def _feeding(channels: list[ChannelWriter], docs: Iterable[Document]) -> Iterator[Document]:

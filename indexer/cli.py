@@ -12,7 +12,7 @@ from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
 from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
-from indexer.compact import DEFAULT_COMPACT
+from indexer.compact import DEFAULT_COMPACT, DOC_ID_ENCODINGS
 from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
 from indexer.ray_workers import DEFAULT_CONNECT_TIMEOUT_S, RayOptions, RayUnavailable, import_ray
@@ -43,6 +43,12 @@ def parser() -> argparse.ArgumentParser:
         "postings, and the dense channels (LLM and encoder) as FAISS SQ8 unless --dense-kind names another kind; measured "
         "within 0.003 nDCG@10 of float32 (docs/how-it-works.md). --no-compact: float32 postings and Flat vectors "
         "(format 1, the exact reference, read by every version)",
+    )
+    p.add_argument(
+        "--doc-ids", choices=sorted(DOC_ID_ENCODINGS), default="int32",
+        help="how a compact index stores its postings' doc numbers: int32 (format 3, the default), bitpacked (deltas "
+        "bit-packed in blocks of 128, ~1 byte each, format 4) or range16 (16-bit offsets within ranges of 65,536 documents, "
+        "2 bytes each and as fast as int32, format 5: what fits 10M documents in 24 GB; docs/backends-and-scale.md)",
     )
     p.add_argument("--embedfilter", type=int, metavar="TAU", help="also store EmbedFilter dense vectors (d // TAU dims)")
     p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         m = build_index(
             spec, args.index, embedder, args.top_k, dense_kind=args.dense_kind, overwrite=args.overwrite, progress=not args.quiet,
             chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec, segments=args.segments,
-            max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of,
+            max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of, doc_ids=DOC_ID_ENCODINGS[args.doc_ids],
         )
     except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed, RayUnavailable) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)

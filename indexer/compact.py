@@ -107,6 +107,17 @@ def range_channel_files(directory: Path, n_docs: int) -> dict:
     return {"doc_ids": RANGE_DOC_IDS}
 
 
+DOC_ID_ENCODINGS = {"int32": None, "bitpacked": BITPACKED_DOC_IDS, "range16": RANGE_DOC_IDS}  # build-index --doc-ids
+_FORMATS = {None: COMPACT_FORMAT_VERSION, BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION}
+
+
+def compact_format(doc_ids: str | None) -> int:
+    """The format of a compact index whose doc numbers are stored as ``doc_ids`` names them (None: int32)."""
+    if doc_ids not in _FORMATS:
+        raise ValueError(f"doc_ids must be one of {sorted(k for k in _FORMATS if k)} or None (int32), not {doc_ids!r}")
+    return _FORMATS[doc_ids]
+
+
 def encode_doc_ids(directory: Path, doc_ids: str | None, n_docs: int) -> dict:
     """Saved postings' doc numbers as a manifest record names them (``None``: int32, left as
     they are); returns what the record gains."""

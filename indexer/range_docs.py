@@ -206,14 +206,14 @@ class RangeDocs:
     low: np.ndarray  # uint16 (nnz,)
 
     @classmethod
-    def split(cls, indptr: np.ndarray, docs: np.ndarray, n_docs: int) -> RangeDocs:
-        """Cut ``docs`` (ascending within each list of ``indptr``, as the index stores them)."""
+    def split(cls, indptr: np.ndarray, docs: np.ndarray, n_docs: int, low: np.ndarray | None = None) -> RangeDocs:
+        """Cut ``docs`` (ascending within each list of ``indptr``, as the index stores them);
+        ``low``: where the 16-bit offsets go (a memory map, say), else a new array."""
         indptr = np.asarray(indptr, np.int64)
-        docs = np.asarray(docs, np.int32)
-        if int(indptr[-1]) and (int(docs.min()) < 0 or int(docs.max()) >= n_docs):
+        if int(indptr[-1]) and (int(np.min(docs)) < 0 or int(np.max(docs)) >= n_docs):
             raise ValueError(f"doc numbers outside 0..{n_docs - 1}")
         starts = np.zeros((indptr.shape[0] - 1, n_ranges(n_docs) + 1), np.uint32)
-        low = np.empty(docs.shape[0], np.uint16)
+        low = np.empty(docs.shape[0], np.uint16) if low is None else low
         _split(indptr, docs, starts, low)
         return cls(starts, low)
 
@@ -265,12 +265,19 @@ class RangeDocs:
 
 
 def split_saved(directory: Path, n_docs: int) -> None:
-    """Turn a saved ``postings_docs.npy`` (beside its ``postings_indptr.npy``) into the range files, and remove it."""
+    """Turn a saved ``postings_docs.npy`` (beside its ``postings_indptr.npy``) into the range files, and
+    remove it. Both doc-number files are memory-mapped: memory is the range table, whatever the size."""
+    from indexer.diskspace import allocate_npy
+
     directory = Path(directory)
     indptr = load_npy(directory / "postings_indptr.npy", "int64", 1, mmap=False)
     docs = load_npy(directory / "postings_docs.npy", "int32", 1, mmap=True)
-    RangeDocs.split(indptr, docs, n_docs).save(directory)
-    del docs
+    low = allocate_npy(directory / "postings_low.npy", np.uint16, (docs.shape[0],))
+    out = RangeDocs.split(indptr, docs, n_docs, low)
+    if isinstance(low, np.memmap):
+        low.flush()
+    save_npy(directory / "postings_rangestart.npy", out.starts)
+    del docs, low, out
     (directory / "postings_docs.npy").unlink()
 
 

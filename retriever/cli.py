@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             retriever = Retriever.load(
                 args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify,
                 dtype=args.dtype, runtime=args.runtime, backend=args.backend, lucene_index=args.lucene_index, milvus_uri=args.milvus_uri,
-                milvus_collection=args.milvus_collection, query_encoder=args.query_encoder, profile=args.profile, feedback=args.feedback, **extra
+                milvus_collection=args.milvus_collection, query_encoder=args.query_encoder, profile=args.profile, feedback=args.feedback,
+                sparse_pruning=args.sparse_pruning, **extra
             )
             mode = args.mode or retriever.default_mode
             if args.mode is None and mode != "hybrid":  # an index without channels to fuse: say what was chosen

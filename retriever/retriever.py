@@ -50,6 +50,7 @@ from retriever.fusion import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Fusion
 from retriever.hit import Hit
 from retriever.hybrid import FUSION_DEPTH, HybridSearch
 from retriever.profiles import DEFAULT_PROFILE, Profile, fit_profile, get_profile
+from retriever.pruning import SparsePruning
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
 from retriever.query_encoding import DEFAULT_QUERY_WEIGHTING, QUERY_WEIGHTINGS, QueryEncoding, check_query_weighting
@@ -113,6 +114,7 @@ class Retriever:
         query_cache_size: int = DEFAULT_QUERY_CACHE_SIZE,
         feedback: Feedback | None = None,
         profile: str | Profile | None = None,
+        sparse_pruning: SparsePruning | None = None,
     ) -> None:
         """``backend``: who answers the channels (retriever/backends/__init__.py): "numba" (this
         index's own files), "lucene" (sparse search goes to the Pyserini/Lucene impact export at
@@ -142,7 +144,9 @@ class Retriever:
         other channels (retriever/feedback.py); None: no feedback.
         ``profile``: an operating point (retriever/profiles.py: "fast" or "best"); it gives
         ``query_encoder`` and ``fusion`` where they are not given. None: ``query_encoder`` "llm"
-        and the fusion above."""
+        and the fusion above.
+        ``sparse_pruning``: search the aligned-token channel pruned (retriever/pruning.py: a
+        :class:`SparsePruning`, numba backend only): faster on large indexes, not exact. None: exact."""
         check_query_weighting(query_weighting)
         if channels is None or doc_ids is None:
             opened = open_index(index_dir, mmap=mmap)
@@ -162,9 +166,11 @@ class Retriever:
         for s in CHANNEL_SPECS:
             setattr(self, s.attribute, channels[s.mode] if s.required else channels.get(s.mode))
         self.backend = backend  # its name, as recorded in benchmark results
+        self.sparse_pruning = _pruning(sparse_pruning)
         self.engine: Backend = open_backend(
             backend, self.index_dir, manifest, channels, lucene_index=lucene_index, milvus_uri=milvus_uri,
             milvus_collection=milvus_collection, milvus_search_params=milvus_search_params,
+            sparse_pruning=self.sparse_pruning,
         )
         df = np.diff(np.asarray(self.sparse.indptr))
         # smoothed IDF of each token among the documents' aligned tokens
@@ -649,3 +655,14 @@ def _utf8_safe(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def _pruning(setting: object) -> SparsePruning | None:
+    """``sparse_pruning`` as a SparsePruning (a "KEEP,DEPTH" string or a (keep, depth) pair is read as one), or None."""
+    if setting is None or isinstance(setting, SparsePruning):
+        return setting
+    if isinstance(setting, str):
+        return SparsePruning.parse(setting)
+    if isinstance(setting, (tuple, list)) and len(setting) == 2:
+        return SparsePruning(*setting)
+    raise TypeError(f"sparse_pruning must be a retriever.pruning.SparsePruning, 'KEEP,DEPTH' or (keep, depth), got {setting!r}")

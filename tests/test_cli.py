@@ -88,6 +88,17 @@ def test_build_index_is_compact_unless_no_compact(toy_corpus, tiny_model_dir, tm
     assert not m.compact and m.format_version == FORMAT_VERSION and m.dense["kind"] == "Flat" and "impacts" not in m.sparse
 
 
+def test_build_index_doc_ids(toy_corpus, tiny_model_dir, tmp_path, capsys):
+    from indexer.manifest import PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION
+
+    for flag, version, attr in (("range16", RANGE_FORMAT_VERSION, "ranged"), ("bitpacked", PACKED_FORMAT_VERSION, "packed")):
+        assert build(toy_corpus, tmp_path / flag, tiny_model_dir, "--doc-ids", flag) == 0
+        m = Manifest.read(tmp_path / flag)
+        assert m.compact and m.format_version == version and getattr(m, attr)
+    assert build(toy_corpus, tmp_path / "bad", tiny_model_dir, "--doc-ids", "range16", "--no-compact") == 2
+    assert "compact" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags, channels", [
     (["--channels", "sparse"], ["sparse"]),
     (["--channels", "bm25,dense"], ["sparse", "dense", "bm25"]),

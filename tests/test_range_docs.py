@@ -263,3 +263,26 @@ def test_a_reader_of_formats_1_to_4_refuses_a_ranged_index(indexes, monkeypatch)
     with pytest.raises(IndexFormatError, match="index format 5"):
         Manifest.read((indexes[0] / "ranged").resolve())
     Manifest.read((indexes[0] / "compact").resolve())
+
+
+def test_a_compact_build_writes_format_5_as_the_compact_copy_does(indexes, tiny_tokenizer, tmp_path):
+    from conftest import build_tiny_model, save_tiny_sentence_encoder, tiny_identity, toy_docs, write_corpus
+
+    from embedder.encoder import Embedder, EmbedderConfig
+    from embedder.sentence_encoder import SentenceEncoder
+    from indexer.build import build_index
+
+    root, _ = indexes
+    embedder = Embedder(build_tiny_model(tiny_tokenizer, 0), tiny_tokenizer, EmbedderConfig(max_length=64, batch_size=4), identity=tiny_identity(0))
+    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path / "tiny-st", seed=0))
+    corpus = write_corpus(tmp_path / "c", toy_docs(40, seed=3), "beir")
+    m = build_index(corpus, tmp_path / "built", embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False, compact=True,
+                    doc_ids=RANGE_DOC_IDS)
+    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.lexical["doc_ids"] == RANGE_DOC_IDS
+    built, copied = (tmp_path / "built").resolve(), (root / "ranged").resolve()
+    for rel in ("postings_low.npy", "postings_rangestart.npy", "postings_weights.npy", "lexical/postings_low.npy"):
+        assert (built / rel).read_bytes() == (copied / rel).read_bytes(), rel
+    with pytest.raises(ValueError, match="compact"):
+        build_index(corpus, tmp_path / "plain5", embedder, top_k=16, progress=False, doc_ids=RANGE_DOC_IDS)
+    with pytest.raises(ValueError, match="doc_ids"):
+        build_index(corpus, tmp_path / "bad", embedder, top_k=16, progress=False, compact=True, doc_ids="vbyte")

@@ -53,6 +53,7 @@ class Settings:
     query_encoder: str | None = None
     profile: str = "auto"  # the operating point of the `default` system (retriever/profiles.py; auto = fast)
     feedback: Any = None  # the hybrid's first-pass feedback (retriever.feedback.Feedback; None: none)
+    sparse_pruning: Any = None  # the aligned-token channel searched pruned (retriever.pruning.SparsePruning; None: exact)
 
 
 @dataclass

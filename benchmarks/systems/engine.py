@@ -111,6 +111,8 @@ class AlignedTokensEngine:
                 p[attr] = getattr(r, attr)
         if getattr(r, "feedback", None) is not None:
             p["feedback"] = r.feedback.to_dict()
+        if getattr(r, "sparse_pruning", None) is not None:
+            p["sparse_pruning"] = r.sparse_pruning.to_dict()
         student = getattr(r, "student", None)
         if student is not None:  # where the distilled head ran: its precision changes its timings
             p["query_encoder_runtime"] = student.runtime_reason
@@ -145,7 +147,8 @@ class AlignedTokensEngine:
         extra = self.models
         # no query cache: every query is encoded (and timed) as a first query would be
         self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, query_encoder=self.settings.query_encoder or "auto",
-                                   query_cache_size=0, feedback=self.settings.feedback, **extra)
+                                   query_cache_size=0, feedback=self.settings.feedback,
+                                   sparse_pruning=self.settings.sparse_pruning, **extra)
         self.dataset = ds.name
         self._encoded.clear()
         self._retrievers.clear()
@@ -179,7 +182,7 @@ class AlignedTokensEngine:
             run_encoder = r.student or ("none" if r.model_free else "llm")
             self._retrievers[key] = Retriever(r.index_dir, r.manifest, self.embedder, expansion_m=self.expansion_m, fusion=fusion,
                                               query_encoder=query_encoder or run_encoder, query_cache_size=0,
-                                              feedback=r.feedback, **extra)
+                                              feedback=r.feedback, sparse_pruning=r.sparse_pruning, **extra)
         return self._retrievers[key]
 
     def forget_encodings(self) -> None:

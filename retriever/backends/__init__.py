@@ -58,9 +58,9 @@ def open_backend(name: str, index_dir: Path, manifest: Manifest, channels: dict[
     """
     from retriever.backends.local import LocalBackend
 
-    local = LocalBackend(channels)
     given = {k for k, v in options.items() if v is not None}
-    wanted = {"numba": set(), "lucene": {"lucene_index"}, "milvus": {"milvus_uri", "milvus_collection", "milvus_search_params"}}
+    local = LocalBackend(channels, options.get("sparse_pruning") if name == "numba" else None)
+    wanted = {"numba": {"sparse_pruning"}, "lucene": {"lucene_index"}, "milvus": {"milvus_uri", "milvus_collection", "milvus_search_params"}}
     if name not in wanted:
         raise ValueError(f"backend must be one of {BACKENDS}, not {name!r}")
     if given - wanted[name]:

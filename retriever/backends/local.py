@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 
 from indexer.channels import of_kind
+from indexer.query_pruning import pruned_search
 
 
 class LocalBackend:
@@ -13,8 +14,11 @@ class LocalBackend:
 
     name = "numba"
 
-    def __init__(self, channels: dict[str, Any]) -> None:
+    def __init__(self, channels: dict[str, Any], sparse_pruning: Any = None) -> None:
+        """``sparse_pruning``: a retriever.pruning.SparsePruning; the aligned-token channel is then
+        searched pruned (indexer.query_pruning.pruned_search), else exactly."""
         self.channels = channels
+        self.sparse_pruning = sparse_pruning
 
     def _postings(self, channel: str):
         """A sparse channel's inverted index: the channel itself (aligned tokens), or the one it
@@ -25,6 +29,9 @@ class LocalBackend:
         return getattr(opened, "postings", opened)
 
     def search_sparse(self, channel: str, ids: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if channel == "sparse" and self.sparse_pruning is not None:
+            p = self.sparse_pruning
+            return pruned_search(self._postings(channel), ids, weights, k, p.keep_mass, p.depth)
         return self._postings(channel).search(ids, weights, k)
 
     def search_dense(self, channel: str, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         def load(**models) -> Retriever:
             with quiet_libraries():
                 return Retriever.load(args.index, dtype=args.dtype, runtime=args.runtime, query_encoder=args.query_encoder,
-                                      profile=args.profile, feedback=args.feedback, **models)
+                                      profile=args.profile, feedback=args.feedback,
+                                      sparse_pruning=args.sparse_pruning, **models)
 
         def documents_for(r: Retriever) -> tuple[Documents | None, str]:
             return Documents.for_index(args.index, r.manifest, r.doc_ids, args.corpus)
