@@ -15,7 +15,8 @@ and the search is split by range anyway (indexer/kernels.py: a range's accumulat
 bytes, stay in a core's L2 cache), so the table that cuts each list by range is the split's binary
 searches done once, at build. Format 4 is smaller (about 1 byte a doc number on aligned-token lists)
 but about twice as slow a posting; format 5 is the one that fits ten million synthetic 512-token
-documents in 24 GB (3 bytes a posting with the impact code: 15.4 GB) and is as fast as format 3.
+documents in 24 GB (3 bytes a posting with the impact code: 15.4 GB), and it scans 1.4x faster than
+format 3 (a million synthetic documents: benchmarks/results/scale/one-million-format-5.json).
 
 Search (:func:`search`): every range is scored into accumulators of its own (the two ways of
 indexer/kernels.py: a touched list or one pass, chosen for the whole query) and keeps its top k;
@@ -101,8 +102,8 @@ def _first_bad(indptr, starts, low, n_docs):
 @nb.njit(cache=True, inline="always")
 def _score_range(indptr, starts, low, codes, scale, offset, q_tokens, q_weights, n_docs, k, r, whole, room, positive):
     """The top k (doc numbers, scores) of range ``r``'s documents. ``positive`` (with ``whole``):
-    every posting adds a positive amount, so no flag is kept (measured ~10% faster a posting, 1M
-    synthetic documents, 80-token queries)."""
+    every posting adds a positive amount, so no flag is kept (~10% faster a posting in a scratch
+    trial on 1M synthetic documents, 80-token queries; not a study)."""
     lo = np.int64(r) << RANGE_BITS
     size = min(RANGE, n_docs - lo)
     scores = np.zeros(size, dtype=np.float32)
