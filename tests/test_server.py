@@ -58,7 +58,7 @@ def test_healthz_and_info(client, served):
     assert info["default_mode"] == "hybrid" and info["fusion"] == retriever.fusion
     assert info["model"]["name"] == "tiny-0" and info["limits"]["max_k"] == 50 and info["limits"]["auth"] is False
     assert info["runtime"]["queries"] is not None and "snippets from" in info["snippets"]
-    assert info["query_encoder"] == retriever.query_encoder and info["feedback"] is None
+    assert info["query_encoder"] == retriever.query_encoder and info["feedback"] is None and info["sparse_pruning"] is None
     assert info["profile"] == (retriever.profile.name if retriever.profile is not None else None)
     assert client.get("/openapi.json").json()["paths"].keys() >= {"/search", "/search/batch", "/info", "/healthz"}
     assert client.get("/docs").status_code == 200

@@ -69,3 +69,19 @@ def test_the_command_lines_take_it(module, capsys):
     with pytest.raises(SystemExit) as exit_:
         make().parse_args([*first, "--sparse-pruning", "2"])
     assert exit_.value.code == 2 and "keep_mass" in capsys.readouterr().err
+
+
+def test_serve_reports_it(encoder_index, tiny_embedder):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install '.[serve]'")
+    from fastapi.testclient import TestClient
+
+    from retriever.server.app import create_app
+    from retriever.server.config import ServerConfig
+
+    path, encoder = encoder_index
+    r = retriever_over(path, tiny_embedder, encoder, query_encoder="llm", sparse_pruning="0.9,20")
+    with TestClient(create_app(r, ServerConfig(), None, "no documents")) as client:
+        assert client.get("/info").json()["sparse_pruning"] == {"keep_mass": 0.9, "depth": 20}
+        hits = client.post("/search", json={"query": QUERIES[0], "k": 3, "mode": "sparse"}).json()
+    assert [h["id"] for h in hits["hits"]] == [h.doc_id for h in r.search(QUERIES[0], k=3, mode="sparse")]
+    r.close()

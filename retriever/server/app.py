@@ -309,6 +309,7 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             "query_encoder": getattr(r, "query_encoder", None),
             "profile": r.profile.name if getattr(r, "profile", None) is not None else None,
             "feedback": r.feedback.to_dict() if getattr(r, "feedback", None) is not None else None,
+            "sparse_pruning": r.sparse_pruning.to_dict() if getattr(r, "sparse_pruning", None) is not None else None,
             "backend": r.backend, "snippets": served.note, "reload": live.describe(), "batching": batcher.describe(),
             "limits": config.public(), "uptime_s": round(time.time() - started, 1),
         }

@@ -173,6 +173,8 @@ class Info(BaseModel):
     query_encoder: str | None
     profile: str | None
     feedback: dict[str, Any] | None
+    sparse_pruning: dict[str, Any] | None = Field(None, description="the aligned-token channel searched pruned (serve --sparse-pruning): "
+                                                  "keep_mass and depth; null: exact")
     backend: str
     snippets: str
     reload: dict[str, Any] = Field(description="follows_index, poll_s, reloads so far, the last failed load (null: none)")
