@@ -328,7 +328,7 @@ def write_from_shards(shards, vocab_size: int, directory: Path) -> int:
     from indexer.diskspace import allocate_npy
 
     directory = Path(directory)
-    blocks: list[np.ndarray] = []  # counts per (range, token), one array a range as they come
+    counts = np.zeros((1, vocab_size), np.int64)  # postings per (range, token); rows doubled as ranges come
     lo = np.full(vocab_size, np.inf, np.float32)
     hi = np.full(vocab_size, -np.inf, np.float32)
     n_docs = 0
@@ -337,14 +337,11 @@ def write_from_shards(shards, vocab_size: int, directory: Path) -> int:
         if tok.size and (int(tok.min()) < 0 or int(tok.max()) >= vocab_size):
             raise ValueError("token id outside the vocabulary")
         need = n_ranges(n_docs + tok.shape[0])
-        while len(blocks) < need:
-            blocks.append(np.zeros(vocab_size, np.int64))
-        counts = np.stack(blocks[n_docs >> RANGE_BITS : need])
-        _count(tok, np.ascontiguousarray(wts, np.float32), n_docs - ((n_docs >> RANGE_BITS) << RANGE_BITS), counts, lo, hi)
-        for i, r in enumerate(range(n_docs >> RANGE_BITS, need)):
-            blocks[r] = counts[i]
+        if need > counts.shape[0]:
+            counts = np.concatenate([counts, np.zeros((max(need, 2 * counts.shape[0]) - counts.shape[0], vocab_size), np.int64)])
+        _count(tok, np.ascontiguousarray(wts, np.float32), n_docs, counts, lo, hi)
         n_docs += tok.shape[0]
-    counts = np.stack(blocks[: n_ranges(n_docs)]).T if blocks else np.zeros((vocab_size, 1), np.int64)  # (vocab, ranges)
+    counts = counts[: n_ranges(n_docs)].T  # (vocab, ranges)
     starts = np.zeros((vocab_size, counts.shape[1] + 1), np.int64)
     np.cumsum(counts, axis=1, out=starts[:, 1:])
     indptr = np.zeros(vocab_size + 1, np.int64)
