@@ -107,6 +107,20 @@ def scan_whole(indptr, q_tokens, n_docs, whole_from=SCAN_WHOLE_FROM) -> bool:
 
 
 @nb.njit(cache=True)
+def _kept(hs: np.ndarray, hd: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A size-k min-heap whose room not yet taken holds (-inf, -1), heap-sorted in place: its
+    taken entries best first."""
+    for end in range(k - 1, 0, -1):
+        hs[0], hs[end] = hs[end], hs[0]
+        hd[0], hd[end] = hd[end], hd[0]
+        _sift_down(hs, hd, 0, end)
+    n = 0
+    while n < k and hd[n] >= 0:
+        n += 1
+    return hd[:n], hs[:n]
+
+
+@nb.njit(cache=True)
 def _top_k_flagged(scores: np.ndarray, seen: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k best flagged documents, best first, in one ascending pass: a later document that
     ties the worst kept one ranks below it, so a strict comparison keeps the tie-break."""
@@ -122,14 +136,7 @@ def _top_k_flagged(scores: np.ndarray, seen: np.ndarray, k: int) -> tuple[np.nda
             hd[0] = d
             _sift_down(hs, hd, 0, k)
             worst = hs[0]
-    for end in range(k - 1, 0, -1):
-        hs[0], hs[end] = hs[end], hs[0]
-        hd[0], hd[end] = hd[end], hd[0]
-        _sift_down(hs, hd, 0, end)
-    n = 0
-    while n < k and hd[n] >= 0:
-        n += 1
-    return hd[:n], hs[:n]
+    return _kept(hs, hd, k)
 
 
 @nb.njit(cache=True)
@@ -145,14 +152,7 @@ def _top_k_positive(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]
             hd[0] = d
             _sift_down(hs, hd, 0, k)
             bar = max(hs[0], np.float32(0.0))
-    for end in range(k - 1, 0, -1):
-        hs[0], hs[end] = hs[end], hs[0]
-        hd[0], hd[end] = hd[end], hd[0]
-        _sift_down(hs, hd, 0, end)
-    n = 0
-    while n < k and hd[n] >= 0:
-        n += 1
-    return hd[:n], hs[:n]
+    return _kept(hs, hd, k)
 
 
 @nb.njit(cache=True)

@@ -106,20 +106,9 @@ def _score_range(indptr, starts, low, codes, scale, offset, q_tokens, q_weights,
     trial on 1M synthetic documents, 80-token queries; not a study)."""
     lo = np.int64(r) << RANGE_BITS
     size = min(RANGE, n_docs - lo)
+    flags = not (whole and positive)  # loop-invariant: LLVM makes a loop of each case
     scores = np.zeros(size, dtype=np.float32)
-    if whole and positive:
-        for j in range(q_tokens.shape[0]):
-            t = q_tokens[j]
-            if t < 0 or t >= indptr.shape[0] - 1:
-                continue
-            qa = q_weights[j] * scale[t]
-            qb = q_weights[j] * offset[t]
-            base = indptr[t]
-            for p in range(base + starts[t, r], base + starts[t, r + 1]):
-                scores[np.int64(low[p])] += qa * np.float32(codes[p]) + qb
-        top_d, top_s = _top_k_positive(scores, k)
-        return top_d + np.int32(lo), top_s
-    seen = np.zeros(size, dtype=np.bool_)
+    seen = np.zeros(size if flags else 0, dtype=np.bool_)
     touched = np.empty(min(room, size), dtype=np.int32)
     n_touched = 0
     for j in range(q_tokens.shape[0]):
@@ -131,12 +120,13 @@ def _score_range(indptr, starts, low, codes, scale, offset, q_tokens, q_weights,
         base = indptr[t]
         for p in range(base + starts[t, r], base + starts[t, r + 1]):
             d = np.int64(low[p])
-            if not whole and not seen[d]:
-                touched[n_touched] = d
-                n_touched += 1
-            seen[d] = True
+            if flags:
+                if not whole and not seen[d]:
+                    touched[n_touched] = d
+                    n_touched += 1
+                seen[d] = True
             scores[d] += qa * np.float32(codes[p]) + qb
-    top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole)
+    top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole) if flags else _top_k_positive(scores, k)
     return top_d + np.int32(lo), top_s
 
 
