@@ -311,6 +311,21 @@ def save_tiny_sentence_encoder(directory: Path, seed: int = 0) -> Path:
     return out
 
 
+def build_every_channel(root: Path, tokenizer, name: str = "plain", **options):
+    """The tiny model's index (seed 0) of 40 toy documents with sparse, dense, BM25 (words) and a tiny
+    sentence-encoder channel at ``root / name`` (``options``: more build_index keywords, e.g. compact);
+    returns the embedder, for searching it."""
+    from embedder.encoder import Embedder, EmbedderConfig
+    from embedder.sentence_encoder import SentenceEncoder
+    from indexer.build import build_index
+
+    embedder = Embedder(build_tiny_model(tokenizer, 0), tokenizer, EmbedderConfig(max_length=64, batch_size=4), identity=tiny_identity(0))
+    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / f"{name}-st", seed=0))
+    corpus = write_corpus(root / f"{name}-corpus", toy_docs(40, seed=3), "beir")
+    build_index(corpus, root / name, embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False, **options)
+    return embedder
+
+
 @pytest.fixture
 def encoder_index(tmp_path, tiny_embedder, toy_corpus):
     """(path, encoder): a tiny index with sparse, dense, BM25 and a tiny sentence encoder channel."""

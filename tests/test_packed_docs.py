@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import reseal, save_tiny_sentence_encoder, toy_docs, write_corpus
+from conftest import build_every_channel, reseal
 
-from indexer.build import build_index
 from indexer.compact import compact_copy
 from indexer.inverted_index import InvertedIndex, quantise_weights
 from indexer.manifest import (
@@ -173,16 +172,8 @@ QUERIES = ["cat and dog near the river", "computer memory", "game", "a puzzle fo
 def indexes(tmp_path_factory, tiny_tokenizer):
     """A plain tiny index and its compact copies: format 3 (int32 doc numbers) and 4 (packed)."""
     pytest.importorskip("sentence_transformers")
-    from conftest import build_tiny_model, tiny_identity
-
-    from embedder.encoder import Embedder, EmbedderConfig
-    from embedder.sentence_encoder import SentenceEncoder
-
     root = tmp_path_factory.mktemp("packed")
-    embedder = Embedder(build_tiny_model(tiny_tokenizer, 0), tiny_tokenizer, EmbedderConfig(max_length=64, batch_size=4), identity=tiny_identity(0))
-    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / "tiny-st", seed=0))
-    corpus = write_corpus(root / "c", toy_docs(40, seed=3), "beir")
-    build_index(corpus, root / "plain", embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False)
+    embedder = build_every_channel(root, tiny_tokenizer)
     compact_copy(root / "plain", root / "compact")
     m = compact_copy(root / "plain", root / "packed", pack_doc_ids=True)
     assert m.format_version == PACKED_FORMAT_VERSION

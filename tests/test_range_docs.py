@@ -182,18 +182,12 @@ QUERIES = ["the cat sat on the mat", "dogs bark at night", "a quiet river"]
 def indexes(tmp_path_factory, tiny_tokenizer):
     """A plain tiny index and its compact copies: format 3 (int32 doc numbers) and 5 (range-blocked)."""
     pytest.importorskip("sentence_transformers")
-    from conftest import build_tiny_model, save_tiny_sentence_encoder, tiny_identity, toy_docs, write_corpus
+    from conftest import build_every_channel
 
-    from embedder.encoder import Embedder, EmbedderConfig
-    from embedder.sentence_encoder import SentenceEncoder
-    from indexer.build import build_index
     from indexer.compact import compact_copy
 
     root = tmp_path_factory.mktemp("ranged")
-    embedder = Embedder(build_tiny_model(tiny_tokenizer, 0), tiny_tokenizer, EmbedderConfig(max_length=64, batch_size=4), identity=tiny_identity(0))
-    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / "tiny-st", seed=0))
-    corpus = write_corpus(root / "c", toy_docs(40, seed=3), "beir")
-    build_index(corpus, root / "plain", embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False)
+    embedder = build_every_channel(root, tiny_tokenizer)
     compact_copy(root / "plain", root / "compact")
     m = compact_copy(root / "plain", root / "ranged", range_doc_ids=True)
     assert m.format_version == RANGE_FORMAT_VERSION
@@ -266,18 +260,14 @@ def test_a_reader_of_formats_1_to_4_refuses_a_ranged_index(indexes, monkeypatch)
 
 
 def test_a_compact_build_writes_format_5_as_the_compact_copy_does(indexes, tiny_tokenizer, tmp_path):
-    from conftest import build_tiny_model, save_tiny_sentence_encoder, tiny_identity, toy_docs, write_corpus
+    from conftest import build_every_channel, toy_docs, write_corpus
 
-    from embedder.encoder import Embedder, EmbedderConfig
-    from embedder.sentence_encoder import SentenceEncoder
     from indexer.build import build_index
 
     root, _ = indexes
-    embedder = Embedder(build_tiny_model(tiny_tokenizer, 0), tiny_tokenizer, EmbedderConfig(max_length=64, batch_size=4), identity=tiny_identity(0))
-    encoder = SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path / "tiny-st", seed=0))
+    embedder = build_every_channel(tmp_path, tiny_tokenizer, "built", compact=True, doc_ids=RANGE_DOC_IDS)
+    m = Manifest.read(tmp_path / "built")
     corpus = write_corpus(tmp_path / "c", toy_docs(40, seed=3), "beir")
-    m = build_index(corpus, tmp_path / "built", embedder, top_k=16, dense=True, lexical="words", encoder=encoder, progress=False, compact=True,
-                    doc_ids=RANGE_DOC_IDS)
     assert m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.lexical["doc_ids"] == RANGE_DOC_IDS
     built, copied = (tmp_path / "built").resolve(), (root / "ranged").resolve()
     for rel in ("postings_low.npy", "postings_rangestart.npy", "postings_weights.npy", "lexical/postings_low.npy"):
