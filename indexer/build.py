@@ -209,9 +209,9 @@ def build_index(
     most ``max_segments``); its sparse vector is each token's maximum over the windows and the
     dense channels hold one vector per window (a document scores as its best window).
 
-    ``compact``: a compact index (indexer/compact.py, format 3): 8-bit impacts in the postings
-    and BM25, and the dense channels as :data:`indexer.compact.COMPACT_DENSE_KIND` where
-    ``dense_kind`` is the default Flat. The shards are those of a plain build (same resume key).
+    ``compact``: a compact index (indexer/compact.py, format 3 with int32 doc numbers): 8-bit
+    impacts in the postings and BM25, and each dense channel as its compact kind
+    (:func:`indexer.compact.compact_dense_kind`: SQ8, mpnet's SQ6) where ``dense_kind`` is the default Flat. The shards are those of a plain build (same resume key).
     ``doc_ids`` (compact only): the postings' doc numbers bit-packed (``"bitpacked-128"``, format 4)
     or range-blocked (``"range16-65536"``, format 5: what fits ten million documents in RAM); None: int32.
     """

@@ -8,31 +8,31 @@ A compact index holds the same channels as a plain one, smaller:
   the list's [min, max] in 255 steps). The kernels (indexer/kernels.py, ``*_u8``) tabulate
   q_weight * level once per query token, so a search reads a quarter of the weight bytes and
   scores exactly as the float32 kernels on the dequantised weights would;
-- dense channels (LLM dense, EmbedFilter, the sentence encoder): FAISS scalar quantisers
-  (``SQ8``: one byte per dimension, trained per-dimension ranges; ``SQfp16``: two bytes), which
-  give their vectors back (``reconstruct_n``), so updates work as on Flat.
+- dense channels (LLM dense, EmbedFilter, the sentence encoders): FAISS scalar quantisers
+  (``SQ8``: one byte per dimension, trained per-dimension ranges; ``SQ6`` for mpnet's encoder2,
+  :data:`COMPACT_DENSE_KINDS`; ``SQfp16``: two bytes), which give their vectors back
+  (``reconstruct_n``), so updates work as on Flat.
 
 The manifest records ``"impacts": "uint8"`` (and ``"quantisation"``) in ``sparse`` and
-``lexical``, the FAISS kinds in ``dense`` / ``encoder``, and format version 3
-(:data:`indexer.manifest.COMPACT_FORMAT_VERSION`), which older readers refuse rather than
+``lexical``, each dense channel's FAISS kind in its record, and the format version
+(:data:`indexer.manifest.COMPACT_FORMAT_VERSION` and on), which older readers refuse rather than
 misread. Plain indexes are unchanged (format 1, or 2 with segments). Two ways to get one:
-``build_index(..., compact=True)`` (``build-index --compact``), or :func:`compact_copy` of a
-built index (no model runs: the float32 weights and vectors are read back and quantised).
+``build_index(..., compact=True)`` (``build-index``'s default), or :func:`compact_copy` of a
+built index (no model runs: the float32 weights and vectors are read back and quantised; it can
+leave channels out and give each dense channel its own kind).
 The measured quality and size: benchmarks/studies/compact_index.py.
 
-Format 4 (:data:`indexer.manifest.PACKED_FORMAT_VERSION`) adds, to the 8-bit impacts, doc numbers
-delta-coded and bit-packed in blocks of 128 (indexer/packed_docs.py: ``postings_blockfirst``,
-``postings_blockwidth``, ``postings_packed`` in place of ``postings_docs``; lossless, the search
-kernels decode a block at a time); the manifest's ``sparse`` and ``lexical`` record
-``"doc_ids": "bitpacked-128"``. For now only :func:`compact_copy` writes it (``pack_doc_ids``,
-``python -m indexer.compact --pack-doc-ids``); a build's compact index is still format 3.
+The doc numbers of a compact index's postings are stored one of three ways (``doc_ids``;
+``build-index --doc-ids``, :data:`DEFAULT_DOC_IDS` by default):
 
-Format 5 (:data:`indexer.manifest.RANGE_FORMAT_VERSION`) stores the doc numbers instead as 16-bit
-offsets within ranges of 65,536 documents (indexer/range_docs.py: ``postings_rangestart`` and
-``postings_low``; lossless, 2 bytes a doc number, searched range by range, 1.4x faster than format 3
-on a million synthetic documents);
-the records say ``"doc_ids": "range16-65536"``. :func:`compact_copy` writes it with
-``range_doc_ids`` (``--range-doc-ids``).
+- int32 (format 3, :data:`indexer.manifest.COMPACT_FORMAT_VERSION`): ``postings_docs.npy``;
+- bit-packed (format 4, :data:`indexer.manifest.PACKED_FORMAT_VERSION`): delta-coded in blocks of 128
+  (indexer/packed_docs.py: ``postings_blockfirst``, ``postings_blockwidth``, ``postings_packed``;
+  lossless, the kernels decode a block at a time); the records say ``"doc_ids": "bitpacked-128"``;
+- range-blocked (format 5, :data:`indexer.manifest.RANGE_FORMAT_VERSION`, the default): 16-bit offsets
+  within ranges of 65,536 documents (indexer/range_docs.py: ``postings_rangestart`` and
+  ``postings_low``; lossless, 2 bytes a doc number, searched range by range, 1.4x faster than format 3
+  on a million synthetic documents); the records say ``"doc_ids": "range16-65536"``.
 """
 from __future__ import annotations
 
