@@ -423,6 +423,18 @@ def test_compact_copy_drops_channels_and_quantises_each_dense_channel_its_own_wa
             compact_copy(plain, tmp_path / "bad", **bad)
 
 
+def test_a_copy_without_a_channel_and_with_its_own_kinds_keeps_them_through_an_update(pair, tiny_embedder, encoder, tmp_path):
+    """An update of a copy that dropped the dense channel and keeps MiniLM at SQ6 and format 5:
+    the channel stays out, the kind and format stay, the index verifies and searches."""
+    plain, _ = pair
+    compact_copy(plain, tmp_path / "slim", dense_kind={"encoder": "SQ6"}, drop=["dense"], range_doc_ids=True)
+    added = [document_from_object(d, "test", i) for i, d in enumerate(toy_docs(46, seed=9)[40:], start=1)]
+    update_index(tmp_path / "slim", add=added, embedder=tiny_embedder, encoder=encoder, progress=False)
+    m = Manifest.read((tmp_path / "slim").resolve())
+    assert m.n_docs == 46 and m.dense is None and m.encoder["kind"] == "SQ6" and m.ranged and verify(tmp_path / "slim").ok
+    assert top(tmp_path / "slim", tiny_embedder, "encoder")[0] and top(tmp_path / "slim", tiny_embedder, "hybrid")[0]
+
+
 def test_compact_command_takes_dense_kinds_per_channel_and_drops(pair, tmp_path):
     from indexer.compact import main, parse_dense_kind
 
