@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.channels import CHANNEL_SPECS
+from indexer.channels import CHANNEL_SPECS, ChannelSpec
 from indexer.channels import spec as channel_spec
 from indexer.dense import DenseIndex
 from indexer.generations import build_lock, publish_staged, stage
@@ -182,7 +182,7 @@ def dense_kinds(dense_kind: str | Mapping[str, str] | None = None) -> dict[str, 
     return out
 
 
-def dropped_channels(drop: Iterable[str]) -> tuple:
+def dropped_channels(drop: Iterable[str]) -> tuple[ChannelSpec, ...]:
     """The channel table's rows named in ``drop`` (any of their names); ValueError for the
     aligned-token channel, which every index holds."""
     rows = tuple(dict.fromkeys(_row(name) for name in ([drop] if isinstance(drop, str) else drop)))
@@ -191,7 +191,7 @@ def dropped_channels(drop: Iterable[str]) -> tuple:
     return rows
 
 
-def _row(name: str):
+def _row(name: str) -> ChannelSpec:
     try:
         return channel_spec(name)
     except KeyError as exc:
