@@ -12,7 +12,7 @@ from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
 from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
-from indexer.compact import DEFAULT_COMPACT, DEFAULT_DOC_IDS, DOC_ID_ENCODINGS
+from indexer.compact import DEFAULT_COMPACT, DEFAULT_DOC_IDS, DOC_ID_ENCODINGS, doc_id_encoding
 from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
 from indexer.ray_workers import DEFAULT_CONNECT_TIMEOUT_S, RayOptions, RayUnavailable, import_ray
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             spec, args.index, embedder, args.top_k, dense_kind=args.dense_kind, overwrite=args.overwrite, progress=not args.quiet,
             chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec, segments=args.segments,
             max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of,
-            doc_ids=DOC_ID_ENCODINGS[args.doc_ids or (DEFAULT_DOC_IDS if args.compact else "int32")],
+            doc_ids=doc_id_encoding(args.doc_ids, args.compact),
         )
     except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed, RayUnavailable) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)

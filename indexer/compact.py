@@ -121,6 +121,12 @@ DOC_ID_ENCODINGS = {"int32": None, "bitpacked": BITPACKED_DOC_IDS, "range16": RA
 # documents) in 3 bytes a posting instead of 5, ranking bit for bit as format 3; format 4 is smaller
 # still (~2.1 bytes) but decodes at twice format 3's cost a posting (docs/backends-and-scale.md)
 DEFAULT_DOC_IDS = "range16"
+
+
+def doc_id_encoding(name: str | None, compact: bool) -> str | None:
+    """The manifest's ``doc_ids`` for ``--doc-ids NAME`` (None: the default, :data:`DEFAULT_DOC_IDS`
+    for a compact build; a plain build encodes none)."""
+    return DOC_ID_ENCODINGS[name or (DEFAULT_DOC_IDS if compact else "int32")]
 _FORMATS = {None: COMPACT_FORMAT_VERSION, BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION}
 
 
@@ -345,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COMPACT_DENSE_KIND", "COMPACT_DENSE_KINDS", "DEFAULT_COMPACT", "DEFAULT_DOC_IDS", "DOC_ID_ENCODINGS", "GLOBAL", "PER_LIST", "QUANTISATIONS", "compact_copy", "compact_dense_kind", "dense_kinds",
-           "dropped_channels", "impacts_record", "main", "pack_channel_files", "parse_dense_kind", "quantise_channel_files",
-           "truncate_channel_files"]
+__all__ = ["COMPACT_DENSE_KIND", "COMPACT_DENSE_KINDS", "DEFAULT_COMPACT", "DEFAULT_DOC_IDS", "DOC_ID_ENCODINGS", "GLOBAL", "PER_LIST",
+           "QUANTISATIONS", "compact_copy", "compact_dense_kind", "dense_kinds", "doc_id_encoding", "dropped_channels", "impacts_record",
+           "main", "pack_channel_files", "parse_dense_kind", "quantise_channel_files", "truncate_channel_files"]
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from benchmarks.provenance import git_commit, load_avg, machine_info
 from benchmarks.results_file import TABLE_KIND
 from indexer.build import build_index
 from indexer.channel_set import CHANNELS, build_options, default_channels
-from indexer.channels import CHANNEL_SPECS
+from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
 from indexer.compact import QUANTISATIONS, compact_copy
 
 DEFAULT_VARIANTS = "per-list:SQ8,per-list:SQfp16,global:SQ8"
@@ -157,7 +157,8 @@ def ensure_float32(data: Path, cache: Path, models: dict, embedding_cache: Path 
         options = build_options(channels)
         # each channel's setting as build-index passes it, the sentence encoders loaded once
         settings = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.mode in channels and not s.required}
-        models["channels"] = {mode: SentenceEncoder.load(v) if mode in ("encoder", "encoder2") else v for mode, v in settings.items()}
+        encoders = {r.mode for r in sentence_encoder_specs(settings)}
+        models["channels"] = {mode: SentenceEncoder.load(v) if mode in encoders else v for mode, v in settings.items()}
         models["embedder"] = Embedder.load("smollm2-135m", runtime=runtime, dtype=dtype)
         if embedding_cache is not None:
             from embedder.cache import CachedEmbedder

@@ -465,9 +465,9 @@ class UserDefault(AlignedTokensSystem):
         self.channels = default_channels
         # the index build-index writes with no flags: compact as it is (8-bit impacts, each dense
         # channel's compact kind, its doc-number encoding), not the float32 reference
-        from indexer.compact import DEFAULT_COMPACT, DEFAULT_DOC_IDS, DOC_ID_ENCODINGS
+        from indexer.compact import DEFAULT_COMPACT, doc_id_encoding
 
-        self.engine.require(**options, compact=DEFAULT_COMPACT, doc_ids=DOC_ID_ENCODINGS[DEFAULT_DOC_IDS] if DEFAULT_COMPACT else None)
+        self.engine.require(**options, compact=DEFAULT_COMPACT, doc_ids=doc_id_encoding(None, DEFAULT_COMPACT))
 
     @property
     def mode(self) -> str:  # the Retriever's default for the index built (hybrid, unless one channel)
