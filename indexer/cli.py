@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compact", action=argparse.BooleanOptionalAction, default=DEFAULT_COMPACT,
         help="a compact index (the default; format 5 with the default --doc-ids): 8-bit impacts in the aligned-token and BM25 "
-        "postings, and the dense channels as FAISS scalar quantisers (SQ8; mpnet's encoder2 SQ4) unless --dense-kind names "
+        "postings, and the dense channels as FAISS scalar quantisers (SQ8; mpnet's encoder2 SQ6) unless --dense-kind names "
         "another kind; measured within 0.003 nDCG@10 of the float32 reference on both profiles (docs/how-it-works.md). "
         "--no-compact: float32 postings and Flat vectors (format 1, the exact reference, read by every version)",
     )

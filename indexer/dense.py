@@ -62,7 +62,7 @@ class DenseIndex:
         """:meth:`build` over embeddings that come in chunks (a build's shards), added chunk by
         chunk so that only one is in memory besides the index itself. A kind that must be
         trained first (IVF, PQ) is trained on all of them, which needs them all at once; but a
-        scalar quantiser with min-max ranges (``SQ8``, ``SQ4``: a compact index's default) is
+        scalar quantiser with min-max ranges (``SQ8``, ``SQ6``: a compact index's defaults; ``SQ4``) is
         trained on the per-dimension minima and maxima of every chunk, found in one more pass over
         them (its ranges, and so its file, are then those of training on all of them, in the memory
         of one chunk). ``row_doc``: as in :meth:`build`, the document of each row over all chunks."""
