@@ -51,7 +51,7 @@ from indexer.dense import DenseIndex
 from indexer.generations import build_lock, publish_staged, stage
 from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
-from indexer.inverted_index import InvertedIndex
+from indexer.inverted_index import IMPACT_LEVELS, InvertedIndex, check_levels
 from indexer.lexical import LEXICAL_DIR
 from indexer.manifest import (
     BITPACKED_DOC_IDS,
@@ -89,17 +89,20 @@ _DENSE_CHANNELS = tuple((s.manifest_key, s.name) for s in CHANNEL_SPECS if s.que
 _MODES = {s.manifest_key: s.mode for s in CHANNEL_SPECS}
 
 
-def impacts_record(quantisation: str = PER_LIST) -> dict:
-    """What the manifest's ``sparse`` / ``lexical`` gain in a compact index."""
+def impacts_record(quantisation: str = PER_LIST, levels: int = IMPACT_LEVELS) -> dict:
+    """What the manifest's ``sparse`` / ``lexical`` gain in a compact index (``levels`` recorded
+    where fewer than all 256 codes are used, so that an update quantises as the build did)."""
     if quantisation not in QUANTISATIONS:
         raise ValueError(f"quantisation must be one of {QUANTISATIONS}, not {quantisation!r}")
-    return {"impacts": UINT8_IMPACTS, "quantisation": quantisation}
+    levels = check_levels(levels)
+    return {"impacts": UINT8_IMPACTS, "quantisation": quantisation, **({"levels": levels} if levels != IMPACT_LEVELS else {})}
 
 
-def quantise_channel_files(directory: Path, quantisation: str = PER_LIST) -> None:
-    """Saved float32 postings (``postings_*.npy`` in ``directory``) turned into 8-bit impacts."""
-    impacts_record(quantisation)
-    InvertedIndex.quantise_saved(Path(directory), per_list=quantisation == PER_LIST)
+def quantise_channel_files(directory: Path, quantisation: str = PER_LIST, levels: int = IMPACT_LEVELS) -> None:
+    """Saved float32 postings (``postings_*.npy`` in ``directory``) turned into 8-bit impacts
+    spread over ``levels`` codes."""
+    impacts_record(quantisation, levels)
+    InvertedIndex.quantise_saved(Path(directory), per_list=quantisation == PER_LIST, levels=levels)
 
 
 def pack_channel_files(directory: Path) -> dict:
@@ -220,7 +223,7 @@ def compact_dense_kind(kind: str, compact: bool, mode: str | None = None) -> str
 def compact_copy(
     index_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dense_kind: str | Mapping[str, str] | None = None,
     quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False, pack_doc_ids: bool = False, top_k: int | None = None,
-    range_doc_ids: bool = False, drop: Iterable[str] = (),
+    range_doc_ids: bool = False, drop: Iterable[str] = (), impact_levels: int = IMPACT_LEVELS,
 ) -> Manifest:
     """Write a compact copy of the plain index at ``index_dir`` to ``out_dir`` (published as a
     generation, as a build publishes) and return its manifest. No model runs: the postings'
@@ -234,8 +237,10 @@ def compact_copy(
     ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 4; BM25's where it is quantised);
     ``range_doc_ids``: range-blocked instead (format 5).
     ``top_k``: keep only each document's ``top_k`` aligned tokens, fewer than the index holds
-    (:func:`truncate_channel_files`: what a build with that top_k writes)."""
-    impacts_record(quantisation)
+    (:func:`truncate_channel_files`: what a build with that top_k writes).
+    ``impact_levels``: the aligned-token impacts spread over fewer of the 256 codes (16: the precision
+    of 4-bit impacts, still one byte each; BM25's keep 256)."""
+    impacts_record(quantisation, impact_levels)
     kinds = dense_kinds(dense_kind)
     dropped = dropped_channels(drop)
     if pack_doc_ids and range_doc_ids:
@@ -267,8 +272,8 @@ def compact_copy(
                         shutil.copyfile(src, tmp / rel)
                 if top_k is not None:
                     truncate_channel_files(tmp, m.n_docs, top_k)
-                quantise_channel_files(tmp, quantisation)
-                sparse_info = {**m.sparse, **impacts_record(quantisation), **({"top_k": top_k} if top_k is not None else {})}
+                quantise_channel_files(tmp, quantisation, impact_levels)
+                sparse_info = {**m.sparse, **impacts_record(quantisation, impact_levels), **({"top_k": top_k} if top_k is not None else {})}
                 sparse_info |= encode_doc_ids(tmp, doc_ids, m.n_docs)
                 lexical_info = None if any(s.manifest_key == "lexical" for s in dropped) else m.lexical
                 if lexical_info is not None and lexical:
@@ -294,6 +299,7 @@ def compact_copy(
                                                     "dense_kind": dense_kind if isinstance(dense_kind, str) else written,
                                                     **({"dropped": [s.mode for s in dropped]} if dropped else {}),
                                                     "quantisation": quantisation, "doc_ids": doc_ids or "int32",
+                                                    **({"impact_levels": impact_levels} if impact_levels != IMPACT_LEVELS else {}),
                                                     **({"top_k": {"from": m.sparse["top_k"], "to": top_k}} if top_k is not None else {}),
                                                     "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
                     files=None, checksum=None, **changed,
@@ -337,11 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--range-doc-ids", action="store_true",
                    help="doc numbers as 16-bit offsets within ranges of 65,536 documents (format 5; lossless, scans faster than format 3)")
     p.add_argument("--top-k", type=int, default=None, help="keep each document's TOP_K aligned tokens, fewer than the index holds (default: all)")
+    p.add_argument("--impact-levels", type=int, default=IMPACT_LEVELS,
+                   help="spread each aligned-token posting list's weights over this many codes (2-256; default 256; 16: the precision of "
+                   "4-bit impacts, still a byte each)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     args = p.parse_args(argv)
     try:
         m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite, pack_doc_ids=args.pack_doc_ids,
-                         top_k=args.top_k, range_doc_ids=args.range_doc_ids, drop=args.drop)
+                         top_k=args.top_k, range_doc_ids=args.range_doc_ids, drop=args.drop, impact_levels=args.impact_levels)
     except (IndexFormatError, OSError, ValueError, RuntimeError) as exc:  # FAISS reports a bad kind as a RuntimeError
         print(f"compact: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -22,6 +22,9 @@ _FILES = ("indptr", "docs", "weights")
 # files, one entry per posting list, map them back: weight = offset[t] + scale[t] * code
 _QUANTISED_FILES = ("scale", "offset")
 UINT8 = "uint8"  # the weights file's element type with 8-bit impacts (the manifest records "impacts": "uint8")
+# the codes a list's [min, max] is spread over: all 256 by default; fewer (16: 4-bit impacts' precision,
+# measured in benchmarks/studies/compact_index.py) are recorded as the channel's "levels"
+IMPACT_LEVELS = 256
 # batch_search runs a parallel kernel: one thread at a time (Numba's workqueue layer, used where neither
 # TBB nor OpenMP is installed, aborts the process when two threads enter one at once)
 _PARALLEL_KERNEL = threading.Lock()
@@ -117,9 +120,10 @@ class InvertedIndex:
             return self.weights
         return kernels.dequantise(self.indptr, self.weights, self.scale, self.offset)
 
-    def quantise(self, per_list: bool = True) -> InvertedIndex:
-        """This index with 8-bit impacts (see indexer/compact.py); ``per_list`` False: one scale for all lists."""
-        codes, scale, offset = quantise_weights(self.indptr, np.asarray(self.float_weights(), np.float32), per_list)
+    def quantise(self, per_list: bool = True, levels: int = IMPACT_LEVELS) -> InvertedIndex:
+        """This index with 8-bit impacts (see indexer/compact.py); ``per_list`` False: one scale for all lists;
+        ``levels``: how many of the 256 codes a list's [min, max] is spread over (fewer: coarser weights, same bytes)."""
+        codes, scale, offset = quantise_weights(self.indptr, np.asarray(self.float_weights(), np.float32), per_list, levels)
         return InvertedIndex(self.indptr, self.docs, codes, self.n_docs, scale, offset, self.packed, self.ranges)
 
     @property
@@ -212,7 +216,7 @@ class InvertedIndex:
         split_saved(Path(directory), n_docs)
 
     @staticmethod
-    def quantise_saved(directory: Path, per_list: bool = True) -> None:
+    def quantise_saved(directory: Path, per_list: bool = True, levels: int = IMPACT_LEVELS) -> None:
         """Turn saved float32 postings into 8-bit impacts in place: the weights file becomes
         uint8 codes, and the scale and offset files are written beside it. The weights are read
         through a memory map and the codes written through one (memory: the vocabulary's two arrays)."""
@@ -224,7 +228,7 @@ class InvertedIndex:
         codes = allocate_npy(tmp, np.uint8, (weights.shape[0],))
         scale = np.zeros(indptr.shape[0] - 1, np.float32)
         offset = np.zeros(indptr.shape[0] - 1, np.float32)
-        _quantise_into(indptr, weights, codes, scale, offset, per_list)
+        _quantise_into(indptr, weights, codes, scale, offset, per_list, levels)
         if isinstance(codes, np.memmap):
             codes.flush()
         del codes, weights
@@ -329,25 +333,35 @@ class InvertedIndex:
         return sp.csr_matrix((self.float_weights(), self.doc_numbers(), self.indptr), shape=(self.vocab_size, self.n_docs)).T.tocsr()
 
 
-def quantise_weights(indptr: np.ndarray, weights: np.ndarray, per_list: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantise_weights(indptr: np.ndarray, weights: np.ndarray, per_list: bool = True,
+                     levels: int = IMPACT_LEVELS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(uint8 codes, scale, offset) of float32 ``weights`` in CSR lists ``indptr``: per list
-    (:func:`kernels.quantise_lists`) or, ``per_list`` False, one affine map for all of them."""
+    (:func:`kernels.quantise_lists`) or, ``per_list`` False, one affine map for all of them;
+    each map spreads the weights over ``levels`` codes (2 to 256)."""
     codes = np.empty(weights.shape[0], np.uint8)
     scale = np.zeros(indptr.shape[0] - 1, np.float32)
     offset = np.zeros(indptr.shape[0] - 1, np.float32)
-    _quantise_into(indptr, weights, codes, scale, offset, per_list)
+    _quantise_into(indptr, weights, codes, scale, offset, per_list, levels)
     return codes, scale, offset
 
 
-def _quantise_into(indptr, weights, codes, scale, offset, per_list: bool) -> None:
+def check_levels(levels: int) -> int:
+    """``levels`` if it is a count of impact levels a uint8 code can hold (2 to 256), else ValueError."""
+    if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or not 2 <= levels <= IMPACT_LEVELS:
+        raise ValueError(f"impact levels must be an integer from 2 to {IMPACT_LEVELS}, not {levels!r}")
+    return int(levels)
+
+
+def _quantise_into(indptr, weights, codes, scale, offset, per_list: bool, levels: int = IMPACT_LEVELS) -> None:
+    levels = check_levels(levels)
     if per_list:
-        kernels.quantise_lists(np.asarray(indptr, np.int64), weights, codes, scale, offset)
+        kernels.quantise_lists(np.asarray(indptr, np.int64), weights, codes, scale, offset, levels)
         return
     if weights.shape[0] == 0:
         return
     lo = min(float(np.min(weights[s])) for s in _blocks(weights.shape[0]))
     hi = max(float(np.max(weights[s])) for s in _blocks(weights.shape[0]))
-    step = np.float32((hi - lo) / 255.0)
+    step = np.float32((hi - lo) / (levels - 1))
     scale[:], offset[:] = step, np.float32(lo)
     # one list of everything: the same rounding as the per-list kernel
     whole = np.array([0, 0], np.int64)
@@ -356,7 +370,7 @@ def _quantise_into(indptr, weights, codes, scale, offset, per_list: bool) -> Non
         block = np.concatenate([np.asarray(weights[s], np.float32), np.array([lo, hi], np.float32)])
         out = np.empty(block.shape[0], np.uint8)
         whole[1] = block.shape[0]
-        kernels.quantise_lists(whole, block, out, s1, o1)
+        kernels.quantise_lists(whole, block, out, s1, o1, levels)
         codes[s] = out[:-2]
 
 

@@ -247,10 +247,11 @@ def contributions(indptr, docs, weights, q_tokens, doc):
 
 
 @nb.njit(cache=True)
-def quantise_lists(indptr, weights, codes, scale, offset):
+def quantise_lists(indptr, weights, codes, scale, offset, levels=256):
     """Per posting list t: scale[t], offset[t] (float32) and codes[p] (uint8) with
-    offset + scale * code = the weight rounded to the nearest of 256 levels spanning the list's
-    [min, max] (error at most scale / 2). A list of one value gets scale 0 and code 0 (exact)."""
+    offset + scale * code = the weight rounded to the nearest of ``levels`` (2-256) levels spanning
+    the list's [min, max] (error at most scale / 2). A list of one value gets scale 0 and code 0 (exact)."""
+    top = np.float64(levels - 1)
     for t in range(indptr.shape[0] - 1):
         a, b = indptr[t], indptr[t + 1]
         if a == b:
@@ -263,13 +264,13 @@ def quantise_lists(indptr, weights, codes, scale, offset):
             w = weights[p]
             lo = min(lo, w)
             hi = max(hi, w)
-        s = np.float32((np.float64(hi) - np.float64(lo)) / 255.0)
+        s = np.float32((np.float64(hi) - np.float64(lo)) / top)
         offset[t] = lo
         scale[t] = s
         for p in range(a, b):
             if s > 0:
                 c = np.rint((np.float64(weights[p]) - np.float64(lo)) / np.float64(s))
-                codes[p] = np.uint8(min(max(c, 0.0), 255.0))
+                codes[p] = np.uint8(min(max(c, 0.0), top))
             else:
                 codes[p] = np.uint8(0)
 

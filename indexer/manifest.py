@@ -201,6 +201,9 @@ def _impacts_problem(data: dict, version: int) -> str | None:
         impacts = (data.get(key) or {}).get("impacts")
         if impacts is not None and impacts != UINT8_IMPACTS:
             return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}"
+        levels = (data.get(key) or {}).get("levels")
+        if levels is not None and (not _positive_int(levels) or not 2 <= levels <= 256 or impacts is None):
+            return f"field '{key}.levels': {levels!r} is not a count of 8-bit impact levels (2 to 256, with 'impacts')"
         if impacts is not None and version not in COMPACT_VERSIONS:
             return (f"field '{key}.impacts': 8-bit impacts in an index of format {version} "
                     f"(they are format {', '.join(map(str, COMPACT_VERSIONS))})")

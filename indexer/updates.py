@@ -45,7 +45,7 @@ from indexer.diskspace import write_bytes
 from indexer.generations import build_lock, publish_staged, stage
 from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
-from indexer.inverted_index import InvertedIndex
+from indexer.inverted_index import IMPACT_LEVELS, InvertedIndex
 from indexer.lexical import BM25Builder, make_analyzer
 from indexer.manifest import DOC_IDS, UINT8_IMPACTS, IndexFormatError, Manifest
 from indexer.reader import open_index
@@ -294,7 +294,7 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
 
     n_docs = InvertedIndex.write_from_shards(sparse_parts, vocab, out)
     if m.compact:  # a compact index stays compact: the kept weights were read back dequantised
-        quantise_channel_files(out, m.sparse.get("quantisation", PER_LIST))
+        quantise_channel_files(out, m.sparse.get("quantisation", PER_LIST), m.sparse.get("levels", IMPACT_LEVELS))
     # and a format-4 or -5 index's doc numbers encoded again: they were read back decoded (the manifest's sparse record kept)
     encode_doc_ids(out, m.sparse.get("doc_ids"), n_docs)
     ids = [d.doc_id for d in kept_docs] + [d.doc_id for d in added]
@@ -349,7 +349,7 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
         lex = bm25.finish()
         lex.save(out / BM25.name)
         if lexical.get("impacts") == UINT8_IMPACTS:
-            quantise_channel_files(out / BM25.name, lexical.get("quantisation", PER_LIST))
+            quantise_channel_files(out / BM25.name, lexical.get("quantisation", PER_LIST), lexical.get("levels", IMPACT_LEVELS))
         # BM25's are encoded where compact_copy encoded them (with its 8-bit impacts)
         encode_doc_ids(out / BM25.name, lexical.get("doc_ids"), n_docs)
         records[BM25.manifest_key] = {**lexical, "n_terms": len(lex.vocab)}
