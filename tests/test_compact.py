@@ -56,6 +56,32 @@ def test_quantisation_round_trip_is_within_half_a_step(per_list):
     np.testing.assert_array_equal(again[0], codes)
 
 
+@pytest.mark.parametrize("levels", [16, 2])
+@pytest.mark.parametrize("per_list", [True, False])
+def test_fewer_impact_levels_round_trip_within_half_their_coarser_step(per_list, levels):
+    """Spread over ``levels`` codes, a list's weights come back within half of its (coarser) step,
+    the codes stay below ``levels``, each list's extremes are exact, and quantising the
+    dequantised weights again at the same levels changes nothing (an update)."""
+    rng = np.random.default_rng(2)
+    lengths = np.array([3, 0, 400, 1, 17])
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    weights = (rng.normal(size=indptr[-1]) * 5).astype(np.float32)
+    codes, scale, offset = quantise_weights(indptr, weights, per_list, levels)
+    fine = quantise_weights(indptr, weights, per_list)[1]
+    assert codes.max() == levels - 1
+    back = kernels.dequantise(indptr, codes, scale, offset)
+    assert (np.abs(back - weights) <= np.repeat(scale, lengths) / 2 * (1 + 1e-5) + 1e-6 * np.abs(weights)).all()
+    used = lengths > 1
+    np.testing.assert_allclose(scale[used], fine[used] * 255 / (levels - 1), rtol=1e-6)
+    if per_list:
+        a, b = indptr[2], indptr[3]
+        assert np.isclose(back[a:b].min(), weights[a:b].min()) and np.isclose(back[a:b].max(), weights[a:b].max(), rtol=1e-6)
+    np.testing.assert_array_equal(quantise_weights(indptr, back, per_list, levels)[0], codes)
+    for bad in (1, 257, 16.0, True):
+        with pytest.raises(ValueError, match="impact levels"):
+            quantise_weights(indptr, weights, per_list, bad)
+
+
 def test_quantise_saved_equals_quantise_in_memory(tmp_path):
     rng = np.random.default_rng(1)
     index = random_index(rng, "float")
@@ -382,14 +408,15 @@ def test_each_dense_channel_has_its_compact_kind():
 def test_the_compact_study_reads_its_variants():
     from benchmarks.studies.compact_index import Variant, parse_variants, variant_name
 
-    got = parse_variants("per-list:SQ8,per-list:SQ8:packed:k256,global:SQ4:k128,per-list:SQ8:range16:encoder2=SQ4:-dense")
+    got = parse_variants("per-list:SQ8,per-list:SQ8:packed:k256,global:SQ4:k128,per-list:SQ8:range16:encoder2=SQ4:-dense,per-list:SQ8:l16:-encoder2")
     assert got == [Variant("per-list", "SQ8"), Variant("per-list", "SQ8", "packed", 256), Variant("global", "SQ4", "int32", 128),
-                   Variant("per-list", "SQ8", "range16", None, (("encoder2", "SQ4"),), ("dense",))]
+                   Variant("per-list", "SQ8", "range16", None, (("encoder2", "SQ4"),), ("dense",)),
+                   Variant("per-list", "SQ8", drop=("encoder2",), levels=16)]
     assert [v.name for v in got] == ["compact-per-list-SQ8", "compact-per-list-SQ8-packed-k256", "compact-global-SQ4-k128",
-                                     "compact-per-list-SQ8-range16-encoder2=SQ4-no-dense"]
+                                     "compact-per-list-SQ8-range16-encoder2=SQ4-no-dense", "compact-per-list-SQ8-l16-no-encoder2"]
     assert variant_name("per-list", "SQ8", True, 256) == "compact-per-list-SQ8-packed-k256"  # the older results' names
     for bad in ("per-list:SQ8:k0", "per-list:SQ8:foo", "per-list:SQ8:packed:packed", "median:SQ8", "per-list:SQ8:k12:k13", "per-list",
-                "per-list:SQ8:packed:range16", "per-list:SQ8:-"):
+                "per-list:SQ8:packed:range16", "per-list:SQ8:-", "per-list:SQ8:l1", "per-list:SQ8:l257", "per-list:SQ8:l16:l32"):
         with pytest.raises(ValueError, match="QUANTISATION:DENSE_KIND"):
             parse_variants(bad)
 
@@ -445,3 +472,42 @@ def test_compact_command_takes_dense_kinds_per_channel_and_drops(pair, tmp_path)
     assert main([str(plain), str(tmp_path / "out"), "--dense-kind", "encoder=SQ4", "--drop", "dense"]) == 0
     m = Manifest.read((tmp_path / "out").resolve())
     assert m.dense is None and m.encoder["kind"] == "SQ4" and verify(tmp_path / "out").ok
+
+
+def test_a_copy_with_fewer_impact_levels_records_them_and_keeps_them_through_an_update(pair, tiny_embedder, encoder, tmp_path):
+    """``impact_levels=16`` (4-bit precision): the aligned-token codes use 16 levels and the
+    manifest says so, BM25 keeps all 256, the copy ranks as the float32 kernels do on its
+    dequantised weights, an update quantises at the same 16 levels, and the command takes it."""
+    from indexer.compact import main
+
+    plain, _ = pair
+    m = compact_copy(plain, tmp_path / "l16", impact_levels=16, range_doc_ids=True)
+    assert m.sparse["levels"] == 16 and "levels" not in m.lexical and m.build["compacted"]["impact_levels"] == 16
+    assert "levels" not in compact_copy(plain, tmp_path / "l256").sparse  # the default record is unchanged
+    opened = open_index(tmp_path / "l16")
+    try:
+        sparse, bm25 = opened.channels["sparse"], opened.channels["bm25"]
+        assert int(np.max(sparse.weights)) == 15 and int(np.max(bm25.postings.weights)) > 15
+    finally:
+        opened.close()
+    assert verify(tmp_path / "l16").ok
+    added = [document_from_object(d, "test", i) for i, d in enumerate(toy_docs(46, seed=9)[40:], start=1)]
+    update_index(tmp_path / "l16", add=added, embedder=tiny_embedder, encoder=encoder, progress=False)
+    after = Manifest.read((tmp_path / "l16").resolve())
+    assert after.n_docs == 46 and after.sparse["levels"] == 16 and after.ranged and verify(tmp_path / "l16").ok
+    assert int(np.max(np.load((tmp_path / "l16").resolve() / "postings_weights.npy"))) == 15
+    assert main([str(plain), str(tmp_path / "cli"), "--impact-levels", "16"]) == 0
+    assert Manifest.read((tmp_path / "cli").resolve()).sparse["levels"] == 16
+    assert main([str(plain), str(tmp_path / "bad"), "--impact-levels", "300"]) == 2
+
+
+def test_impact_levels_in_a_manifest_are_checked(pair, tmp_path):
+    for i, (src, levels, says) in enumerate([(1, 300, "is not a count"), (1, "16", "is not a count"), (1, 1, "is not a count"),
+                                             (0, 16, "with 'impacts'")]):  # the last: levels in a plain index (no 8-bit impacts)
+        index = tmp_path / f"levels-{i}"
+        shutil.copytree(pair[src].resolve(), index)
+        data = json.loads((index / MANIFEST).read_text())
+        data["sparse"]["levels"] = levels
+        (index / MANIFEST).write_text(json.dumps(data))
+        with pytest.raises(IndexFormatError, match=f"sparse.levels.*{says}"):
+            Manifest.read(index)
