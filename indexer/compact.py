@@ -13,6 +13,11 @@ A compact index holds the same channels as a plain one, smaller:
   :data:`COMPACT_DENSE_KINDS`; ``SQfp16``: two bytes), which give their vectors back
   (``reconstruct_n``), so updates work as on Flat.
 
+A copy can spread the aligned-token weights over fewer of the 256 codes (``impact_levels``; 16: the precision
+of 4-bit impacts, each code still a byte), recorded as the record's ``"levels"`` so that an update
+quantises as the copy did (benchmarks/results/compact-index/README.md: ``fast`` within 0.0009 at 16, ``best``
+up to -0.0039; not a build default).
+
 The manifest records ``"impacts": "uint8"`` (and ``"quantisation"``) in ``sparse`` and
 ``lexical``, each dense channel's FAISS kind in its record, and the format version
 (:data:`indexer.manifest.COMPACT_FORMAT_VERSION` and on), which older readers refuse rather than
