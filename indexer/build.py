@@ -38,7 +38,7 @@ from indexer.channels import (
     WriteContext,
 )
 from indexer.channels import spec as channel_spec
-from indexer.compact import compact_dense_kind, compact_format, encode_doc_ids, impacts_record, quantise_channel_files
+from indexer.compact import DEFAULT_IMPACT_BITS, compact_channel_files, compact_dense_kind, compact_format
 from indexer.corpus import CorpusSpec, Document
 from indexer.dense import ENCODER_NAME
 from indexer.diskspace import NoSpaceError, write_bytes
@@ -106,7 +106,8 @@ class BuildPlan:
     ``executor``: who encodes them. ``dense_kind``: the FAISS kind of every dense channel (a compact
     build turns the default Flat into each channel's compact kind: :meth:`dense_kind_of`); ``compact``: 8-bit impacts (indexer/compact.py);
     ``doc_ids``: how a compact build stores the postings' doc numbers (None: int32, format 3;
-    ``bitpacked-128``: format 4; ``range16-65536``: format 5)."""
+    ``bitpacked-128``: format 4; ``range16-65536``: format 5); ``impact_bits``: 4 stores a compact
+    build's aligned-token impacts two a byte (format 6; BM25's stay 8-bit)."""
 
     channels: Mapping[str, Any]
     shards: ShardPlan
@@ -115,12 +116,13 @@ class BuildPlan:
     compact: bool = False
     progress: bool = True
     doc_ids: str | None = None
+    impact_bits: int = DEFAULT_IMPACT_BITS
 
     @classmethod
     def make(
         cls, channels: Mapping[str, Any], embedder: Embedder, top_k: int = DEFAULT_TOP_K, shard_size: int = DEFAULT_SHARD_SIZE,
         segments: bool = False, max_segments: int | None = None, executor: Executor = Executor(), dense_kind: str = "Flat",
-        compact: bool = False, progress: bool = True, doc_ids: str | None = None,
+        compact: bool = False, progress: bool = True, doc_ids: str | None = None, impact_bits: int = DEFAULT_IMPACT_BITS,
     ) -> BuildPlan:
         """A plan checked and completed: channels named any way the table knows them, in table
         order, sparse included; K capped at the vocabulary."""
@@ -132,15 +134,17 @@ class BuildPlan:
             raise ValueError("workers must be >= 1, and workers > 1 or ray need embedder_spec (how each worker loads the embedder)")
         if max_segments is not None and max_segments < 1:
             raise ValueError(f"max_segments must be positive, not {max_segments}")
-        compact_format(doc_ids)  # a known encoding, or ValueError
+        compact_format(doc_ids, impact_bits)  # a known encoding and width, or ValueError
         if doc_ids is not None and not compact:
             raise ValueError("encoded doc numbers (doc_ids) go with a compact index (8-bit impacts)")
+        if impact_bits != DEFAULT_IMPACT_BITS and not compact:
+            raise ValueError(f"{impact_bits}-bit impacts go with a compact index")
         named = {channel_spec(name).mode: setting for name, setting in channels.items()}
         chosen = {s.mode: named.get(s.mode, True) for s in CHANNEL_SPECS if s.required or s.mode in named}
         keep = any(LLM_EMBEDDINGS in s.build_needs for s in CHANNEL_SPECS if s.mode in chosen)
         windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
         shards = ShardPlan(min(top_k, embedder.vocab_size), keep, shard_size, windows)
-        return cls(chosen, shards, executor, dense_kind, compact, progress, doc_ids)
+        return cls(chosen, shards, executor, dense_kind, compact, progress, doc_ids, impact_bits)
 
     def dense_kind_of(self, mode: str) -> str:
         """The FAISS kind the dense channel ``mode`` is built as: a compact build turns the
@@ -182,6 +186,7 @@ def build_index(
     compact: bool = False,
     channels: Mapping[str, Any] | None = None,
     doc_ids: str | None = None,
+    impact_bits: int = DEFAULT_IMPACT_BITS,
 ) -> Manifest:
     """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written. The
     keyword form of :func:`build` (a :class:`BuildPlan` made from these arguments).
@@ -214,13 +219,14 @@ def build_index(
     (:func:`indexer.compact.compact_dense_kind`: SQ8, mpnet's SQ6) where ``dense_kind`` is the default Flat. The shards are those of a plain build (same resume key).
     ``doc_ids`` (compact only): the postings' doc numbers bit-packed (``"bitpacked-128"``, format 4)
     or range-blocked (``"range16-65536"``, format 5: what fits ten million documents in RAM); None: int32.
+    ``impact_bits`` (compact only): 4 stores the aligned-token impacts two a byte (format 6, 16 levels).
     """
     options = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical or None, "encoder": encoder,
                "encoder2": encoder2}  # None: not built
     chosen = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.option in options and options[s.option] is not None}
     chosen |= {channel_spec(name).mode: setting for name, setting in (channels or {}).items()}
     plan = BuildPlan.make(chosen, embedder, top_k, chunk_size, segments, max_segments, Executor(workers, embedder_spec, ray), dense_kind,
-                          compact, progress, doc_ids)
+                          compact, progress, doc_ids, impact_bits)
     return build(corpus, index_dir, embedder, plan, overwrite)
 
 
@@ -431,7 +437,8 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
             "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum()),
             "sparse": "max over segments", "dense": "one vector per segment, document = best segment",
         }
-    quantise = functools.partial(_compact_channel, doc_ids=plan.doc_ids, n_docs=len(ids)) if plan.compact else None
+    # the aligned tokens' postings lie at the index's top level, BM25's in lexical/: only theirs take impact_bits
+    quantise = functools.partial(_compact_channel, doc_ids=plan.doc_ids, n_docs=len(ids), bits={out: plan.impact_bits}) if plan.compact else None
     writers = {
         s.mode: s.writer(WriteContext(out, embedder, plan.channels[s.mode], arrays, plan.shards.k, plan.dense_kind_of(s.mode), row_doc, quantise))
         for s in plan.specs
@@ -467,7 +474,7 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
         **{s.manifest_key: records.get(s.manifest_key) for s in CHANNEL_SPECS},
         segments=segments_info,
         documents=stored_info,
-        format_version=compact_format(plan.doc_ids) if plan.compact else SEGMENTS_FORMAT_VERSION if plan.shards.windows is not None else FORMAT_VERSION,
+        format_version=compact_format(plan.doc_ids, plan.impact_bits) if plan.compact else SEGMENTS_FORMAT_VERSION if plan.shards.windows is not None else FORMAT_VERSION,
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),
@@ -492,11 +499,11 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
     return manifest
 
 
-def _compact_channel(directory: Path, doc_ids: str | None, n_docs: int) -> dict:
-    """A compact build's 8-bit impacts for the postings saved in ``directory``, and their doc
-    numbers encoded as ``doc_ids`` says: what the channel's manifest record gains."""
-    quantise_channel_files(directory)
-    return impacts_record() | encode_doc_ids(directory, doc_ids, n_docs)
+def _compact_channel(directory: Path, doc_ids: str | None, n_docs: int, bits: Mapping[Path, int]) -> dict:
+    """A compact build's impacts for the postings saved in ``directory`` (``bits[directory]`` bits,
+    8 where not named), and their doc numbers encoded as ``doc_ids`` says: what the channel's
+    manifest record gains."""
+    return compact_channel_files(directory, n_docs, doc_ids=doc_ids, bits=bits.get(directory, DEFAULT_IMPACT_BITS))
 
 
 def _feeding(channels: list[ChannelWriter], docs: Iterable[Document]) -> Iterator[Document]:

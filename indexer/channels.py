@@ -32,7 +32,7 @@ import numpy as np
 from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER2_NAME, ENCODER_NAME, DenseIndex
 from indexer.errors import IndexFormatError
 from indexer.inverted_index import InvertedIndex
-from indexer.layout import MANIFEST, UINT8_IMPACTS, doc_number_kwargs
+from indexer.layout import MANIFEST, UINT8_IMPACTS, doc_number_kwargs, impact_kwargs
 from indexer.lexical import LEXICAL_DIR, BM25Builder, BM25Index, make_analyzer
 
 # ------------------------------------------------------------------ what a channel needs
@@ -164,8 +164,7 @@ ChannelReader = Callable[[Path, dict, int, bool], Any]
 
 
 def _read_sparse(d: Path, info: dict, n_docs: int, mmap: bool) -> InvertedIndex:
-    return InvertedIndex.load(d, n_docs, mmap=mmap, n_lists=int(info["vocab_size"]), quantised=info.get("impacts") == UINT8_IMPACTS,
-                             **doc_number_kwargs(info))
+    return InvertedIndex.load(d, n_docs, mmap=mmap, n_lists=int(info["vocab_size"]), **impact_kwargs(info), **doc_number_kwargs(info))
 
 
 def _read_dense(name: str) -> ChannelReader:

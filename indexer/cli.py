@@ -12,7 +12,7 @@ from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
 from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
-from indexer.compact import DEFAULT_COMPACT, DEFAULT_DOC_IDS, DOC_ID_ENCODINGS, doc_id_encoding
+from indexer.compact import DEFAULT_COMPACT, DEFAULT_DOC_IDS, DEFAULT_IMPACT_BITS, DOC_ID_ENCODINGS, IMPACT_BITS, doc_id_encoding
 from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
 from indexer.ray_workers import DEFAULT_CONNECT_TIMEOUT_S, RayOptions, RayUnavailable, import_ray
@@ -50,6 +50,12 @@ def parser() -> argparse.ArgumentParser:
         "of 65,536 documents, 2 bytes each, scanned 1.4x faster than int32, format 5: what fits 10M documents in 24 GB; "
         "docs/backends-and-scale.md), bitpacked (deltas bit-packed in blocks of 128, ~1 byte each but decoded at twice int32's "
         "cost a posting, format 4) or int32 (format 3, the default before)",
+    )
+    p.add_argument(
+        "--impact-bits", type=int, choices=sorted(IMPACT_BITS), default=DEFAULT_IMPACT_BITS,
+        help="bits of each aligned-token impact in a compact index: 8 (the default) or 4, two a byte (format 6: 256 bytes a document "
+        "less at 512 tokens; fast within 0.0009 nDCG@10 of 8 bits on the five shared collections, best up to -0.0039: "
+        "benchmarks/results/compact-index/README.md). BM25's stay 8-bit",
     )
     p.add_argument("--embedfilter", type=int, metavar="TAU", help="also store EmbedFilter dense vectors (d // TAU dims)")
     p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
@@ -173,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             spec, args.index, embedder, args.top_k, dense_kind=args.dense_kind, overwrite=args.overwrite, progress=not args.quiet,
             chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec, segments=args.segments,
             max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of,
-            doc_ids=doc_id_encoding(args.doc_ids, args.compact),
+            doc_ids=doc_id_encoding(args.doc_ids, args.compact), impact_bits=args.impact_bits,
         )
     except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed, RayUnavailable) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)

@@ -38,6 +38,12 @@ The doc numbers of a compact index's postings are stored one of three ways (``do
   within ranges of 65,536 documents (indexer/range_docs.py: ``postings_rangestart`` and
   ``postings_low``; lossless, 2 bytes a doc number, searched range by range, 1.4x faster than format 3
   on a million synthetic documents); the records say ``"doc_ids": "range16-65536"``.
+
+The aligned-token impacts can be 4-bit instead (``impact_bits=4``, ``build-index --impact-bits 4``;
+format 6, :data:`indexer.manifest.NIBBLE_FORMAT_VERSION`, with any of the three doc-number layouts):
+16 levels per list, two codes a byte (``postings_weights.npy`` holds half as many bytes as postings,
+rounded up), the record says ``"impacts": "uint4"``; BM25's stay 8-bit. They are quantised and their
+doc numbers encoded as for 8 bits, then packed (:func:`compact_channel_files`).
 """
 from __future__ import annotations
 
@@ -62,9 +68,11 @@ from indexer.manifest import (
     BITPACKED_DOC_IDS,
     COMPACT_FORMAT_VERSION,
     MANIFEST,
+    NIBBLE_FORMAT_VERSION,
     PACKED_FORMAT_VERSION,
     RANGE_DOC_IDS,
     RANGE_FORMAT_VERSION,
+    UINT4_IMPACTS,
     UINT8_IMPACTS,
     Manifest,
 )
@@ -94,13 +102,33 @@ _DENSE_CHANNELS = tuple((s.manifest_key, s.name) for s in CHANNEL_SPECS if s.que
 _MODES = {s.manifest_key: s.mode for s in CHANNEL_SPECS}
 
 
-def impacts_record(quantisation: str = PER_LIST, levels: int = IMPACT_LEVELS) -> dict:
-    """What the manifest's ``sparse`` / ``lexical`` gain in a compact index (``levels`` recorded
-    where fewer than all 256 codes are used, so that an update quantises as the build did)."""
+IMPACT_BITS = {8: UINT8_IMPACTS, 4: UINT4_IMPACTS}  # build-index --impact-bits: the manifest's "impacts"
+DEFAULT_IMPACT_BITS = 8
+
+
+def full_levels(bits: int) -> int:
+    """The codes ``bits``-bit impacts hold: 256 or 16."""
+    if bits not in IMPACT_BITS:
+        raise ValueError(f"impact bits must be one of {sorted(IMPACT_BITS)}, not {bits!r}")
+    return 1 << bits
+
+
+def record_levels(record: dict) -> int:
+    """The impact levels a channel's manifest record says its codes use (all its bits hold unless it names fewer)."""
+    return int(record.get("levels", full_levels(4 if record.get("impacts") == UINT4_IMPACTS else 8)))
+
+
+def impacts_record(quantisation: str = PER_LIST, levels: int | None = None, bits: int = DEFAULT_IMPACT_BITS) -> dict:
+    """What the manifest's ``sparse`` / ``lexical`` gain in a compact index: ``bits``-bit impacts
+    (``levels`` recorded where fewer codes than the bits hold are used, so that an update
+    quantises as the build did)."""
     if quantisation not in QUANTISATIONS:
         raise ValueError(f"quantisation must be one of {QUANTISATIONS}, not {quantisation!r}")
-    levels = check_levels(levels)
-    return {"impacts": UINT8_IMPACTS, "quantisation": quantisation, **({"levels": levels} if levels != IMPACT_LEVELS else {})}
+    most = full_levels(bits)
+    levels = check_levels(most if levels is None else levels)
+    if levels > most:
+        raise ValueError(f"{bits}-bit impacts hold at most {most} levels, not {levels}")
+    return {"impacts": IMPACT_BITS[bits], "quantisation": quantisation, **({"levels": levels} if levels != most else {})}
 
 
 def quantise_channel_files(directory: Path, quantisation: str = PER_LIST, levels: int = IMPACT_LEVELS) -> None:
@@ -108,6 +136,20 @@ def quantise_channel_files(directory: Path, quantisation: str = PER_LIST, levels
     spread over ``levels`` codes."""
     impacts_record(quantisation, levels)
     InvertedIndex.quantise_saved(Path(directory), per_list=quantisation == PER_LIST, levels=levels)
+
+
+def compact_channel_files(directory: Path, n_docs: int, quantisation: str = PER_LIST, doc_ids: str | None = None,
+                          bits: int = DEFAULT_IMPACT_BITS, levels: int | None = None) -> dict:
+    """Saved float32 postings in ``directory`` made compact in place, in this order: quantised
+    (``levels`` codes, by default all that ``bits`` hold), their doc numbers encoded as ``doc_ids``
+    names them, and, for 4-bit impacts, the codes packed two a byte (last: the doc-number encoders
+    read one code a posting). Returns what the channel's manifest record gains."""
+    record = impacts_record(quantisation, levels, bits)
+    quantise_channel_files(directory, quantisation, record_levels(record))
+    record |= encode_doc_ids(directory, doc_ids, n_docs)
+    if bits == 4:
+        InvertedIndex.nibble_saved(Path(directory))
+    return record
 
 
 def pack_channel_files(directory: Path) -> dict:
@@ -138,11 +180,13 @@ def doc_id_encoding(name: str | None, compact: bool) -> str | None:
 _FORMATS = {None: COMPACT_FORMAT_VERSION, BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION}
 
 
-def compact_format(doc_ids: str | None) -> int:
-    """The format of a compact index whose doc numbers are stored as ``doc_ids`` names them (None: int32)."""
+def compact_format(doc_ids: str | None, bits: int = DEFAULT_IMPACT_BITS) -> int:
+    """The format of a compact index whose doc numbers are stored as ``doc_ids`` names them (None:
+    int32) and whose aligned-token impacts take ``bits`` bits (4: format 6, whatever the doc numbers)."""
     if doc_ids not in _FORMATS:
         raise ValueError(f"doc_ids must be one of {sorted(k for k in _FORMATS if k)} or None (int32), not {doc_ids!r}")
-    return _FORMATS[doc_ids]
+    full_levels(bits)
+    return NIBBLE_FORMAT_VERSION if bits == 4 else _FORMATS[doc_ids]
 
 
 def encode_doc_ids(directory: Path, doc_ids: str | None, n_docs: int) -> dict:
@@ -228,7 +272,7 @@ def compact_dense_kind(kind: str, compact: bool, mode: str | None = None) -> str
 def compact_copy(
     index_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dense_kind: str | Mapping[str, str] | None = None,
     quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False, pack_doc_ids: bool = False, top_k: int | None = None,
-    range_doc_ids: bool = False, drop: Iterable[str] = (), impact_levels: int = IMPACT_LEVELS,
+    range_doc_ids: bool = False, drop: Iterable[str] = (), impact_levels: int | None = None, impact_bits: int = DEFAULT_IMPACT_BITS,
 ) -> Manifest:
     """Write a compact copy of the plain index at ``index_dir`` to ``out_dir`` (published as a
     generation, as a build publishes) and return its manifest. No model runs: the postings'
@@ -243,15 +287,16 @@ def compact_copy(
     ``range_doc_ids``: range-blocked instead (format 5).
     ``top_k``: keep only each document's ``top_k`` aligned tokens, fewer than the index holds
     (:func:`truncate_channel_files`: what a build with that top_k writes).
-    ``impact_levels``: the aligned-token impacts spread over fewer of the 256 codes (16: the precision
-    of 4-bit impacts, still one byte each; BM25's keep 256)."""
-    impacts_record(quantisation, impact_levels)
+    ``impact_bits``: 4 stores the aligned-token impacts as 4-bit codes, two a byte (format 6; BM25's
+    stay 8-bit); ``impact_levels``: they are spread over fewer codes than their bits hold (16 of 256:
+    the precision of 4-bit impacts, one byte each)."""
+    sparse_record = impacts_record(quantisation, impact_levels, impact_bits)
     kinds = dense_kinds(dense_kind)
     dropped = dropped_channels(drop)
     if pack_doc_ids and range_doc_ids:
         raise ValueError("doc numbers are either bit-packed (format 4) or range-blocked (format 5), not both")
     doc_ids = BITPACKED_DOC_IDS if pack_doc_ids else RANGE_DOC_IDS if range_doc_ids else None
-    version = PACKED_FORMAT_VERSION if pack_doc_ids else RANGE_FORMAT_VERSION if range_doc_ids else COMPACT_FORMAT_VERSION
+    version = compact_format(doc_ids, impact_bits)
     target = Path(out_dir)
     opened = open_index(index_dir)
     try:
@@ -277,9 +322,8 @@ def compact_copy(
                         shutil.copyfile(src, tmp / rel)
                 if top_k is not None:
                     truncate_channel_files(tmp, m.n_docs, top_k)
-                quantise_channel_files(tmp, quantisation, impact_levels)
-                sparse_info = {**m.sparse, **impacts_record(quantisation, impact_levels), **({"top_k": top_k} if top_k is not None else {})}
-                sparse_info |= encode_doc_ids(tmp, doc_ids, m.n_docs)
+                sparse_info = {**m.sparse, **compact_channel_files(tmp, m.n_docs, quantisation, doc_ids, impact_bits, record_levels(sparse_record)),
+                               **({"top_k": top_k} if top_k is not None else {})}
                 lexical_info = None if any(s.manifest_key == "lexical" for s in dropped) else m.lexical
                 if lexical_info is not None and lexical:
                     quantise_channel_files(tmp / LEXICAL_DIR, quantisation)
@@ -304,7 +348,8 @@ def compact_copy(
                                                     "dense_kind": dense_kind if isinstance(dense_kind, str) else written,
                                                     **({"dropped": [s.mode for s in dropped]} if dropped else {}),
                                                     "quantisation": quantisation, "doc_ids": doc_ids or "int32",
-                                                    **({"impact_levels": impact_levels} if impact_levels != IMPACT_LEVELS else {}),
+                                                    **({"impact_bits": impact_bits} if impact_bits != DEFAULT_IMPACT_BITS else {}),
+                                                    **({"impact_levels": impact_levels} if impact_levels is not None else {}),
                                                     **({"top_k": {"from": m.sparse["top_k"], "to": top_k}} if top_k is not None else {}),
                                                     "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
                     files=None, checksum=None, **changed,
@@ -335,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from indexer.manifest import IndexFormatError
 
-    p = argparse.ArgumentParser(prog="python -m indexer.compact", description="Write a compact copy (format 3; 4 with --pack-doc-ids, 5 with --range-doc-ids) of a plain index; no model runs.")
+    p = argparse.ArgumentParser(prog="python -m indexer.compact", description="Write a compact copy (format 3; 4 with --pack-doc-ids, 5 with "
+                                "--range-doc-ids, 6 with --impact-bits 4) of a plain index; no model runs.")
     p.add_argument("index", type=Path, help="a plain index (format 1 or 2)")
     p.add_argument("out", type=Path, help="the compact index to write")
     p.add_argument("--dense-kind", default=None, type=parse_dense_kind,
@@ -348,14 +394,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--range-doc-ids", action="store_true",
                    help="doc numbers as 16-bit offsets within ranges of 65,536 documents (format 5; lossless, scans faster than format 3)")
     p.add_argument("--top-k", type=int, default=None, help="keep each document's TOP_K aligned tokens, fewer than the index holds (default: all)")
-    p.add_argument("--impact-levels", type=int, default=IMPACT_LEVELS,
-                   help="spread each aligned-token posting list's weights over this many codes (2-256; default 256; 16: the precision of "
-                   "4-bit impacts, still a byte each)")
+    p.add_argument("--impact-bits", type=int, choices=sorted(IMPACT_BITS), default=DEFAULT_IMPACT_BITS,
+                   help="bits of each aligned-token impact: 8 (default) or 4, two a byte (format 6; BM25's stay 8)")
+    p.add_argument("--impact-levels", type=int, default=None,
+                   help="spread each aligned-token posting list's weights over this many codes, fewer than the bits hold (2-256 at 8 bits, "
+                   "2-16 at 4; 16 at 8 bits: the precision of 4-bit impacts, a byte each)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     args = p.parse_args(argv)
     try:
         m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite, pack_doc_ids=args.pack_doc_ids,
-                         top_k=args.top_k, range_doc_ids=args.range_doc_ids, drop=args.drop, impact_levels=args.impact_levels)
+                         top_k=args.top_k, range_doc_ids=args.range_doc_ids, drop=args.drop, impact_levels=args.impact_levels,
+                         impact_bits=args.impact_bits)
     except (IndexFormatError, OSError, ValueError, RuntimeError) as exc:  # FAISS reports a bad kind as a RuntimeError
         print(f"compact: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -365,9 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COMPACT_DENSE_KIND", "COMPACT_DENSE_KINDS", "DEFAULT_COMPACT", "DEFAULT_DOC_IDS", "DOC_ID_ENCODINGS", "GLOBAL", "PER_LIST",
-           "QUANTISATIONS", "compact_copy", "compact_dense_kind", "dense_kinds", "doc_id_encoding", "dropped_channels", "impacts_record",
-           "main", "pack_channel_files", "parse_dense_kind", "quantise_channel_files", "truncate_channel_files"]
+__all__ = ["COMPACT_DENSE_KIND", "COMPACT_DENSE_KINDS", "DEFAULT_COMPACT", "DEFAULT_DOC_IDS", "DEFAULT_IMPACT_BITS", "DOC_ID_ENCODINGS", "GLOBAL",
+           "IMPACT_BITS", "PER_LIST", "QUANTISATIONS", "compact_channel_files", "compact_copy", "compact_dense_kind", "dense_kinds",
+           "doc_id_encoding", "dropped_channels", "full_levels", "impacts_record", "main", "pack_channel_files", "parse_dense_kind",
+           "quantise_channel_files", "record_levels", "truncate_channel_files"]
 
 
 if __name__ == "__main__":

@@ -146,6 +146,7 @@ def check_csr(
     positive: bool = False,
     scale: np.ndarray | None = None,
     offset: np.ndarray | None = None,
+    nibbles: bool = False,
 ) -> None:
     """The invariants the scoring kernels index memory by, checked with vectorised NumPy.
 
@@ -154,11 +155,12 @@ def check_csr(
     ``scale``/``offset``: 8-bit impacts (indexer/compact.py): ``weights`` holds uint8 codes (any
     value is valid) and these map them back per list, so they are what is checked: one entry
     per list, finite, scale >= 0 (and, ``positive``, offset > 0 for every non-empty list).
+    ``nibbles``: 4-bit impacts, two codes a byte: ``weights`` holds half as many bytes as postings, rounded up.
     """
     f = {name: Path(directory) / f"{prefix}{name}.npy" for name in ("indptr", "docs", "weights", "scale", "offset")}
     if docs is None:  # doc numbers bit-packed (indexer/packed_docs.py checks them): the weights say how many postings
         f["docs"] = f["weights"]
-    nnz = int(docs.shape[0]) if docs is not None else int(weights.shape[0])
+    nnz = int(docs.shape[0]) if docs is not None else int(indptr[-1]) if nibbles and indptr.shape[0] else int(weights.shape[0])
     if indptr.shape[0] < 1:
         raise IndexFormatError(f"{f['indptr']}: empty (needs at least one entry)")
     if n_rows is not None and indptr.shape[0] != n_rows + 1:
@@ -167,8 +169,9 @@ def check_csr(
         raise IndexFormatError(f"{f['indptr']}: starts at {int(indptr[0])}, not 0")
     if int(indptr[-1]) != nnz:
         raise IndexFormatError(f"{f['indptr']}: ends at {int(indptr[-1])}, but {f['docs'].name} holds {nnz} postings")
-    if weights.shape[0] != nnz:
-        raise IndexFormatError(f"{f['weights']}: {weights.shape[0]} weights for {nnz} postings in {f['docs'].name}")
+    if weights.shape[0] != ((nnz + 1) // 2 if nibbles else nnz):
+        what = f"{weights.shape[0]} bytes of 4-bit impacts" if nibbles else f"{weights.shape[0]} weights"
+        raise IndexFormatError(f"{f['weights']}: {what} for {nnz} postings in {f['docs'].name}")
     for s in _blocks(indptr.shape[0] - 1):
         step = np.diff(indptr[s.start : s.stop + 1])
         if step.size and step.min() < 0:

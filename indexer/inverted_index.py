@@ -91,6 +91,18 @@ class InvertedIndex:
     def quantised(self) -> bool:
         return self.scale is not None
 
+    @property
+    def nibbles(self) -> bool:
+        """4-bit impacts: ``weights`` is a :data:`indexer.kernels.NIBBLES` view of two codes a byte."""
+        return self.weights.dtype == kernels.NIBBLES
+
+    def to_nibbles(self) -> InvertedIndex:
+        """This index (impacts quantised to at most 16 levels) with its codes stored two a byte (format 6)."""
+        if not self.quantised or self.nibbles:
+            raise ValueError("4-bit impacts come from 8-bit codes of at most 16 levels")
+        packed = kernels.pack_nibbles(self.weights).view(kernels.NIBBLES)
+        return InvertedIndex(self.indptr, self.docs, packed, self.n_docs, self.scale, self.offset, self.packed, self.ranges)
+
     def doc_numbers(self) -> np.ndarray:
         """Every posting's doc number (int32; decoded whole where packed or range-blocked)."""
         if self.packed is not None:
@@ -203,7 +215,8 @@ class InvertedIndex:
             if name == "docs" and (self.packed is not None or self.ranges is not None):
                 (self.packed or self.ranges).save(directory)
                 continue
-            save_npy(directory / f"postings_{name}.npy", getattr(self, name))
+            value = getattr(self, name)
+            save_npy(directory / f"postings_{name}.npy", value.view(np.uint8) if name == "weights" and self.nibbles else value)
 
     @staticmethod
     def pack_saved(directory: Path) -> None:
@@ -214,6 +227,21 @@ class InvertedIndex:
     def split_saved(directory: Path, n_docs: int) -> None:
         """Turn saved postings' ``postings_docs.npy`` into range-blocked doc numbers in place (indexer/range_docs.py)."""
         split_saved(Path(directory), n_docs)
+
+    @staticmethod
+    def nibble_saved(directory: Path) -> None:
+        """Turn saved 8-bit codes of at most 16 levels (``postings_weights.npy``) into 4-bit impacts,
+        two a byte, in place (written to a temporary file, then renamed over it)."""
+        directory = Path(directory)
+        src, tmp = directory / "postings_weights.npy", directory / ".postings_weights.u4.npy"
+        codes = load_npy(src, UINT8, 1, mmap=True)
+        packed = allocate_npy(tmp, np.uint8, ((codes.shape[0] + 1) // 2,))
+        for s in _blocks(codes.shape[0]):  # blocks of an even size: each starts on a byte
+            packed[s.start // 2 : (s.stop + 1) // 2] = kernels.pack_nibbles(codes[s])
+        if isinstance(packed, np.memmap):
+            packed.flush()
+        del codes, packed
+        os.replace(tmp, src)
 
     @staticmethod
     def quantise_saved(directory: Path, per_list: bool = True, levels: int = IMPACT_LEVELS) -> None:
@@ -239,13 +267,16 @@ class InvertedIndex:
     @classmethod
     def load(
         cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False,
-        quantised: bool = False, packed: bool = False, ranged: bool = False,
+        quantised: bool = False, packed: bool = False, ranged: bool = False, nibbles: bool = False,
     ) -> InvertedIndex:
         """Open saved postings, checked (indexer/integrity.py) before any kernel can read them:
         an out-of-range doc number or offset would make the kernels read or write out of bounds.
         ``n_lists``: the number of posting lists expected (vocabulary size); ``positive``:
         weights must be > 0 (BM25); ``quantised``: 8-bit impacts, ``packed``: bit-packed doc
-        numbers, ``ranged``: range-blocked doc numbers (what the manifest records)."""
+        numbers, ``ranged``: range-blocked doc numbers, ``nibbles``: 4-bit impacts, two a byte
+        (what the manifest records)."""
+        if nibbles and not quantised:
+            raise ValueError("4-bit impacts are quantised impacts")
         if (packed or ranged) and not quantised:
             raise ValueError("packed or range-blocked doc numbers go with 8-bit impacts (a compact index)")
         if packed and ranged:
@@ -255,7 +286,9 @@ class InvertedIndex:
         # the small per-list arrays are read whole: every query reads them
         arrays = {name: load_npy(Path(directory) / f"postings_{name}.npy", dtypes[name], 1, mmap and name not in _QUANTISED_FILES) for name in names}
         check_csr(Path(directory), "postings_", arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, n_lists, positive,
-                  arrays.get("scale"), arrays.get("offset"))
+                  arrays.get("scale"), arrays.get("offset"), nibbles)
+        if nibbles:
+            arrays["weights"] = arrays["weights"].view(kernels.NIBBLES)
         packed_docs = PackedDocs.load(Path(directory), arrays["indptr"], n_docs, mmap) if packed else None
         ranges = RangeDocs.load(Path(directory), arrays["indptr"], n_docs, mmap) if ranged else None
         return cls(arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, arrays.get("scale"), arrays.get("offset"), packed_docs, ranges)
@@ -320,7 +353,7 @@ class InvertedIndex:
             for j, t in enumerate(np.asarray(q_tokens, np.int64)):
                 p = coded.find(self.indptr, int(t), int(doc)) if 0 <= t < self.vocab_size else -1
                 if p >= 0:
-                    out[j] = self.offset[t] + self.scale[t] * np.float32(self.weights[p])
+                    out[j] = self.offset[t] + self.scale[t] * np.float32(kernels.code_at(self.weights, p))
             return out
         if self.quantised:
             return kernels.contributions_u8(self.indptr, self.docs, self.weights, self.scale, self.offset, np.asarray(q_tokens, np.int64), doc)

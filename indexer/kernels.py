@@ -19,6 +19,47 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 import scipy.sparse as sp
+from numba import types
+from numba.extending import overload
+
+# 4-bit impacts (format 6, indexer/compact.py): two codes a byte, posting p's in the low half of byte
+# p // 2 when p is even, in the high half when p is odd. Their bytes reach the kernels as an int8 view
+# (NIBBLES): the element type, not a flag, tells Numba which reader to compile, so the 8-bit and
+# float32 kernels compile as before, with no test in their loops.
+NIBBLES = np.dtype(np.int8)
+
+
+def code_at(codes: np.ndarray, p: int):
+    """Posting ``p``'s code (or float32 weight): ``codes[p]``, or its half byte where ``codes`` is a
+    :data:`NIBBLES` view. Plain Python here; in a kernel, the overload below."""
+    if codes.dtype == NIBBLES:
+        return (int(codes[p >> 1 : (p >> 1) + 1].view(np.uint8)[0]) >> ((p & 1) << 2)) & 15
+    return codes[p]
+
+
+@overload(code_at, inline="always")
+def _code_at(codes, p):
+    if isinstance(codes, types.Array) and codes.dtype == types.int8:
+        return lambda codes, p: (np.uint8(codes[p >> 1]) >> ((p & 1) << 2)) & 15
+    return lambda codes, p: codes[p]
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """uint8 codes below 16, one a posting, as two a byte (:data:`NIBBLES`' layout; uint8, odd counts padded with 0)."""
+    codes = np.asarray(codes, np.uint8)
+    if codes.size and int(codes.max()) > 15:
+        raise ValueError(f"4-bit impacts: a code of {int(codes.max())} does not fit half a byte")
+    padded = np.zeros(2 * ((codes.shape[0] + 1) // 2), np.uint8)
+    padded[: codes.shape[0]] = codes
+    return padded[0::2] | (padded[1::2] << 4)
+
+
+def unpack_nibbles(packed: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` uint8 codes that :func:`pack_nibbles` packed."""
+    packed = np.asarray(packed).view(np.uint8)
+    out = np.empty(2 * packed.shape[0], np.uint8)
+    out[0::2], out[1::2] = packed & 15, packed >> 4
+    return out[:n]
 
 
 @nb.njit(cache=True, inline="always")
@@ -284,10 +325,10 @@ def _level(scale, offset, t, v):
 @nb.njit(cache=True)
 def dequantise(indptr, codes, scale, offset):
     """float32 weights of every posting: offset[t] + scale[t] * code."""
-    out = np.empty(codes.shape[0], dtype=np.float32)
+    out = np.empty(indptr[-1], dtype=np.float32)
     for t in range(indptr.shape[0] - 1):
         for p in range(indptr[t], indptr[t + 1]):
-            out[p] = _level(scale, offset, t, codes[p])
+            out[p] = _level(scale, offset, t, code_at(codes, p))
     return out
 
 
@@ -313,7 +354,7 @@ def search_one_u8(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_doc
                 touched[n_touched] = d
                 n_touched += 1
             seen[d] = True
-            scores[d] += a * np.float32(codes[p]) + b
+            scores[d] += a * np.float32(code_at(codes, p)) + b
     return ranked(scores, seen, touched, n_touched, k, whole)
 
 
@@ -342,7 +383,7 @@ def contributions_u8(indptr, docs, codes, scale, offset, q_tokens, doc):
         lo, hi = indptr[t], indptr[t + 1]
         p = lo + np.searchsorted(docs[lo:hi], doc)
         if p < hi and docs[p] == doc:
-            out[j] = _level(scale, offset, t, codes[p])
+            out[j] = _level(scale, offset, t, code_at(codes, p))
     return out
 
 
@@ -416,7 +457,7 @@ def _split_search(indptr, docs, values, scale, offset, stride, q_tokens, q_weigh
                     touched[n_touched] = d
                     n_touched += 1
                 seen[d] = True
-                scores[d] += qa * np.float32(values[p]) + qb
+                scores[d] += qa * np.float32(code_at(values, p)) + qb
         top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole)
         part_d[i, : top_d.shape[0]] = top_d + lo
         part_s[i, : top_s.shape[0]] = top_s

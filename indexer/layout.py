@@ -12,6 +12,9 @@ MANIFEST = "manifest.json"
 DOC_IDS = "doc_ids.json"  # document ids in doc-number order (a JSON list)
 # the "impacts" of a channel (manifest's sparse / lexical) stored as 8-bit codes; absent: float32
 UINT8_IMPACTS = "uint8"
+# ... or as 4-bit codes, two a byte (format 6; indexer/kernels.py's NIBBLES)
+UINT4_IMPACTS = "uint4"
+IMPACTS = (UINT8_IMPACTS, UINT4_IMPACTS)
 # the "doc_ids" of a channel (manifest's sparse / lexical) delta-coded and bit-packed in blocks of
 # 128 (indexer/packed_docs.py, format 4); absent: int32 doc numbers (postings_docs.npy)
 BITPACKED_DOC_IDS = "bitpacked-128"
@@ -24,4 +27,10 @@ def doc_number_kwargs(record: dict) -> dict[str, bool]:
     return {"packed": record.get("doc_ids") == BITPACKED_DOC_IDS, "ranged": record.get("doc_ids") == RANGE_DOC_IDS}
 
 
-__all__ = ["BITPACKED_DOC_IDS", "DOC_IDS", "MANIFEST", "RANGE_DOC_IDS", "UINT8_IMPACTS", "doc_number_kwargs"]
+def impact_kwargs(record: dict) -> dict[str, bool]:
+    """How a channel's manifest record says its weights are stored, as InvertedIndex.load's keywords."""
+    return {"quantised": record.get("impacts") in IMPACTS, "nibbles": record.get("impacts") == UINT4_IMPACTS}
+
+
+__all__ = ["BITPACKED_DOC_IDS", "DOC_IDS", "IMPACTS", "MANIFEST", "RANGE_DOC_IDS", "UINT4_IMPACTS", "UINT8_IMPACTS", "doc_number_kwargs",
+           "impact_kwargs"]

@@ -18,8 +18,10 @@ from indexer.errors import IndexFormatError  # also imported from here (its firs
 from indexer.layout import (  # also imported from here (their first home)
     BITPACKED_DOC_IDS,
     DOC_IDS,
+    IMPACTS,
     MANIFEST,
     RANGE_DOC_IDS,
+    UINT4_IMPACTS,
     UINT8_IMPACTS,
 )
 from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
@@ -43,8 +45,12 @@ PACKED_FORMAT_VERSION = 4
 # (indexer/range_docs.py: postings_rangestart.npy and postings_low.npy in place of postings_docs.npy)
 # are format 5: a reader of formats 3-4 would find neither doc numbers nor packed blocks.
 RANGE_FORMAT_VERSION = 5
-COMPACT_VERSIONS = (COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION)  # 8-bit impacts
-READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION)
+# Compact indexes whose aligned-token impacts are 4-bit codes, two a byte ("impacts": "uint4"; their
+# doc numbers stored any of the three ways, the record's "doc_ids") are format 6: a reader of formats
+# 3-5 would take the bytes for one code each, and read past the end of the file.
+NIBBLE_FORMAT_VERSION = 6
+COMPACT_VERSIONS = (COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION, NIBBLE_FORMAT_VERSION)  # quantised impacts
+READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, *COMPACT_VERSIONS)
 # the doc-number encodings beside int32, and the format each belongs to
 _DOC_ID_FORMATS = {BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION}
 
@@ -85,8 +91,8 @@ class Manifest:
 
     @property
     def compact(self) -> bool:
-        """8-bit impacts (format 3, 4 or 5, indexer/compact.py)."""
-        return self.sparse.get("impacts") == UINT8_IMPACTS
+        """Quantised impacts (format 3 to 6, indexer/compact.py)."""
+        return self.sparse.get("impacts") in IMPACTS
 
     @property
     def packed(self) -> bool:
@@ -196,27 +202,33 @@ def _impacts_problem(data: dict, version: int) -> str | None:
     """Formats 3-5 and 8-bit impacts go together: a format-1 manifest naming uint8 impacts (or a
     format-3 one without them) would have its postings read with the wrong element type. Format 4
     and bit-packed doc numbers go together too, and format 5 and range-blocked ones (in the
-    aligned-token postings; BM25's may be encoded or not), and only with 8-bit impacts."""
+    aligned-token postings; BM25's may be encoded or not), and only with 8-bit impacts. Format 6
+    and 4-bit aligned-token impacts go together, with the doc numbers stored any of the three ways;
+    BM25's impacts are 8-bit in every format."""
     for key in (s.manifest_key for s in CHANNEL_SPECS if s.postings is not None):
         impacts = (data.get(key) or {}).get("impacts")
-        if impacts is not None and impacts != UINT8_IMPACTS:
-            return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}"
+        if impacts is not None and impacts not in (IMPACTS if key == "sparse" else (UINT8_IMPACTS,)):
+            return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}" + (f" or {UINT4_IMPACTS!r}" if key == "sparse" else "")
+        if (impacts == UINT4_IMPACTS) != (version == NIBBLE_FORMAT_VERSION) and key == "sparse":
+            return (f"field 'sparse.impacts': 4-bit impacts are format {NIBBLE_FORMAT_VERSION}, and format {NIBBLE_FORMAT_VERSION} needs them"
+                    f" (format {version}, impacts {impacts!r})")
         levels = (data.get(key) or {}).get("levels")
-        if levels is not None and (not _positive_int(levels) or not 2 <= levels <= 256 or impacts is None):
-            return f"field '{key}.levels': {levels!r} is not a count of 8-bit impact levels (2 to 256, with 'impacts')"
+        most = 16 if impacts == UINT4_IMPACTS else 256
+        if levels is not None and (not _positive_int(levels) or not 2 <= levels <= most or impacts is None):
+            return f"field '{key}.levels': {levels!r} is not a count of impact levels (2 to {most}, with 'impacts')"
         if impacts is not None and version not in COMPACT_VERSIONS:
             return (f"field '{key}.impacts': 8-bit impacts in an index of format {version} "
                     f"(they are format {', '.join(map(str, COMPACT_VERSIONS))})")
         doc_ids = (data.get(key) or {}).get("doc_ids")
         if doc_ids is not None and doc_ids not in _DOC_ID_FORMATS:
             return f"field '{key}.doc_ids': {doc_ids!r} is not one of {sorted(_DOC_ID_FORMATS)}"
-        if doc_ids is not None and version != _DOC_ID_FORMATS[doc_ids]:
+        if doc_ids is not None and version not in (_DOC_ID_FORMATS[doc_ids], NIBBLE_FORMAT_VERSION):
             what = "bit-packed" if doc_ids == BITPACKED_DOC_IDS else "range-blocked"
             return f"field '{key}.doc_ids': {what} doc numbers in an index of format {version} (they are format {_DOC_ID_FORMATS[doc_ids]})"
         if doc_ids is not None and impacts is None:
             what = "bit-packed" if doc_ids == BITPACKED_DOC_IDS else "range-blocked"
             return f"field '{key}.doc_ids': {what} doc numbers without 8-bit impacts ('{key}.impacts')"
-    if version in COMPACT_VERSIONS and data["sparse"].get("impacts") != UINT8_IMPACTS:
+    if version in COMPACT_VERSIONS and version != NIBBLE_FORMAT_VERSION and data["sparse"].get("impacts") != UINT8_IMPACTS:
         return f"field 'sparse.impacts': format {version} needs {UINT8_IMPACTS!r}"
     for doc_ids, fmt in _DOC_ID_FORMATS.items():
         if version == fmt and data["sparse"].get("doc_ids") != doc_ids:
@@ -244,5 +256,6 @@ def _embedding_problem(embedding: dict) -> str | None:
 
 
 
-__all__ = ["BITPACKED_DOC_IDS", "COMPACT_FORMAT_VERSION", "COMPACT_VERSIONS", "DOC_IDS", "FORMAT_VERSION", "MANIFEST", "PACKED_FORMAT_VERSION",
-           "RANGE_DOC_IDS", "RANGE_FORMAT_VERSION", "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "UINT8_IMPACTS", "IndexFormatError", "Manifest"]
+__all__ = ["BITPACKED_DOC_IDS", "COMPACT_FORMAT_VERSION", "COMPACT_VERSIONS", "DOC_IDS", "FORMAT_VERSION", "IMPACTS", "MANIFEST", "NIBBLE_FORMAT_VERSION",
+           "PACKED_FORMAT_VERSION", "RANGE_DOC_IDS", "RANGE_FORMAT_VERSION", "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "UINT4_IMPACTS",
+           "UINT8_IMPACTS", "IndexFormatError", "Manifest"]

@@ -38,7 +38,7 @@ import numpy as np
 from indexer.diskspace import save_npy
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, accumulator_plan, ranked
+from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, accumulator_plan, code_at, ranked
 
 BLOCK = 128
 FILES = ("blockfirst", "blockwidth", "packed")  # postings_<name>.npy
@@ -211,7 +211,7 @@ def search_one(indptr, list_block, block_word, first, width, words, codes, scale
                     touched[n_touched] = d
                     n_touched += 1
                 seen[d] = True
-                scores[d] += qa * np.float32(codes[s + i]) + qb
+                scores[d] += qa * np.float32(code_at(codes, s + i)) + qb
             blk += 1
     return ranked(scores, seen, touched, n_touched, k, whole)
 
@@ -286,7 +286,7 @@ def search_one_split(indptr, list_block, block_word, first, width, words, codes,
                         touched[n_touched] = d
                         n_touched += 1
                     seen[d] = True
-                    scores[d] += qa * np.float32(codes[s + m]) + qb
+                    scores[d] += qa * np.float32(code_at(codes, s + m)) + qb
                 blk += 1
         top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole)
         part_d[i, : top_d.shape[0]] = top_d + lo

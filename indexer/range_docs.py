@@ -36,7 +36,7 @@ import numpy as np
 from indexer.diskspace import save_npy
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _top_k_positive, accumulator_plan, positive_query, ranked
+from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _top_k_positive, accumulator_plan, code_at, positive_query, ranked
 
 RANGE_BITS = 16
 RANGE = 1 << RANGE_BITS
@@ -125,7 +125,7 @@ def _score_range(indptr, starts, low, codes, scale, offset, q_tokens, q_weights,
                     touched[n_touched] = d
                     n_touched += 1
                 seen[d] = True
-            scores[d] += qa * np.float32(codes[p]) + qb
+            scores[d] += qa * np.float32(code_at(codes, p)) + qb
     top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole) if flags else _top_k_positive(scores, k)
     return top_d + np.int32(lo), top_s
 

@@ -408,15 +408,17 @@ def test_each_dense_channel_has_its_compact_kind():
 def test_the_compact_study_reads_its_variants():
     from benchmarks.studies.compact_index import Variant, parse_variants, variant_name
 
-    got = parse_variants("per-list:SQ8,per-list:SQ8:packed:k256,global:SQ4:k128,per-list:SQ8:range16:encoder2=SQ4:-dense,per-list:SQ8:l16:-encoder2")
+    got = parse_variants("per-list:SQ8,per-list:SQ8:packed:k256,global:SQ4:k128,per-list:SQ8:range16:encoder2=SQ4:-dense,per-list:SQ8:l16:-encoder2,"
+                         "per-list:SQ8:packed:b4:-encoder2")
     assert got == [Variant("per-list", "SQ8"), Variant("per-list", "SQ8", "packed", 256), Variant("global", "SQ4", "int32", 128),
                    Variant("per-list", "SQ8", "range16", None, (("encoder2", "SQ4"),), ("dense",)),
-                   Variant("per-list", "SQ8", drop=("encoder2",), levels=16)]
+                   Variant("per-list", "SQ8", drop=("encoder2",), levels=16), Variant("per-list", "SQ8", "packed", drop=("encoder2",), bits=4)]
     assert [v.name for v in got] == ["compact-per-list-SQ8", "compact-per-list-SQ8-packed-k256", "compact-global-SQ4-k128",
-                                     "compact-per-list-SQ8-range16-encoder2=SQ4-no-dense", "compact-per-list-SQ8-l16-no-encoder2"]
+                                     "compact-per-list-SQ8-range16-encoder2=SQ4-no-dense", "compact-per-list-SQ8-l16-no-encoder2",
+                                     "compact-per-list-SQ8-packed-b4-no-encoder2"]
     assert variant_name("per-list", "SQ8", True, 256) == "compact-per-list-SQ8-packed-k256"  # the older results' names
     for bad in ("per-list:SQ8:k0", "per-list:SQ8:foo", "per-list:SQ8:packed:packed", "median:SQ8", "per-list:SQ8:k12:k13", "per-list",
-                "per-list:SQ8:packed:range16", "per-list:SQ8:-", "per-list:SQ8:l1", "per-list:SQ8:l257", "per-list:SQ8:l16:l32"):
+                "per-list:SQ8:packed:range16", "per-list:SQ8:-", "per-list:SQ8:l1", "per-list:SQ8:l257", "per-list:SQ8:l16:l32", "per-list:SQ8:b2", "per-list:SQ8:b4:b4"):
         with pytest.raises(ValueError, match="QUANTISATION:DENSE_KIND"):
             parse_variants(bad)
 

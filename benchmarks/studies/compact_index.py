@@ -13,7 +13,8 @@ Per collection (a BEIR folder):
    bit-packed (format 4, indexer/packed_docs.py) or range-blocked (format 5, indexer/range_docs.py);
    ``kN``: only each document's top N aligned tokens kept, what a build with ``--top-k N`` writes;
    ``lN``: the aligned-token impacts spread over N levels instead of 256 (``l16``: the precision of
-   4-bit impacts; the codes still take a byte each, so the bytes are those of 256 levels);
+   4-bit impacts; the codes still take a byte each, so the bytes are those of 256 levels); ``b4``:
+   4-bit aligned-token impacts stored two a byte (format 6);
    ``-CHANNEL``: the channel left out. ``--reference`` (today's default build) is always one;
 3. the queries encoded once per setup (the ``fast`` and ``best`` profiles: the query's own tokens
    and MiniLM or mpnet; ``llm``: the LLM reads the query, for its aligned tokens and dense channel),
@@ -79,38 +80,41 @@ class Variant:
     top_k: int | None = None
     kinds: tuple[tuple[str, str], ...] = ()  # (channel, FAISS kind)
     drop: tuple[str, ...] = ()
-    levels: int = IMPACT_LEVELS  # of the aligned-token impacts
+    levels: int | None = None  # of the aligned-token impacts (None: all their bits hold)
+    bits: int = 8  # of the aligned-token impacts
 
     @property
     def name(self) -> str:
         return (f"compact-{self.quantisation}-{self.dense_kind}" + ("" if self.doc_ids == "int32" else f"-{self.doc_ids}")
-                + (f"-k{self.top_k}" if self.top_k is not None else "") + (f"-l{self.levels}" if self.levels != IMPACT_LEVELS else "")
+                + (f"-k{self.top_k}" if self.top_k is not None else "") + (f"-l{self.levels}" if self.levels is not None else "")
+                + (f"-b{self.bits}" if self.bits != 8 else "")
                 + "".join(f"-{c}={k}" for c, k in self.kinds)
                 + "".join(f"-no-{c}" for c in self.drop))
 
     def copy(self, base: Path, out: Path) -> None:
         compact_copy(base, out, dense_kind=dict(self.kinds) if self.kinds else self.dense_kind, quantisation=self.quantisation, overwrite=True,
                      pack_doc_ids=self.doc_ids == "packed", range_doc_ids=self.doc_ids == "range16", top_k=self.top_k, drop=self.drop,
-                     impact_levels=self.levels)
+                     impact_levels=self.levels, impact_bits=self.bits)
 
 
 def parse_variant(item: str) -> Variant:
-    """``QUANTISATION:DENSE_KIND[:packed|:range16][:kN][:lN][:CHANNEL=KIND...][:-CHANNEL...]``: per-list or
+    """``QUANTISATION:DENSE_KIND[:packed|:range16][:kN][:lN][:b4][:CHANNEL=KIND...][:-CHANNEL...]``: per-list or
     global impacts, the dense channels' FAISS kind, how doc numbers are stored, each document's top N
-    aligned tokens kept, their impacts' levels, a dense channel's own kind, a channel left out."""
+    aligned tokens kept, their impacts' levels and bits, a dense channel's own kind, a channel left out."""
     parts = item.strip().split(":")
     quantisation, kind, rest = parts[0], parts[1] if len(parts) > 1 else "", parts[2:]
     doc_ids = [r for r in rest if r in ("packed", "range16")]
     ks = [r for r in rest if r.startswith("k") and r[1:].isdigit() and int(r[1:]) > 0]
     ls = [r for r in rest if r.startswith("l") and r[1:].isdigit() and 2 <= int(r[1:]) <= IMPACT_LEVELS]
+    bs = [r for r in rest if r == "b4"]
     kinds = tuple(tuple(r.split("=", 1)) for r in rest if "=" in r)
     drop = tuple(r[1:] for r in rest if r.startswith("-") and len(r) > 1)
-    if (quantisation not in QUANTISATIONS or not kind or len(ks) > 1 or len(ls) > 1 or len(doc_ids) > 1
-            or len(rest) != len(doc_ids) + len(ks) + len(ls) + len(kinds) + len(drop)):
-        raise ValueError(f"--variants: {item!r} is not QUANTISATION:DENSE_KIND[:packed|:range16][:kN][:lN][:CHANNEL=KIND...][:-CHANNEL...] "
+    if (quantisation not in QUANTISATIONS or not kind or len(ks) > 1 or len(ls) > 1 or len(bs) > 1 or len(doc_ids) > 1
+            or len(rest) != len(doc_ids) + len(ks) + len(ls) + len(bs) + len(kinds) + len(drop)):
+        raise ValueError(f"--variants: {item!r} is not QUANTISATION:DENSE_KIND[:packed|:range16][:kN][:lN][:b4][:CHANNEL=KIND...][:-CHANNEL...] "
                          f"with QUANTISATION one of {QUANTISATIONS} and N of lN from 2 to {IMPACT_LEVELS}")
     return Variant(quantisation, kind, doc_ids[0] if doc_ids else "int32", int(ks[0][1:]) if ks else None, kinds, drop,
-                   int(ls[0][1:]) if ls else IMPACT_LEVELS)
+                   int(ls[0][1:]) if ls else None, 4 if bs else 8)
 
 
 def parse_variants(text: str) -> list[Variant]:
@@ -253,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embedding-cache", type=Path, default=Path(".cache/compact-study/embeddings"),
                    help="pooled document embeddings reused by the float32 builds (embedder/cache.py); 'none': encode everything")
     p.add_argument("--variants", default=DEFAULT_VARIANTS,
-                   help="comma-separated QUANTISATION:DENSE_KIND[:packed|:range16][:kN][:lN][:CHANNEL=KIND...][:-CHANNEL...] (kN: each document's "
-                   "top N aligned tokens kept; lN: their impacts over N levels; "
+                   help="comma-separated QUANTISATION:DENSE_KIND[:packed|:range16][:kN][:lN][:b4][:CHANNEL=KIND...][:-CHANNEL...] (kN: each "
+                   "document's top N aligned tokens kept; lN: their impacts over N levels; b4: 4-bit impacts, two a byte; "
                    f"CHANNEL=KIND: that dense channel's own kind; -CHANNEL: left out; default {DEFAULT_VARIANTS})")
     p.add_argument("--reference", default=REFERENCE,
                    help=f"the variant the others are held to (default {REFERENCE}: build-index's default before issue 53's size goal); added if not listed")
