@@ -102,8 +102,26 @@ def _recall(got: list, want: list, k: int = 10) -> float:
     return float(np.mean([len(set(map(int, g[0][:k])) & set(map(int, w[0][:k]))) / max(1, min(k, len(w[0]))) for g, w in zip(got, want)]))
 
 
+def four_bit_copy(index):
+    """``index`` (8-bit impacts) with 4-bit impacts as format 6 stores them: each list's codes
+    requantised to 16 levels over the same [min, max] (code // 17, rounded: a step of 17 of the
+    256 levels, so the list's scale times 17), packed two a byte in memory, a block at a time.
+    (A build quantises the float weights to 16 levels directly; from the 8-bit codes a weight can
+    round the other way where it lies within half an 8-bit step of a 16-level boundary.)"""
+    from indexer import kernels
+    from indexer.inverted_index import InvertedIndex
+
+    codes = index.weights
+    packed = np.empty((codes.shape[0] + 1) // 2, np.uint8)
+    for s in range(0, codes.shape[0], 1 << 26):  # an even block size: each block starts on a byte
+        block = np.rint(np.asarray(codes[s : s + (1 << 26)], np.float32) / 17).astype(np.uint8)
+        packed[s // 2 : s // 2 + (block.shape[0] + 1) // 2] = kernels.pack_nibbles(block)
+    return InvertedIndex(index.indptr, index.docs, packed.view(kernels.NIBBLES), index.n_docs, (index.scale * 17).astype(np.float32),
+                         index.offset, index.packed, index.ranges)
+
+
 def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds: int, keep_masses: list[float], depths: list[int],
-            threads: list[int], command: str, format_3: bool = False) -> None:
+            threads: list[int], command: str, format_3: bool = False, four_bit: bool = False) -> None:
     from benchmarks.tables import write_table
     from indexer.inverted_index import InvertedIndex
     from indexer.query_pruning import prune_query, pruned_search
@@ -150,6 +168,16 @@ def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds:
             details["format_3_same_as_format_5"] &= all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(got, exact[10, th]))
             print(rows[-1], file=sys.stderr, flush=True)
         del plain
+    if four_bit:  # the same postings with 4-bit impacts (format 6), the same queries
+        nib = four_bit_copy(index)
+        details["four_bit_impact_bytes"] = int(nib.weights.nbytes)
+        for th in threads:
+            numba.set_num_threads(th)
+            got, secs = _timed(lambda t, w: nib.search(t, w, 10), queries, rounds)
+            rows.append(["exact, 4-bit impacts", "–", 1.0, 10, th, _recall(got, exact[10, threads[0]]), round(1000 * np.percentile(secs, 50), 2),
+                         round(1000 * np.percentile(secs, 99), 2)])
+            print(rows[-1], file=sys.stderr, flush=True)
+        del nib
     numba.set_num_threads(all_threads)
     for keep in keep_masses:
         kept = float(np.mean([int(df[prune_query(t, w, keep)[0]].sum()) / max(1, p) for (t, w), p in zip(queries, postings)]))
@@ -172,7 +200,8 @@ def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds:
         "(ranges in parallel from 65,536 postings on). 'pruned m': the fewest highest-weight query tokens covering m of the query's weight, "
         "searched to the given depth, then rescored exactly with the dropped tokens (indexer.query_pruning.rescore) and cut to 10; "
         "'exact, format 3': the same postings with their doc numbers decoded to int32 in memory (format 3, split into L2-sized ranges "
-        "where a query reads 65,536 postings or more). 'postings kept': the pruned queries' share of the exact ones'. recall@k: share of the exact top-k (one thread) found. "
+        "where a query reads 65,536 postings or more); 'exact, 4-bit impacts': the same postings with each list's codes requantised "
+        "to 16 levels (four_bit_copy) and packed two a byte in memory, recall against the 8-bit exact top 10. 'postings kept': the pruned queries' share of the exact ones'. recall@k: share of the exact top-k (one thread) found. "
         f"Times: each query's fastest of {rounds} passes; p50 and p99 over the queries. Resident memory after the warm read: "
         f"{rss_warm.get('VmRSS', 0) / 2**30:.1f} GiB (the memory map counts once read). Numba {numba.threading_layer()} layer.",
         ["search", "depth", "postings kept", "k", "threads", "recall@k vs exact", "p50 ms", "p99 ms"],
@@ -200,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--depth", default="100,1000", help="pruned search depths rescored")
     m.add_argument("--threads", default="1,2")
     m.add_argument("--format-3", action="store_true", help="also search the postings with int32 doc numbers (decoded into memory: 4 bytes a posting)")
+    m.add_argument("--four-bit", action="store_true", help="also search the postings with 4-bit impacts (requantised and packed in memory: half a byte a posting)")
     args = p.parse_args(argv)
     if args.cmd == "build":
         info = build(args.out, args.docs, args.top_k, args.zipf_s, args.seed)
@@ -207,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = "python -m benchmarks.studies.ten_million " + " ".join(argv if argv is not None else sys.argv[1:])
     measure(args.out, args.results, args.queries, args.query_tokens, args.rounds, [float(x) for x in args.keep_mass.split(",")],
-            [int(x) for x in args.depth.split(",")], [int(x) for x in args.threads.split(",")], command, args.format_3)
+            [int(x) for x in args.depth.split(",")], [int(x) for x in args.threads.split(",")], command, args.format_3, args.four_bit)
     print(f"wrote {args.results}", file=sys.stderr)
     return 0
 
