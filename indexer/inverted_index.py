@@ -70,19 +70,21 @@ class InvertedIndex:
     """Postings of token t: doc numbers ``docs[indptr[t]:indptr[t+1]]`` with ``weights``.
 
     With 8-bit impacts (``scale`` and ``offset`` given), ``weights`` holds uint8 codes and the
-    weight of posting p of list t is ``offset[t] + scale[t] * weights[p]`` (:meth:`float_weights`).
+    weight of posting p of list t is ``offset[t] + scale[t] * weights[p]`` (:meth:`float_weights`);
+    with 4-bit impacts (format 6, :attr:`nibbles`) it holds two codes a byte, as an int8 view
+    (:data:`indexer.kernels.NIBBLES`; :func:`indexer.kernels.code_at` reads posting p's).
 
-    With packed doc numbers (``packed`` given, format 4: indexer/packed_docs.py; 8-bit impacts
+    With packed doc numbers (``packed`` given, format 4: indexer/packed_docs.py; quantised impacts
     only), ``docs`` is None: the kernels decode them block by block, and :meth:`doc_numbers`
     gives them all back. With range-blocked doc numbers (``ranges`` given, format 5:
-    indexer/range_docs.py; 8-bit impacts only) ``docs`` is None too: 16-bit offsets within
+    indexer/range_docs.py; quantised impacts only) ``docs`` is None too: 16-bit offsets within
     ranges of 65,536 documents, searched range by range."""
 
     indptr: np.ndarray  # int64, (vocab_size + 1,)
     docs: np.ndarray | None  # int32, (nnz,), ascending within each posting list; None when packed
     weights: np.ndarray  # float32, (nnz,); uint8 codes when quantised
     n_docs: int
-    scale: np.ndarray | None = None  # float32, (vocab_size,): 8-bit impacts only
+    scale: np.ndarray | None = None  # float32, (vocab_size,): quantised impacts only
     offset: np.ndarray | None = None  # float32, (vocab_size,)
     packed: PackedDocs | None = None  # the doc numbers delta-coded and bit-packed (docs None)
     ranges: RangeDocs | None = None  # the doc numbers as 16-bit offsets within ranges (docs None)

@@ -44,6 +44,57 @@ def _code_at(codes, p):
     return lambda codes, p: codes[p]
 
 
+@nb.njit(cache=True, inline="always")
+def _add(d, code, qa, qb, scores, seen, touched, n_touched, flags, whole):
+    """One posting's score added to document ``d``'s accumulator (listed as touched on first sight
+    where the query ranks only the documents it touches); returns the touched count."""
+    if flags:
+        if not whole and not seen[d]:
+            touched[n_touched] = d
+            n_touched += 1
+        seen[d] = True
+    scores[d] += qa * np.float32(code) + qb
+    return n_touched
+
+
+def scan_postings(docs, first, codes, start, n, qa, qb, scores, seen, touched, n_touched, flags, whole):
+    """The scoring loop every layout shares: for the ``n`` postings from ``start``, document
+    ``docs[first + i]`` gains ``qa * code + qb`` (``flags``: keep the seen flags and, unless
+    ``whole``, the touched list); returns the touched count. Plain Python here; in a kernel, the
+    overload below: one posting at a time for 8-bit codes (and float32 weights), two at a time for
+    4-bit ones, which then cost one byte load per pair (a posting at a time, the half-byte shift
+    made them 1.5x slower: benchmarks/results/scale/one-million-4-bit.json)."""
+    for i in range(n):
+        n_touched = _add(int(docs[first + i]), code_at(codes, start + i), qa, qb, scores, seen, touched, n_touched, flags, whole)
+    return n_touched
+
+
+@overload(scan_postings, inline="always")
+def _scan_postings(docs, first, codes, start, n, qa, qb, scores, seen, touched, n_touched, flags, whole):
+    if isinstance(codes, types.Array) and codes.dtype == types.int8:
+        def pairs(docs, first, codes, start, n, qa, qb, scores, seen, touched, n_touched, flags, whole):
+            i = 0
+            if n > 0 and start & 1:  # a segment starting in a byte's high half
+                n_touched = _add(np.int64(docs[first]), np.uint8(codes[start >> 1]) >> 4, qa, qb, scores, seen, touched, n_touched, flags, whole)
+                i = 1
+            while i + 1 < n:
+                byte = np.uint8(codes[(start + i) >> 1])
+                n_touched = _add(np.int64(docs[first + i]), byte & 15, qa, qb, scores, seen, touched, n_touched, flags, whole)
+                n_touched = _add(np.int64(docs[first + i + 1]), byte >> 4, qa, qb, scores, seen, touched, n_touched, flags, whole)
+                i += 2
+            if i < n:
+                n_touched = _add(np.int64(docs[first + i]), np.uint8(codes[(start + i) >> 1]) & 15, qa, qb, scores, seen, touched, n_touched,
+                                 flags, whole)
+            return n_touched
+        return pairs
+
+    def each(docs, first, codes, start, n, qa, qb, scores, seen, touched, n_touched, flags, whole):
+        for i in range(n):
+            n_touched = _add(np.int64(docs[first + i]), codes[start + i], qa, qb, scores, seen, touched, n_touched, flags, whole)
+        return n_touched
+    return each
+
+
 def pack_nibbles(codes: np.ndarray) -> np.ndarray:
     """uint8 codes below 16, one a posting, as two a byte (:data:`NIBBLES`' layout; uint8, odd counts padded with 0)."""
     codes = np.asarray(codes, np.uint8)
@@ -348,13 +399,8 @@ def search_one_u8(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_doc
             continue
         a = q_weights[j] * scale[t]
         b = q_weights[j] * offset[t]
-        for p in range(indptr[t], indptr[t + 1]):
-            d = docs[p]
-            if not whole and not seen[d]:
-                touched[n_touched] = d
-                n_touched += 1
-            seen[d] = True
-            scores[d] += a * np.float32(code_at(codes, p)) + b
+        s = indptr[t]
+        n_touched = scan_postings(docs, s, codes, s, indptr[t + 1] - s, a, b, scores, seen, touched, n_touched, True, whole)
     return ranked(scores, seen, touched, n_touched, k, whole)
 
 

@@ -22,7 +22,7 @@ scoring loop (each block's gaps into a 128-entry buffer, summed, then scored): n
 is decompressed to a temporary array; :func:`search_one_split` splits one query's documents into
 ranges over Numba's threads, each range decoding only the blocks that can hold its documents
 (found by binary search over the blocks' first doc numbers), as the unpacked index's split
-search does (indexer/kernels.py). With 8-bit impacts only (a compact index): the codes stay
+search does (indexer/kernels.py). With quantised impacts only (a compact index; 8 or 4 bits): the codes stay
 at their posting positions in ``postings_weights.npy``. Not yet as fast as int32 doc numbers:
 on 50k synthetic Zipfian documents x 256 tokens, 80-token queries, 2 contended cores, 4.4 ms a
 query against 2.2 ms (one run, indicative only); 1.01 bytes a posting against 4.
@@ -38,7 +38,7 @@ import numpy as np
 from indexer.diskspace import save_npy
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, accumulator_plan, code_at, ranked
+from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, accumulator_plan, code_at, ranked, scan_postings
 
 BLOCK = 128
 FILES = ("blockfirst", "blockwidth", "packed")  # postings_<name>.npy
@@ -182,7 +182,7 @@ def _first_bad(indptr, list_block, block_word, first, width, words, n_docs):
     return np.int64(-1), np.int64(0), np.int64(-1)
 
 
-# --------------------------------------------------------------------- search (8-bit impacts)
+# --------------------------------------------------------------------- search (quantised impacts)
 @nb.njit(cache=True)
 def search_one(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k,
                whole_from=SCAN_WHOLE_FROM):
@@ -205,13 +205,7 @@ def search_one(indptr, list_block, block_word, first, width, words, codes, scale
         for s in range(a, b, BLOCK):
             size = min(s + BLOCK, b) - s
             _block_docs(words, block_word[blk], first[blk], np.int64(width[blk]), size, buf)
-            for i in range(size):
-                d = buf[i]
-                if not whole and not seen[d]:
-                    touched[n_touched] = d
-                    n_touched += 1
-                seen[d] = True
-                scores[d] += qa * np.float32(code_at(codes, s + i)) + qb
+            n_touched = scan_postings(buf, 0, codes, s, size, qa, qb, scores, seen, touched, n_touched, True, whole)
             blk += 1
     return ranked(scores, seen, touched, n_touched, k, whole)
 

@@ -23,7 +23,7 @@ indexer/kernels.py: a touched list or one pass, chosen for the whole query) and 
 the ranges' lists are merged. Ranges run in parallel over Numba's threads with ``parallel`` True,
 one after another otherwise. Each document is scored by one range with its query tokens added in
 the same order as :func:`indexer.kernels.search_one_u8`, so the ranking and the scores are format
-3's, bit for bit (tests/test_range_docs.py). With 8-bit impacts only (a compact index).
+3's, bit for bit (tests/test_range_docs.py). With quantised impacts only (a compact index; 8 or 4 bits).
 """
 from __future__ import annotations
 
@@ -36,7 +36,15 @@ import numpy as np
 from indexer.diskspace import save_npy
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _top_k_positive, accumulator_plan, code_at, positive_query, ranked
+from indexer.kernels import (
+    SCAN_WHOLE_FROM,
+    _merge_parts,
+    _top_k_positive,
+    accumulator_plan,
+    positive_query,
+    ranked,
+    scan_postings,
+)
 
 RANGE_BITS = 16
 RANGE = 1 << RANGE_BITS
@@ -98,7 +106,7 @@ def _first_bad(indptr, starts, low, n_docs):
     return np.int64(-1), np.int64(-1), 0
 
 
-# --------------------------------------------------------------------- search (8-bit impacts)
+# --------------------------------------------------------------------- search (quantised impacts)
 @nb.njit(cache=True, inline="always")
 def _score_range(indptr, starts, low, codes, scale, offset, q_tokens, q_weights, n_docs, k, r, whole, room, positive):
     """The top k (doc numbers, scores) of range ``r``'s documents. ``positive`` (with ``whole``):
@@ -117,15 +125,8 @@ def _score_range(indptr, starts, low, codes, scale, offset, q_tokens, q_weights,
             continue
         qa = q_weights[j] * scale[t]
         qb = q_weights[j] * offset[t]
-        base = indptr[t]
-        for p in range(base + starts[t, r], base + starts[t, r + 1]):
-            d = np.int64(low[p])
-            if flags:
-                if not whole and not seen[d]:
-                    touched[n_touched] = d
-                    n_touched += 1
-                seen[d] = True
-            scores[d] += qa * np.float32(code_at(codes, p)) + qb
+        a = indptr[t] + starts[t, r]
+        n_touched = scan_postings(low, a, codes, a, indptr[t] + starts[t, r + 1] - a, qa, qb, scores, seen, touched, n_touched, flags, whole)
     top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole) if flags else _top_k_positive(scores, k)
     return top_d + np.int32(lo), top_s
 
