@@ -31,6 +31,7 @@ import numba as nb
 import numpy as np
 
 from indexer.inverted_index import InvertedIndex
+from indexer.kernels import code_at
 from indexer.range_docs import find as range_find
 
 
@@ -118,9 +119,12 @@ def list_max_weights(index: InvertedIndex) -> np.ndarray:
     starts = indptr[nonempty]
     # consecutive non-empty lists are contiguous (empty ones hold nothing between them), so each
     # reduceat segment is exactly one list; the last runs to the end of the weights
-    weights = index.weights[: indptr[-1]]
-    hi = np.maximum.reduceat(weights, starts)
-    lo = np.minimum.reduceat(weights, starts)
+    if index.nibbles:  # two codes a byte: no NumPy reduction reads them
+        lo, hi = _code_bounds(indptr, index.weights, nonempty)
+    else:
+        weights = index.weights[: indptr[-1]]
+        hi = np.maximum.reduceat(weights, starts)
+        lo = np.minimum.reduceat(weights, starts)
     if index.quantised:
         scale, offset = np.asarray(index.scale, np.float32)[nonempty], np.asarray(index.offset, np.float32)[nonempty]
         hi = offset + scale * hi.astype(np.float32)
@@ -185,6 +189,21 @@ def pruned_search(index: InvertedIndex, tokens: np.ndarray, weights: np.ndarray,
 
 
 @nb.njit(cache=True)
+def _code_bounds(indptr, codes, lists):
+    """The smallest and largest code of each of ``lists`` (non-empty), read through :func:`code_at`."""
+    lo = np.empty(lists.shape[0], np.int64)
+    hi = np.empty(lists.shape[0], np.int64)
+    for i in range(lists.shape[0]):
+        t = lists[i]
+        first = np.int64(code_at(codes, indptr[t]))
+        lo[i], hi[i] = first, first
+        for p in range(indptr[t] + 1, indptr[t + 1]):
+            c = np.int64(code_at(codes, p))
+            lo[i], hi[i] = min(lo[i], c), max(hi[i], c)
+    return lo, hi
+
+
+@nb.njit(cache=True)
 def _add_dropped(indptr, docs, weights, scale, offset, cands, tokens, q_weights, scores):
     """``scores[i] += q_weight * doc weight`` for each token of ``tokens`` that document ``cands[i]``
     holds (``cands`` ascending: each binary search starts where the previous one ended). 8-bit
@@ -209,7 +228,7 @@ def _add_dropped(indptr, docs, weights, scale, offset, cands, tokens, q_weights,
                     up = mid
             start = lo
             if lo < hi and docs[lo] == d:
-                w = offset[t] + scale[t] * np.float32(weights[lo]) if quantised else np.float32(weights[lo])
+                w = offset[t] + scale[t] * np.float32(code_at(weights, lo)) if quantised else np.float32(code_at(weights, lo))
                 scores[i] += q_weights[j] * w
 
 
@@ -225,4 +244,4 @@ def _add_dropped_ranged(indptr, starts, low, codes, scale, offset, cands, tokens
         for i in range(cands.shape[0]):
             p = range_find(indptr, starts, low, t, np.int64(cands[i]))
             if p >= 0:
-                scores[i] += q_weights[j] * (offset[t] + scale[t] * np.float32(codes[p]))
+                scores[i] += q_weights[j] * (offset[t] + scale[t] * np.float32(code_at(codes, p)))

@@ -225,3 +225,17 @@ def test_pruned_search_is_prune_then_search_then_rescore(kind):
     for depth in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="depth"):
             pruned_search(index, tokens, weights, 10, 0.7, depth=depth)
+
+
+@pytest.mark.parametrize("layout", ["int32", "packed", "ranged"])
+def test_pruning_reads_4_bit_impacts_as_the_same_codes_a_byte_each(layout):
+    """4-bit impacts (two a byte): the lists' maxima, the rescoring of dropped tokens and the
+    pruned search are those of the same 16-level codes stored one a byte, exactly."""
+    index = tiny_index(seed=8, negative=True).quantise(levels=16)
+    index = index.pack() if layout == "packed" else index.split_ranges() if layout == "ranged" else index
+    nibbles = index.to_nibbles()
+    assert np.array_equal(list_max_weights(nibbles), list_max_weights(index))
+    for seed in range(6):
+        tokens, weights = random_query(seed)
+        got, want = pruned_search(nibbles, tokens, weights, 10, 0.7, depth=30), pruned_search(index, tokens, weights, 10, 0.7, depth=30)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
