@@ -10,7 +10,8 @@ placing): memory is one shard and the per-list tables, whatever the number of do
 ``measure`` opens the postings memory-mapped, reads them once into the page cache (the index must
 fit in RAM), and searches ``--queries`` queries of ``--query-tokens`` Zipfian IDF-weighted tokens
 (as the scale run draws them) with ``InvertedIndex.search``: exactly (one thread, then all, k=10 and
-k=100), and pruned (indexer/query_pruning.py: the fewest highest-weight tokens covering
+k=100; ``--format-3``: also with int32 doc numbers, ``--four-bit``: also with 4-bit impacts, both made in
+memory from the same postings), and pruned (indexer/query_pruning.py: the fewest highest-weight tokens covering
 ``keep_mass`` of the query's weight, the top ``--depth`` of the pruned query rescored exactly with
 the dropped tokens), each with recall@10 against the exact top 10. Times are each query's fastest
 of ``--rounds`` passes; p50 and p99 over the queries.
