@@ -56,7 +56,7 @@ def test_build_then_measure_a_small_corpus(tmp_path, monkeypatch):
         ten_million.build(tmp_path, 10, 16, 1.0, 3)
     out = tmp_path / "r.json"
     ten_million.measure(tmp_path, out, n_queries=4, query_tokens=8, rounds=1, keep_masses=[0.9], depths=[50], threads=[1], command="test",
-                        format_3=True)
+                        format_3=True, four_bit=True)
     table = json.loads(out.read_text())
     rows = {(r[0], r[3], r[4]): r for r in table["rows"]}
     assert rows["exact", 10, 1][5] == rows["exact", 100, 1][5] == 1.0  # recall against itself
@@ -64,3 +64,12 @@ def test_build_then_measure_a_small_corpus(tmp_path, monkeypatch):
     assert 0 < pruned[2] < 1 and 0 <= pruned[5] <= 1
     assert table["details"]["exact_same_on_every_thread_count"] is True
     assert table["details"]["format_3_same_as_format_5"] is True and rows["exact, format 3", 10, 1][5] == 1.0
+    assert 0 <= rows["exact, 4-bit impacts", 10, 1][5] <= 1 and 0 <= rows["pruned 0.9, 4-bit impacts", 10, 1][5] <= 1
+    assert table["details"]["four_bit_impact_bytes"] == (70_000 * 16 + 1) // 2
+    # the 4-bit copy scores as the same 16-level codes one a byte would
+    nib = ten_million.four_bit_copy(index)
+    one = InvertedIndex(index.indptr, None, np.rint(np.asarray(index.weights) / 17).astype(np.uint8), index.n_docs,
+                        (index.scale * 17).astype(np.float32), index.offset, ranges=index.ranges)
+    tokens, weights = np.arange(0, 40, 3, dtype=np.int64), np.linspace(0.5, 2.0, 14).astype(np.float32)
+    for got, want in zip(nib.search(tokens, weights, 10), one.search(tokens, weights, 10)):
+        np.testing.assert_array_equal(got, want)
