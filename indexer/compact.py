@@ -113,9 +113,14 @@ def full_levels(bits: int) -> int:
     return 1 << bits
 
 
+def record_bits(record: dict) -> int:
+    """The bits of the impacts a channel's manifest record names (4 for ``uint4``, else 8)."""
+    return 4 if record.get("impacts") == UINT4_IMPACTS else 8
+
+
 def record_levels(record: dict) -> int:
     """The impact levels a channel's manifest record says its codes use (all its bits hold unless it names fewer)."""
-    return int(record.get("levels", full_levels(4 if record.get("impacts") == UINT4_IMPACTS else 8)))
+    return int(record.get("levels", full_levels(record_bits(record))))
 
 
 def impacts_record(quantisation: str = PER_LIST, levels: int | None = None, bits: int = DEFAULT_IMPACT_BITS) -> dict:
@@ -150,6 +155,15 @@ def compact_channel_files(directory: Path, n_docs: int, quantisation: str = PER_
     if bits == 4:
         InvertedIndex.nibble_saved(Path(directory))
     return record
+
+
+def compact_as_recorded(directory: Path, n_docs: int, record: dict) -> None:
+    """Saved float32 postings in ``directory`` made compact as the channel's manifest ``record``
+    says (its impacts' bits, levels and quantisation, its doc numbers' encoding): what an update
+    writes again after reading the kept weights back dequantised. A record without impacts: left as they are."""
+    if record.get("impacts") is not None:
+        compact_channel_files(directory, n_docs, record.get("quantisation", PER_LIST), record.get("doc_ids"), record_bits(record),
+                              record_levels(record))
 
 
 def pack_channel_files(directory: Path) -> dict:
@@ -290,7 +304,7 @@ def compact_copy(
     ``impact_bits``: 4 stores the aligned-token impacts as 4-bit codes, two a byte (format 6; BM25's
     stay 8-bit); ``impact_levels``: they are spread over fewer codes than their bits hold (16 of 256:
     the precision of 4-bit impacts, one byte each)."""
-    sparse_record = impacts_record(quantisation, impact_levels, impact_bits)
+    impacts_record(quantisation, impact_levels, impact_bits)  # checked before anything is written
     kinds = dense_kinds(dense_kind)
     dropped = dropped_channels(drop)
     if pack_doc_ids and range_doc_ids:
@@ -322,13 +336,11 @@ def compact_copy(
                         shutil.copyfile(src, tmp / rel)
                 if top_k is not None:
                     truncate_channel_files(tmp, m.n_docs, top_k)
-                sparse_info = {**m.sparse, **compact_channel_files(tmp, m.n_docs, quantisation, doc_ids, impact_bits, record_levels(sparse_record)),
+                sparse_info = {**m.sparse, **compact_channel_files(tmp, m.n_docs, quantisation, doc_ids, impact_bits, impact_levels),
                                **({"top_k": top_k} if top_k is not None else {})}
                 lexical_info = None if any(s.manifest_key == "lexical" for s in dropped) else m.lexical
                 if lexical_info is not None and lexical:
-                    quantise_channel_files(tmp / LEXICAL_DIR, quantisation)
-                    lexical_info = {**m.lexical, **impacts_record(quantisation)}
-                    lexical_info |= encode_doc_ids(tmp / LEXICAL_DIR, doc_ids, m.n_docs)
+                    lexical_info = {**m.lexical, **compact_channel_files(tmp / LEXICAL_DIR, m.n_docs, quantisation, doc_ids)}
                 changed: dict = {s.manifest_key: None for s in dropped if s.manifest_key != "lexical"}
                 written: dict[str, str] = {}  # {dense channel: the kind it was written as}
                 for field, name in _DENSE_CHANNELS:
@@ -415,9 +427,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["COMPACT_DENSE_KIND", "COMPACT_DENSE_KINDS", "DEFAULT_COMPACT", "DEFAULT_DOC_IDS", "DEFAULT_IMPACT_BITS", "DOC_ID_ENCODINGS", "GLOBAL",
-           "IMPACT_BITS", "PER_LIST", "QUANTISATIONS", "compact_channel_files", "compact_copy", "compact_dense_kind", "dense_kinds",
+           "IMPACT_BITS", "PER_LIST", "QUANTISATIONS", "compact_as_recorded", "compact_channel_files", "compact_copy", "compact_dense_kind", "dense_kinds",
            "doc_id_encoding", "dropped_channels", "full_levels", "impacts_record", "main", "pack_channel_files", "parse_dense_kind",
-           "quantise_channel_files", "record_levels", "truncate_channel_files"]
+           "quantise_channel_files", "record_bits", "record_levels", "truncate_channel_files"]
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from indexer.channels import CHANNEL_SPECS, LLM_EMBEDDINGS, LM_HEAD, SENTENCE_ENCODER, ChannelSpec, sentence_encoder_specs, spec
-from indexer.compact import PER_LIST, compact_channel_files, encode_doc_ids, quantise_channel_files, record_levels
+from indexer.compact import compact_as_recorded
 from indexer.corpus import CorpusError, Document
 from indexer.dense import DenseIndex, normalise
 from indexer.diskspace import write_bytes
@@ -47,7 +47,7 @@ from indexer.generations import sweep as sweep_generations
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import BM25Builder, make_analyzer
-from indexer.manifest import DOC_IDS, UINT4_IMPACTS, UINT8_IMPACTS, IndexFormatError, Manifest
+from indexer.manifest import DOC_IDS, IndexFormatError, Manifest
 from indexer.reader import open_index
 from indexer.shard_encoder import ShardPlan, chunks, encode_shard
 from indexer.staging import staging_dir
@@ -293,11 +293,9 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
             yield new.tokens, new.weights
 
     n_docs = InvertedIndex.write_from_shards(sparse_parts, vocab, out)
-    if m.compact:  # a compact index stays compact: the kept weights were read back dequantised; quantised again
-        # at the record's levels, the doc numbers of format 4 or 5 encoded again (read back decoded) and 4-bit
-        # impacts packed again (the manifest's sparse record kept)
-        compact_channel_files(out, n_docs, m.sparse.get("quantisation", PER_LIST), m.sparse.get("doc_ids"),
-                              4 if m.sparse["impacts"] == UINT4_IMPACTS else 8, record_levels(m.sparse))
+    # a compact index stays compact: the kept weights were read back dequantised, so they are quantised again at
+    # the record's bits and levels and the doc numbers of format 4 or 5 encoded again (the manifest's sparse record kept)
+    compact_as_recorded(out, n_docs, m.sparse)
     ids = [d.doc_id for d in kept_docs] + [d.doc_id for d in added]
     write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
     n_kept = len(kept_docs)
@@ -349,10 +347,7 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
     if bm25 is not None:
         lex = bm25.finish()
         lex.save(out / BM25.name)
-        if lexical.get("impacts") == UINT8_IMPACTS:
-            quantise_channel_files(out / BM25.name, lexical.get("quantisation", PER_LIST), record_levels(lexical))
-        # BM25's are encoded where compact_copy encoded them (with its 8-bit impacts)
-        encode_doc_ids(out / BM25.name, lexical.get("doc_ids"), n_docs)
+        compact_as_recorded(out / BM25.name, n_docs, lexical)  # as compact_copy or the build left them
         records[BM25.manifest_key] = {**lexical, "n_terms": len(lex.vocab)}
     corpus = {**m.corpus, "updated": True}
     return Manifest(
