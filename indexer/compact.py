@@ -28,18 +28,24 @@ leave channels out and give each dense channel its own kind).
 The measured quality and size: benchmarks/studies/compact_index.py.
 
 The doc numbers of a compact index's postings are stored one of three ways (``doc_ids``;
-``build-index --doc-ids``, :data:`DEFAULT_DOC_IDS` by default):
+``build-index --doc-ids``, by default its ``--profile``'s: bit-packed for ``fast``, range-blocked
+for ``best`` and ``both``, indexer/build_profiles.py; :data:`DEFAULT_DOC_IDS` in Python):
 
 - int32 (format 3, :data:`indexer.manifest.COMPACT_FORMAT_VERSION`): ``postings_docs.npy``;
-- bit-packed (format 4, :data:`indexer.manifest.PACKED_FORMAT_VERSION`): delta-coded in blocks of 128
-  (indexer/packed_docs.py: ``postings_blockfirst``, ``postings_blockwidth``, ``postings_packed``;
-  lossless, the kernels decode a block at a time); the records say ``"doc_ids": "bitpacked-128"``;
-- range-blocked (format 5, :data:`indexer.manifest.RANGE_FORMAT_VERSION`, the default): 16-bit offsets
+- bit-packed (format 7, :data:`indexer.manifest.STREAM_FORMAT_VERSION`): delta-coded in blocks of 128
+  laid end to end on bit boundaries, each list's first doc number in the stream (indexer/packed_docs.py:
+  ``postings_blockskip``, ``postings_blockwidth``, ``postings_packed``; lossless, the kernels decode a
+  block at a time); the records say ``"doc_ids": "bitstream-128"``. Format 4
+  (:data:`indexer.manifest.PACKED_FORMAT_VERSION`, ``"bitpacked-128"``) is its first layout, each block
+  on a word with its first doc number in ``postings_blockfirst``: read, and written again only by an
+  update of such an index;
+- range-blocked (format 5, :data:`indexer.manifest.RANGE_FORMAT_VERSION`): 16-bit offsets
   within ranges of 65,536 documents (indexer/range_docs.py: ``postings_rangestart`` and
   ``postings_low``; lossless, 2 bytes a doc number, searched range by range, 1.4x faster than format 3
   on a million synthetic documents); the records say ``"doc_ids": "range16-65536"``.
 
-The aligned-token impacts can be 4-bit instead (``impact_bits=4``, ``build-index --impact-bits 4``;
+The aligned-token impacts can be 4-bit instead (``impact_bits=4``, ``build-index --impact-bits 4``, the
+default of ``build-index --profile fast``;
 format 6, :data:`indexer.manifest.NIBBLE_FORMAT_VERSION`, with any of the three doc-number layouts):
 16 levels per list, two codes a byte (``postings_weights.npy`` holds half as many bytes as postings,
 rounded up), the record says ``"impacts": "uint4"``; BM25's stay 8-bit. They are quantised and their
@@ -66,12 +72,14 @@ from indexer.inverted_index import IMPACT_LEVELS, InvertedIndex, check_levels
 from indexer.lexical import LEXICAL_DIR
 from indexer.manifest import (
     BITPACKED_DOC_IDS,
+    BITSTREAM_DOC_IDS,
     COMPACT_FORMAT_VERSION,
     MANIFEST,
     NIBBLE_FORMAT_VERSION,
     PACKED_FORMAT_VERSION,
     RANGE_DOC_IDS,
     RANGE_FORMAT_VERSION,
+    STREAM_FORMAT_VERSION,
     UINT4_IMPACTS,
     UINT8_IMPACTS,
     Manifest,
@@ -166,11 +174,13 @@ def compact_as_recorded(directory: Path, n_docs: int, record: dict) -> None:
                               record_levels(record))
 
 
-def pack_channel_files(directory: Path) -> dict:
+def pack_channel_files(directory: Path, doc_ids: str = BITSTREAM_DOC_IDS) -> dict:
     """Saved postings' doc numbers (``postings_docs.npy`` in ``directory``, 8-bit impacts already)
-    bit-packed in place; returns what the channel's manifest record gains."""
-    InvertedIndex.pack_saved(Path(directory))
-    return {"doc_ids": BITPACKED_DOC_IDS}
+    bit-packed in place, as ``doc_ids`` names the layout (the stream of format 7, or the blocks of
+    format 4, which an update of such an index writes again); returns what the channel's manifest
+    record gains."""
+    InvertedIndex.pack_saved(Path(directory), stream=doc_ids == BITSTREAM_DOC_IDS)
+    return {"doc_ids": doc_ids}
 
 
 def range_channel_files(directory: Path, n_docs: int) -> dict:
@@ -180,8 +190,11 @@ def range_channel_files(directory: Path, n_docs: int) -> dict:
     return {"doc_ids": RANGE_DOC_IDS}
 
 
-DOC_ID_ENCODINGS = {"int32": None, "bitpacked": BITPACKED_DOC_IDS, "range16": RANGE_DOC_IDS}  # build-index --doc-ids
-# build-index's default for a compact build: format 5 scans faster than format 3 (1.4x on a million
+# build-index --doc-ids: "bitpacked" writes the stream layout (format 7); format 4's blocks are read,
+# and written again only where an update extends an index that has them
+DOC_ID_ENCODINGS = {"int32": None, "bitpacked": BITSTREAM_DOC_IDS, "range16": RANGE_DOC_IDS}
+# a compact build's default where no layout is named (build_index, compact_copy; build-index takes
+# its --profile's, indexer/build_profiles.py): format 5 scans faster than format 3 (1.4x on a million
 # documents) in 3 bytes a posting instead of 5, ranking bit for bit as format 3; format 4 is smaller
 # still (~2.1 bytes) but decodes at twice format 3's cost a posting (docs/backends-and-scale.md)
 DEFAULT_DOC_IDS = "range16"
@@ -191,23 +204,27 @@ def doc_id_encoding(name: str | None, compact: bool) -> str | None:
     """The manifest's ``doc_ids`` for ``--doc-ids NAME`` (None: the default, :data:`DEFAULT_DOC_IDS`
     for a compact build; a plain build encodes none)."""
     return DOC_ID_ENCODINGS[name or (DEFAULT_DOC_IDS if compact else "int32")]
-_FORMATS = {None: COMPACT_FORMAT_VERSION, BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION}
+_FORMATS = {None: COMPACT_FORMAT_VERSION, BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION,
+            BITSTREAM_DOC_IDS: STREAM_FORMAT_VERSION}
 
 
 def compact_format(doc_ids: str | None, bits: int = DEFAULT_IMPACT_BITS) -> int:
     """The format of a compact index whose doc numbers are stored as ``doc_ids`` names them (None:
-    int32) and whose aligned-token impacts take ``bits`` bits (4: format 6, whatever the doc numbers)."""
+    int32) and whose aligned-token impacts take ``bits`` bits (4: format 6, whatever the doc numbers
+    but the stream, which is format 7 with either width)."""
     if doc_ids not in _FORMATS:
         raise ValueError(f"doc_ids must be one of {sorted(k for k in _FORMATS if k)} or None (int32), not {doc_ids!r}")
     full_levels(bits)
+    if doc_ids == BITSTREAM_DOC_IDS:
+        return STREAM_FORMAT_VERSION
     return NIBBLE_FORMAT_VERSION if bits == 4 else _FORMATS[doc_ids]
 
 
 def encode_doc_ids(directory: Path, doc_ids: str | None, n_docs: int) -> dict:
     """Saved postings' doc numbers as a manifest record names them (``None``: int32, left as
     they are); returns what the record gains."""
-    if doc_ids == BITPACKED_DOC_IDS:
-        return pack_channel_files(directory)
+    if doc_ids in (BITPACKED_DOC_IDS, BITSTREAM_DOC_IDS):
+        return pack_channel_files(directory, doc_ids)
     if doc_ids == RANGE_DOC_IDS:
         return range_channel_files(directory, n_docs)
     return {}
@@ -297,7 +314,7 @@ def compact_copy(
     writes them, :func:`compact_dense_kind`).
     Everything else (documents, ids, projections) is copied as it is, but the channels named in
     ``drop`` (by any of their names; not the aligned tokens), which the copy leaves out.
-    ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 4; BM25's where it is quantised);
+    ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 7; BM25's where it is quantised);
     ``range_doc_ids``: range-blocked instead (format 5).
     ``top_k``: keep only each document's ``top_k`` aligned tokens, fewer than the index holds
     (:func:`truncate_channel_files`: what a build with that top_k writes).
@@ -308,8 +325,8 @@ def compact_copy(
     kinds = dense_kinds(dense_kind)
     dropped = dropped_channels(drop)
     if pack_doc_ids and range_doc_ids:
-        raise ValueError("doc numbers are either bit-packed (format 4) or range-blocked (format 5), not both")
-    doc_ids = BITPACKED_DOC_IDS if pack_doc_ids else RANGE_DOC_IDS if range_doc_ids else None
+        raise ValueError("doc numbers are either bit-packed (format 7) or range-blocked (format 5), not both")
+    doc_ids = BITSTREAM_DOC_IDS if pack_doc_ids else RANGE_DOC_IDS if range_doc_ids else None
     version = compact_format(doc_ids, impact_bits)
     target = Path(out_dir)
     opened = open_index(index_dir)
@@ -402,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drop", action="append", default=[], metavar="CHANNEL",
                    help="leave this channel out of the copy (repeatable; e.g. dense, where no profile searches it)")
     p.add_argument("--quantisation", choices=QUANTISATIONS, default=PER_LIST, help="one 8-bit map per posting list (default) or one for all")
-    p.add_argument("--pack-doc-ids", action="store_true", help="doc numbers delta-coded and bit-packed in blocks of 128 (format 4; lossless)")
+    p.add_argument("--pack-doc-ids", action="store_true", help="doc numbers delta-coded and bit-packed in blocks of 128 (format 7; lossless)")
     p.add_argument("--range-doc-ids", action="store_true",
                    help="doc numbers as 16-bit offsets within ranges of 65,536 documents (format 5; lossless, scans faster than format 3)")
     p.add_argument("--top-k", type=int, default=None, help="keep each document's TOP_K aligned tokens, fewer than the index holds (default: all)")

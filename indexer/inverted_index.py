@@ -13,6 +13,7 @@ import numpy as np
 
 from indexer import kernels
 from indexer.diskspace import allocate_npy, save_npy
+from indexer.errors import IndexFormatError
 from indexer.integrity import check_csr, load_npy
 from indexer.packed_docs import PackedDocs, pack_saved
 from indexer.range_docs import RangeDocs, split_saved
@@ -111,13 +112,15 @@ class InvertedIndex:
             return self.packed.decode(self.indptr)
         return self.docs if self.ranges is None else self.ranges.decode(self.indptr)
 
-    def pack(self) -> InvertedIndex:
-        """This index (8-bit impacts) with its doc numbers bit-packed (indexer/packed_docs.py)."""
+    def pack(self, stream: bool = True) -> InvertedIndex:
+        """This index (8-bit impacts) with its doc numbers bit-packed (indexer/packed_docs.py; ``stream``:
+        the stream layout of format 7, else blocks on words, format 4)."""
         if not self.quantised:
             raise ValueError("packed doc numbers go with 8-bit impacts (a compact index)")
         if self.packed is not None:
             return self
-        return InvertedIndex(self.indptr, None, self.weights, self.n_docs, self.scale, self.offset, PackedDocs.pack(self.indptr, self.doc_numbers()))
+        return InvertedIndex(self.indptr, None, self.weights, self.n_docs, self.scale, self.offset,
+                             PackedDocs.pack(self.indptr, self.doc_numbers(), stream))
 
     def split_ranges(self) -> InvertedIndex:
         """This index (8-bit impacts) with its doc numbers range-blocked (indexer/range_docs.py)."""
@@ -221,9 +224,10 @@ class InvertedIndex:
             save_npy(directory / f"postings_{name}.npy", value.view(np.uint8) if name == "weights" and self.nibbles else value)
 
     @staticmethod
-    def pack_saved(directory: Path) -> None:
-        """Turn saved postings' ``postings_docs.npy`` into packed doc numbers in place (indexer/packed_docs.py)."""
-        pack_saved(Path(directory))
+    def pack_saved(directory: Path, stream: bool = True) -> None:
+        """Turn saved postings' ``postings_docs.npy`` into packed doc numbers in place (indexer/packed_docs.py;
+        ``stream``: format 7's layout, else format 4's)."""
+        pack_saved(Path(directory), stream)
 
     @staticmethod
     def split_saved(directory: Path, n_docs: int) -> None:
@@ -269,14 +273,15 @@ class InvertedIndex:
     @classmethod
     def load(
         cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False,
-        quantised: bool = False, packed: bool = False, ranged: bool = False, nibbles: bool = False,
+        quantised: bool = False, packed: bool = False, ranged: bool = False, nibbles: bool = False, stream: bool | None = None,
     ) -> InvertedIndex:
         """Open saved postings, checked (indexer/integrity.py) before any kernel can read them:
         an out-of-range doc number or offset would make the kernels read or write out of bounds.
         ``n_lists``: the number of posting lists expected (vocabulary size); ``positive``:
         weights must be > 0 (BM25); ``quantised``: 8-bit impacts, ``packed``: bit-packed doc
         numbers, ``ranged``: range-blocked doc numbers, ``nibbles``: 4-bit impacts, two a byte
-        (what the manifest records)."""
+        (what the manifest records); ``stream``: where given, the layout the packed doc numbers
+        must be in (format 7's stream, else format 4's blocks; IndexFormatError otherwise)."""
         if nibbles and not quantised:
             raise ValueError("4-bit impacts are quantised impacts")
         if (packed or ranged) and not quantised:
@@ -292,6 +297,10 @@ class InvertedIndex:
         if nibbles:
             arrays["weights"] = arrays["weights"].view(kernels.NIBBLES)
         packed_docs = PackedDocs.load(Path(directory), arrays["indptr"], n_docs, mmap) if packed else None
+        if packed_docs is not None and stream is not None and packed_docs.stream != stream:
+            found, want = ("blockskip", "blockfirst") if packed_docs.stream else ("blockfirst", "blockskip")
+            raise IndexFormatError(f"{Path(directory)}: postings_{found}.npy found, but the manifest records doc numbers whose layout "
+                                   f"keeps postings_{want}.npy")
         ranges = RangeDocs.load(Path(directory), arrays["indptr"], n_docs, mmap) if ranged else None
         return cls(arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, arrays.get("scale"), arrays.get("offset"), packed_docs, ranges)
 

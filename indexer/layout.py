@@ -20,11 +20,17 @@ IMPACTS = (UINT8_IMPACTS, UINT4_IMPACTS)
 BITPACKED_DOC_IDS = "bitpacked-128"
 # ... or as 16-bit offsets within ranges of 65,536 documents (indexer/range_docs.py, format 5)
 RANGE_DOC_IDS = "range16-65536"
+# ... or bit-packed in blocks of 128 laid end to end on bit boundaries, each list's first doc
+# number in the stream (indexer/packed_docs.py's stream layout, format 7)
+BITSTREAM_DOC_IDS = "bitstream-128"
+PACKED_DOC_IDS = (BITPACKED_DOC_IDS, BITSTREAM_DOC_IDS)  # either layout of packed_docs.py
 
 
 def doc_number_kwargs(record: dict) -> dict[str, bool]:
-    """How a channel's manifest record says its doc numbers are stored, as InvertedIndex.load's keywords."""
-    return {"packed": record.get("doc_ids") == BITPACKED_DOC_IDS, "ranged": record.get("doc_ids") == RANGE_DOC_IDS}
+    """How a channel's manifest record says its doc numbers are stored, as InvertedIndex.load's
+    keywords (``stream``: which layout of packed doc numbers the reader expects to find)."""
+    doc_ids = record.get("doc_ids")
+    return {"packed": doc_ids in PACKED_DOC_IDS, "ranged": doc_ids == RANGE_DOC_IDS, "stream": doc_ids == BITSTREAM_DOC_IDS}
 
 
 def impact_kwargs(record: dict) -> dict[str, bool]:
@@ -32,5 +38,16 @@ def impact_kwargs(record: dict) -> dict[str, bool]:
     return {"quantised": record.get("impacts") in IMPACTS, "nibbles": record.get("impacts") == UINT4_IMPACTS}
 
 
-__all__ = ["BITPACKED_DOC_IDS", "DOC_IDS", "IMPACTS", "MANIFEST", "RANGE_DOC_IDS", "UINT4_IMPACTS", "UINT8_IMPACTS", "doc_number_kwargs",
-           "impact_kwargs"]
+__all__ = [
+    "BITPACKED_DOC_IDS",
+    "BITSTREAM_DOC_IDS",
+    "DOC_IDS",
+    "IMPACTS",
+    "MANIFEST",
+    "PACKED_DOC_IDS",
+    "RANGE_DOC_IDS",
+    "UINT4_IMPACTS",
+    "UINT8_IMPACTS",
+    "doc_number_kwargs",
+    "impact_kwargs",
+]

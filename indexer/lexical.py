@@ -103,11 +103,11 @@ class BM25Index:
 
     @classmethod
     def load(cls, directory: Path, n_docs: int, n_terms: int | None = None, analyzer: str | None = None, quantised: bool = False,
-             packed: bool = False, ranged: bool = False) -> BM25Index:
+             packed: bool = False, ranged: bool = False, stream: bool | None = None) -> BM25Index:
         """Open a saved BM25 index, checked: parameters in range, term ids exactly 0..n-1 (they
         index the posting lists), postings valid with positive weights. ``n_terms`` and
         ``analyzer``: what the manifest records; ``quantised``: 8-bit impacts (indexer/compact.py); ``packed``: bit-packed doc numbers
-        (indexer/packed_docs.py), ``ranged``: range-blocked ones (indexer/range_docs.py)."""
+        (indexer/packed_docs.py; ``stream``: in which layout), ``ranged``: range-blocked ones (indexer/range_docs.py)."""
         path = Path(directory) / BM25_FILE
         meta = read_json(path)
         if not isinstance(meta, dict) or not {"k1", "b", "analyzer", "vocab"} <= set(meta):
@@ -124,7 +124,8 @@ class BM25Index:
         ids = np.fromiter(vocab.values(), np.int64, len(vocab))
         if ids.size and (ids.min() < 0 or ids.max() >= len(vocab) or np.bincount(ids).max() > 1):
             raise IndexFormatError(f"{path}: term ids are not 0..{len(vocab) - 1}, each once")
-        postings = InvertedIndex.load(directory, n_docs, n_lists=len(vocab), positive=True, quantised=quantised, packed=packed, ranged=ranged)
+        postings = InvertedIndex.load(directory, n_docs, n_lists=len(vocab), positive=True, quantised=quantised, packed=packed, ranged=ranged,
+                                     stream=stream)
         return cls(postings, vocab, meta["k1"], meta["b"], meta["analyzer"])
 
 

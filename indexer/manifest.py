@@ -17,9 +17,11 @@ from indexer.checksums import json_checksum
 from indexer.errors import IndexFormatError  # also imported from here (its first home)
 from indexer.layout import (  # also imported from here (their first home)
     BITPACKED_DOC_IDS,
+    BITSTREAM_DOC_IDS,
     DOC_IDS,
     IMPACTS,
     MANIFEST,
+    PACKED_DOC_IDS,
     RANGE_DOC_IDS,
     UINT4_IMPACTS,
     UINT8_IMPACTS,
@@ -49,10 +51,17 @@ RANGE_FORMAT_VERSION = 5
 # doc numbers stored any of the three ways, the record's "doc_ids") are format 6: a reader of formats
 # 3-5 would take the bytes for one code each, and read past the end of the file.
 NIBBLE_FORMAT_VERSION = 6
-COMPACT_VERSIONS = (COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION, NIBBLE_FORMAT_VERSION)  # quantised impacts
+# Compact indexes whose doc numbers are bit-packed as one stream (indexer/packed_docs.py's stream
+# layout: blocks on bit boundaries, each list's first doc number in the stream, "doc_ids":
+# "bitstream-128"; 8-bit or 4-bit impacts) are format 7: a reader of formats 4 and 6 would look
+# for postings_blockfirst.npy and take the blocks to start on words.
+STREAM_FORMAT_VERSION = 7
+COMPACT_VERSIONS = (COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION, NIBBLE_FORMAT_VERSION,
+                    STREAM_FORMAT_VERSION)  # quantised impacts
+NIBBLE_VERSIONS = (NIBBLE_FORMAT_VERSION, STREAM_FORMAT_VERSION)  # the formats whose aligned-token impacts may be 4-bit
 READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, *COMPACT_VERSIONS)
 # the doc-number encodings beside int32, and the format each belongs to
-_DOC_ID_FORMATS = {BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION}
+_DOC_ID_FORMATS = {BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION, BITSTREAM_DOC_IDS: STREAM_FORMAT_VERSION}
 
 
 @dataclass
@@ -91,13 +100,13 @@ class Manifest:
 
     @property
     def compact(self) -> bool:
-        """Quantised impacts (format 3 to 6, indexer/compact.py)."""
+        """Quantised impacts (format 3 to 7, indexer/compact.py)."""
         return self.sparse.get("impacts") in IMPACTS
 
     @property
     def packed(self) -> bool:
-        """Bit-packed doc numbers in the aligned-token postings (format 4, indexer/packed_docs.py)."""
-        return self.sparse.get("doc_ids") == BITPACKED_DOC_IDS
+        """Bit-packed doc numbers in the aligned-token postings (formats 4 and 7, indexer/packed_docs.py)."""
+        return self.sparse.get("doc_ids") in PACKED_DOC_IDS
 
     @property
     def ranged(self) -> bool:
@@ -204,14 +213,16 @@ def _impacts_problem(data: dict, version: int) -> str | None:
     and bit-packed doc numbers go together too, and format 5 and range-blocked ones (in the
     aligned-token postings; BM25's may be encoded or not), and only with 8-bit impacts. Format 6
     and 4-bit aligned-token impacts go together, with the doc numbers stored any of the three ways;
+    format 7 and stream-packed doc numbers go together, with 8-bit or 4-bit aligned-token impacts.
     BM25's impacts are 8-bit in every format."""
     for key in (s.manifest_key for s in CHANNEL_SPECS if s.postings is not None):
         impacts = (data.get(key) or {}).get("impacts")
         if impacts is not None and impacts not in (IMPACTS if key == "sparse" else (UINT8_IMPACTS,)):
             return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}" + (f" or {UINT4_IMPACTS!r}" if key == "sparse" else "")
-        if (impacts == UINT4_IMPACTS) != (version == NIBBLE_FORMAT_VERSION) and key == "sparse":
-            return (f"field 'sparse.impacts': 4-bit impacts are format {NIBBLE_FORMAT_VERSION}, and format {NIBBLE_FORMAT_VERSION} needs them"
-                    f" (format {version}, impacts {impacts!r})")
+        if key == "sparse" and ((impacts == UINT4_IMPACTS and version not in NIBBLE_VERSIONS)
+                                or (version == NIBBLE_FORMAT_VERSION and impacts != UINT4_IMPACTS)):
+            return (f"field 'sparse.impacts': 4-bit impacts are format {NIBBLE_FORMAT_VERSION} (or {STREAM_FORMAT_VERSION}), and format "
+                    f"{NIBBLE_FORMAT_VERSION} needs them (format {version}, impacts {impacts!r})")
         levels = (data.get(key) or {}).get("levels")
         most = 16 if impacts == UINT4_IMPACTS else 256
         if levels is not None and (not _positive_int(levels) or not 2 <= levels <= most or impacts is None):
@@ -222,13 +233,14 @@ def _impacts_problem(data: dict, version: int) -> str | None:
         doc_ids = (data.get(key) or {}).get("doc_ids")
         if doc_ids is not None and doc_ids not in _DOC_ID_FORMATS:
             return f"field '{key}.doc_ids': {doc_ids!r} is not one of {sorted(_DOC_ID_FORMATS)}"
-        if doc_ids is not None and version not in (_DOC_ID_FORMATS[doc_ids], NIBBLE_FORMAT_VERSION):
-            what = "bit-packed" if doc_ids == BITPACKED_DOC_IDS else "range-blocked"
+        allowed = (STREAM_FORMAT_VERSION,) if doc_ids == BITSTREAM_DOC_IDS else (_DOC_ID_FORMATS.get(doc_ids), NIBBLE_FORMAT_VERSION)
+        if doc_ids is not None and version not in allowed:
+            what = "bit-packed" if doc_ids in PACKED_DOC_IDS else "range-blocked"
             return f"field '{key}.doc_ids': {what} doc numbers in an index of format {version} (they are format {_DOC_ID_FORMATS[doc_ids]})"
         if doc_ids is not None and impacts is None:
-            what = "bit-packed" if doc_ids == BITPACKED_DOC_IDS else "range-blocked"
+            what = "bit-packed" if doc_ids in PACKED_DOC_IDS else "range-blocked"
             return f"field '{key}.doc_ids': {what} doc numbers without 8-bit impacts ('{key}.impacts')"
-    if version in COMPACT_VERSIONS and version != NIBBLE_FORMAT_VERSION and data["sparse"].get("impacts") != UINT8_IMPACTS:
+    if version in COMPACT_VERSIONS and version not in NIBBLE_VERSIONS and data["sparse"].get("impacts") != UINT8_IMPACTS:
         return f"field 'sparse.impacts': format {version} needs {UINT8_IMPACTS!r}"
     for doc_ids, fmt in _DOC_ID_FORMATS.items():
         if version == fmt and data["sparse"].get("doc_ids") != doc_ids:
@@ -256,6 +268,6 @@ def _embedding_problem(embedding: dict) -> str | None:
 
 
 
-__all__ = ["BITPACKED_DOC_IDS", "COMPACT_FORMAT_VERSION", "COMPACT_VERSIONS", "DOC_IDS", "FORMAT_VERSION", "IMPACTS", "MANIFEST", "NIBBLE_FORMAT_VERSION",
-           "PACKED_FORMAT_VERSION", "RANGE_DOC_IDS", "RANGE_FORMAT_VERSION", "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "UINT4_IMPACTS",
+__all__ = ["BITPACKED_DOC_IDS", "BITSTREAM_DOC_IDS", "COMPACT_FORMAT_VERSION", "COMPACT_VERSIONS", "DOC_IDS", "FORMAT_VERSION", "IMPACTS", "MANIFEST", "NIBBLE_FORMAT_VERSION",
+           "PACKED_FORMAT_VERSION", "RANGE_DOC_IDS", "RANGE_FORMAT_VERSION", "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "STREAM_FORMAT_VERSION", "UINT4_IMPACTS",
            "UINT8_IMPACTS", "IndexFormatError", "Manifest"]

@@ -1,13 +1,27 @@
-"""Doc numbers of posting lists delta-coded and bit-packed in blocks (issue 53, item 2; format 4).
+"""Doc numbers of posting lists delta-coded and bit-packed in blocks (issue 53, item 2; formats 4 and 7).
 
-Each posting list is cut into blocks of :data:`BLOCK` (128) postings. A block stores its first
-doc number whole (``postings_blockfirst.npy``, int32) and the gaps of the others minus one
-(doc numbers ascend strictly, so a gap is >= 1) at one bit width, the width of its largest
-gap - 1 (``postings_blockwidth.npy``, uint8, 0..32), packed little-endian into 32-bit words
-(``postings_packed.npy``, uint32; each block starts on a word; two zero words of padding at
-the end, so a decoder may always read two words). Nothing else is stored: the first block of
-each list follows from ``postings_indptr`` (ceil(length / 128) blocks per list) and the first
-word of each block from the widths and sizes; both are computed at load (:class:`PackedDocs`).
+Each posting list is cut into blocks of :data:`BLOCK` (128) postings. A block's doc numbers after
+its first are stored as their gaps minus one (doc numbers ascend strictly, so a gap is >= 1) at
+one bit width, the width of its largest gap - 1 (``postings_blockwidth.npy``, uint8, 0..32),
+packed little-endian into 32-bit words (``postings_packed.npy``, uint32, with two zero words of
+padding at the end, so a decoder may always read two words). Two layouts:
+
+- **stream** (format 7, ``"doc_ids": "bitstream-128"``, what is written now): the blocks lie end
+  to end on bit boundaries. Word 0 holds ``F``, the bits of a list's first doc number (enough for
+  the largest doc number); each list starts with its first doc number in ``F`` bits, then its
+  blocks' gaps. The first doc numbers of a list's later blocks, which a split search and a lookup
+  reach by binary search, are ``postings_blockskip.npy`` (int32, one per block that is not its
+  list's first). On the shared collections' short lists (adi: 2.9 postings a list) this is what
+  made bit-packing pay: a whole int32 for each block's first doc number, and each block on a word,
+  cost more than the gaps.
+- **blocks** (format 4, and format 6's ``bitpacked-128``; read, and written where an update
+  extends such an index): each block starts on a word, and every block's first doc number is
+  stored whole (``postings_blockfirst.npy``, int32).
+
+Nothing else is stored: the first block of each list follows from ``postings_indptr``
+(ceil(length / 128) blocks per list), and at load both layouts become the same arrays in memory
+(each block's first doc number, and the bit where its gaps start: :class:`PackedDocs`), which
+the kernels read.
 
 Why bit-packing rather than Stream VByte: Stream VByte's speed comes from one SIMD byte
 shuffle per four integers (``pshufb``), which Numba cannot emit; scalar, it is a branchy
@@ -41,8 +55,10 @@ from indexer.integrity import load_npy
 from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, accumulator_plan, code_at, ranked, scan_postings
 
 BLOCK = 128
-FILES = ("blockfirst", "blockwidth", "packed")  # postings_<name>.npy
-_DTYPES = {"blockfirst": "int32", "blockwidth": "uint8", "packed": "uint32"}
+FILES = ("blockfirst", "blockwidth", "packed")  # postings_<name>.npy of the blocks layout (format 4)
+STREAM_FILES = ("blockskip", "blockwidth", "packed")  # ... of the stream layout (format 7)
+_DTYPES = {"blockfirst": "int32", "blockskip": "int32", "blockwidth": "uint8", "packed": "uint32"}
+STREAM_START = 32  # bits: word 0 of a stream holds the bits of the lists' first doc numbers
 PAD_WORDS = 2
 MAX_WIDTH = 32
 
@@ -60,16 +76,53 @@ def list_blocks(indptr):
 
 
 @nb.njit(cache=True)
-def block_words(indptr, list_block, width):
-    """First word of each block (int64, n_blocks + 1): ceil((size - 1) * width / 32) words a block."""
+def block_bits(indptr, list_block, width):
+    """Blocks layout: the first bit of each block's gaps (int64, n_blocks + 1; each block starts on
+    a word: ceil((size - 1) * width / 32) words a block)."""
     out = np.zeros(list_block[-1] + 1, np.int64)
     for t in range(indptr.shape[0] - 1):
         a, b = indptr[t], indptr[t + 1]
         blk = list_block[t]
         for s in range(a, b, BLOCK):
             size = min(s + BLOCK, b) - s
-            out[blk + 1] = out[blk] + ((size - 1) * np.int64(width[blk]) + 31) // 32
+            out[blk + 1] = out[blk] + ((size - 1) * np.int64(width[blk]) + 31) // 32 * 32
             blk += 1
+    return out
+
+
+@nb.njit(cache=True)
+def stream_layout(indptr, list_block, width, skip, first_bits, words, first):
+    """Stream layout: the first bit of each block's gaps (int64, n_blocks + 1; the last entry the
+    stream's end), each block's first doc number filled into ``first`` (from the stream for a
+    list's first block, from ``skip`` for the others), or (-1-block where ``skip`` is too short or
+    the stream runs past ``words``, as an int64 array of one) for the loader to report."""
+    out = np.zeros(list_block[-1] + 1, np.int64)
+    pos = np.int64(STREAM_START)
+    k = 0
+    mask = _mask(np.int64(first_bits))
+    limit = np.int64(words.shape[0] - PAD_WORDS) * 32
+    for t in range(indptr.shape[0] - 1):
+        a, b = indptr[t], indptr[t + 1]
+        blk = list_block[t]
+        for s in range(a, b, BLOCK):
+            size = min(s + BLOCK, b) - s
+            if s == a:
+                if pos + first_bits > limit:
+                    return np.full(1, -1 - blk, np.int64)
+                first[blk] = np.int32(_gap(words, pos, 0, np.int64(first_bits), mask))
+                pos += first_bits
+            else:
+                if k >= skip.shape[0]:
+                    return np.full(1, -1 - blk, np.int64)
+                first[blk] = skip[k]
+                k += 1
+            out[blk] = pos
+            pos += (size - 1) * np.int64(width[blk])
+            out[blk + 1] = pos
+            blk += 1
+    if pos > limit:
+        return np.full(1, -1 - list_block[-1], np.int64)
+    out[list_block[-1]] = pos
     return out
 
 
@@ -92,31 +145,67 @@ def _widths(indptr, docs, list_block, first, width):
             blk += 1
 
 
+@nb.njit(cache=True, inline="always")
+def _put(words, bitpos, value):
+    """``value`` (< 2**32) into the words at bit ``bitpos``."""
+    wi = bitpos >> 5
+    both = np.uint64(value) << np.uint64(bitpos & 31)
+    words[wi] |= np.uint32(both & np.uint64(0xFFFFFFFF))
+    words[wi + 1] |= np.uint32(both >> np.uint64(32))
+
+
 @nb.njit(cache=True)
-def _fill(indptr, docs, list_block, width, block_word, words):
+def _fill(indptr, docs, list_block, width, block_bit, words):
+    """Every block's gaps - 1 at its bit (both layouts); the stream's first doc numbers are put by the caller."""
     for t in range(indptr.shape[0] - 1):
         a, b = indptr[t], indptr[t + 1]
         blk = list_block[t]
         for s in range(a, b, BLOCK):
             e = min(s + BLOCK, b)
             w = np.int64(width[blk])
-            base = block_word[blk]
+            base = block_bit[blk]
             for p in range(s + 1, e):
-                g = np.uint64(np.int64(docs[p]) - np.int64(docs[p - 1]) - 1)
-                bitpos = (p - s - 1) * w
-                wi = base + (bitpos >> 5)
-                sh = np.uint64(bitpos & 31)
-                both = g << sh
-                words[wi] |= np.uint32(both & np.uint64(0xFFFFFFFF))
-                words[wi + 1] |= np.uint32(both >> np.uint64(32))
+                _put(words, base + (p - s - 1) * w, np.int64(docs[p]) - np.int64(docs[p - 1]) - 1)
             blk += 1
+
+
+@nb.njit(cache=True)
+def _stream_bits(indptr, list_block, width, first_bits):
+    """Stream layout being written: the first bit of each block's gaps (int64, n_blocks + 1)."""
+    out = np.zeros(list_block[-1] + 1, np.int64)
+    pos = np.int64(STREAM_START)
+    for t in range(indptr.shape[0] - 1):
+        a, b = indptr[t], indptr[t + 1]
+        blk = list_block[t]
+        for s in range(a, b, BLOCK):
+            if s == a:
+                pos += first_bits
+            out[blk] = pos
+            pos += (min(s + BLOCK, b) - s - 1) * np.int64(width[blk])
+            blk += 1
+    out[list_block[-1]] = pos
+    return out
+
+
+@nb.njit(cache=True)
+def _put_firsts(indptr, list_block, block_bit, first, first_bits, words, skip):
+    """Stream layout: each list's first doc number just before its first block's gaps, the others into ``skip``."""
+    k = 0
+    for t in range(indptr.shape[0] - 1):
+        a, b = list_block[t], list_block[t + 1]
+        if a == b:
+            continue
+        _put(words, block_bit[a] - first_bits, np.int64(first[a]))
+        for blk in range(a + 1, b):
+            skip[k] = first[blk]
+            k += 1
 
 
 @nb.njit(cache=True, inline="always")
 def _gap(words, base, i, w, mask):
-    """Gap - 1 number ``i`` (0-based) of a block whose words start at ``base``."""
-    bitpos = i * w
-    wi = base + (bitpos >> 5)
+    """Gap - 1 number ``i`` (0-based) of a block whose gaps start at bit ``base``."""
+    bitpos = base + i * w
+    wi = bitpos >> 5
     pair = np.uint64(words[wi]) | (np.uint64(words[wi + 1]) << np.uint64(32))
     return np.int64((pair >> np.uint64(bitpos & 31)) & mask)
 
@@ -128,7 +217,8 @@ def _mask(w):
 
 @nb.njit(cache=True, inline="always")
 def _block_docs(words, base, first_doc, w, size, buf):
-    """A block's ``size`` doc numbers into ``buf``: its gaps decoded (independent of each other), then summed."""
+    """A block's ``size`` doc numbers into ``buf`` (its gaps from bit ``base``): its gaps decoded
+    (independent of each other), then summed."""
     mask = _mask(w)
     buf[0] = first_doc
     for i in range(1, size):
@@ -138,7 +228,7 @@ def _block_docs(words, base, first_doc, w, size, buf):
 
 
 @nb.njit(cache=True)
-def decode_into(indptr, list_block, block_word, first, width, words, out):
+def decode_into(indptr, list_block, block_bit, first, width, words, out):
     """Every doc number, in posting order, into ``out`` (int32, nnz)."""
     for t in range(indptr.shape[0] - 1):
         a, b = indptr[t], indptr[t + 1]
@@ -147,7 +237,7 @@ def decode_into(indptr, list_block, block_word, first, width, words, out):
             e = min(s + BLOCK, b)
             w = np.int64(width[blk])
             mask = _mask(w)
-            base = block_word[blk]
+            base = block_bit[blk]
             d = np.int64(first[blk])
             out[s] = d
             for p in range(s + 1, e):
@@ -157,7 +247,7 @@ def decode_into(indptr, list_block, block_word, first, width, words, out):
 
 
 @nb.njit(cache=True)
-def _first_bad(indptr, list_block, block_word, first, width, words, n_docs):
+def _first_bad(indptr, list_block, block_bit, first, width, words, n_docs):
     """(posting, doc number, block or -1) of the first doc number outside 0..n_docs-1 or not above
     the one before it in its list (the block where it is a block's first, stored whole; -1 where
     it was decoded from the gaps); (-1, 0, -1) when every one is fine. Widths must be <= 32 already."""
@@ -169,7 +259,7 @@ def _first_bad(indptr, list_block, block_word, first, width, words, n_docs):
             e = min(s + BLOCK, b)
             w = np.int64(width[blk])
             mask = _mask(w)
-            base = block_word[blk]
+            base = block_bit[blk]
             d = np.int64(first[blk])
             if d <= prev or d < 0 or d >= n_docs:
                 return s, d, np.int64(blk)
@@ -184,7 +274,7 @@ def _first_bad(indptr, list_block, block_word, first, width, words, n_docs):
 
 # --------------------------------------------------------------------- search (quantised impacts)
 @nb.njit(cache=True)
-def search_one(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k,
+def search_one(indptr, list_block, block_bit, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k,
                whole_from=SCAN_WHOLE_FROM):
     """:func:`indexer.kernels.search_one_u8` with the doc numbers decoded block by block in the
     scoring loop: the same sums in the same order, so the same top-k ids and scores."""
@@ -204,21 +294,21 @@ def search_one(indptr, list_block, block_word, first, width, words, codes, scale
         blk = list_block[t]
         for s in range(a, b, BLOCK):
             size = min(s + BLOCK, b) - s
-            _block_docs(words, block_word[blk], first[blk], np.int64(width[blk]), size, buf)
+            _block_docs(words, block_bit[blk], first[blk], np.int64(width[blk]), size, buf)
             n_touched = scan_postings(buf, 0, codes, s, size, qa, qb, scores, seen, touched, n_touched, True, whole)
             blk += 1
     return ranked(scores, seen, touched, n_touched, k, whole)
 
 
 @nb.njit(cache=True, parallel=True)
-def search_many(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
+def search_many(indptr, list_block, block_bit, first, width, words, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
     """:func:`search_one` of many queries (CSR-packed), padded with doc -1 and score -inf."""
     n_q = q_indptr.shape[0] - 1
     out_d = np.full((n_q, k), -1, dtype=np.int32)
     out_s = np.full((n_q, k), -np.inf, dtype=np.float32)
     for i in nb.prange(n_q):
         a, b = q_indptr[i], q_indptr[i + 1]
-        top_d, top_s = search_one(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_tokens[a:b], q_weights[a:b],
+        top_d, top_s = search_one(indptr, list_block, block_bit, first, width, words, codes, scale, offset, q_tokens[a:b], q_weights[a:b],
                                   n_docs, k)
         out_d[i, : top_d.shape[0]] = top_d
         out_s[i, : top_s.shape[0]] = top_s
@@ -242,7 +332,7 @@ def _first_block_from(list_block, first, t, lo):
 
 
 @nb.njit(cache=True, parallel=True)
-def search_one_split(indptr, list_block, block_word, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts,
+def search_one_split(indptr, list_block, block_bit, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts,
                      whole_from=SCAN_WHOLE_FROM):
     """:func:`search_one` with the documents split into ``parts`` ranges scored in parallel (as
     :func:`indexer.kernels.search_one_u8_split`): each part decodes only the blocks that can hold
@@ -270,7 +360,7 @@ def search_one_split(indptr, list_block, block_word, first, width, words, codes,
             while blk < list_block[t + 1] and first[blk] < hi:
                 s = indptr[t] + (blk - list_block[t]) * BLOCK
                 size = min(s + BLOCK, end) - s
-                _block_docs(words, block_word[blk], first[blk], np.int64(width[blk]), size, buf)
+                _block_docs(words, block_bit[blk], first[blk], np.int64(width[blk]), size, buf)
                 for m in range(size):
                     d = buf[m]
                     if d < lo or d >= hi:
@@ -289,7 +379,7 @@ def search_one_split(indptr, list_block, block_word, first, width, words, codes,
 
 
 @nb.njit(cache=True)
-def find(indptr, list_block, block_word, first, width, words, t, doc):
+def find(indptr, list_block, block_bit, first, width, words, t, doc):
     """The posting of ``doc`` in list ``t``, or -1: a binary search over the blocks' first doc
     numbers, then one block decoded."""
     lo, hi = list_block[t], list_block[t + 1]
@@ -311,7 +401,7 @@ def find(indptr, list_block, block_word, first, width, words, t, doc):
     if d == doc:
         return s
     for p in range(s + 1, e):
-        d += _gap(words, block_word[blk], p - s - 1, w, mask) + 1
+        d += _gap(words, block_bit[blk], p - s - 1, w, mask) + 1
         if d == doc:
             return p
         if d > doc:
@@ -322,17 +412,20 @@ def find(indptr, list_block, block_word, first, width, words, t, doc):
 # --------------------------------------------------------------------- the arrays
 @dataclass
 class PackedDocs:
-    """The packed doc numbers of a CSR index (``indptr`` is the index's)."""
+    """The packed doc numbers of a CSR index (``indptr`` is the index's), in either layout (the
+    module docstring); in memory both are the same arrays."""
 
-    first: np.ndarray  # int32 (n_blocks,)
+    first: np.ndarray  # int32 (n_blocks,): each block's first doc number (read from blockskip and the stream in a stream)
     width: np.ndarray  # uint8 (n_blocks,)
     words: np.ndarray  # uint32 (n_words + PAD_WORDS,)
     list_block: np.ndarray  # int64 (n_lists + 1,): computed
-    block_word: np.ndarray  # int64 (n_blocks + 1,): computed
+    block_bit: np.ndarray  # int64 (n_blocks + 1,): the bit where each block's gaps start; computed
+    stream: bool = True  # the stream layout (format 7); False: blocks on words (format 4)
 
     @classmethod
-    def pack(cls, indptr: np.ndarray, docs: np.ndarray) -> PackedDocs:
-        """Pack ``docs`` (ascending within each list of ``indptr``, as the index stores them)."""
+    def pack(cls, indptr: np.ndarray, docs: np.ndarray, stream: bool = True) -> PackedDocs:
+        """Pack ``docs`` (ascending within each list of ``indptr``, as the index stores them), as a
+        stream (format 7) or, ``stream=False``, in blocks on words (format 4)."""
         indptr = np.asarray(indptr, np.int64)
         docs = np.asarray(docs, np.int32)
         list_block = list_blocks(indptr)
@@ -342,80 +435,118 @@ class PackedDocs:
         _widths(indptr, docs, list_block, first, width)
         if n_blocks and int(width.max()) > MAX_WIDTH:
             raise ValueError("doc numbers not ascending within a posting list")
-        block_word = block_words(indptr, list_block, width)
-        words = np.zeros(int(block_word[-1]) + PAD_WORDS, np.uint32)
-        _fill(indptr, docs, list_block, width, block_word, words)
-        return cls(first, width, words, list_block, block_word)
+        if not stream:
+            block_bit = block_bits(indptr, list_block, width)
+            words = np.zeros(int(block_bit[-1]) // 32 + PAD_WORDS, np.uint32)
+            _fill(indptr, docs, list_block, width, block_bit, words)
+            return cls(first, width, words, list_block, block_bit, stream=False)
+        first_bits = max(1, int(first.max()).bit_length()) if n_blocks else 1
+        block_bit = _stream_bits(indptr, list_block, width, first_bits)
+        words = np.zeros((int(block_bit[-1]) + 31) // 32 + PAD_WORDS, np.uint32)
+        words[0] = first_bits
+        _fill(indptr, docs, list_block, width, block_bit, words)
+        skip = np.zeros(n_blocks - int(np.count_nonzero(np.diff(list_block))), np.int32)
+        _put_firsts(indptr, list_block, block_bit, first, first_bits, words, skip)
+        return cls(first, width, words, list_block, block_bit)
 
     def decode(self, indptr: np.ndarray) -> np.ndarray:
         """Every doc number (int32, nnz), as the unpacked index stores them."""
         out = np.empty(int(indptr[-1]), np.int32)
-        decode_into(np.asarray(indptr, np.int64), self.list_block, self.block_word, self.first, self.width, self.words, out)
+        decode_into(np.asarray(indptr, np.int64), self.list_block, self.block_bit, self.first, self.width, self.words, out)
         return out
+
+    def skip(self) -> np.ndarray:
+        """The stream's ``blockskip``: the first doc numbers of the blocks that are not their list's first."""
+        later = np.ones(self.first.shape[0], bool)
+        later[self.list_block[:-1][np.diff(self.list_block) > 0]] = False
+        return np.ascontiguousarray(self.first[later])
 
     @property
     def nbytes(self) -> int:
-        return int(self.first.nbytes + self.width.nbytes + self.words.nbytes)
+        """Bytes on disk (in memory a stream also holds every block's first doc number)."""
+        return int((self.skip().nbytes if self.stream else self.first.nbytes) + self.width.nbytes + self.words.nbytes)
 
     def save(self, directory: Path, prefix: str = "postings_") -> None:
-        for name, a in zip(FILES, (self.first, self.width, self.words)):
+        names, heads = (STREAM_FILES, self.skip()) if self.stream else (FILES, self.first)
+        for name, a in zip(names, (heads, self.width, self.words)):
             save_npy(Path(directory) / f"{prefix}{name}.npy", a)
 
     @classmethod
     def load(cls, directory: Path, indptr: np.ndarray, n_docs: int, mmap: bool = True, prefix: str = "postings_") -> PackedDocs:
-        """Open and check (before any kernel reads them): block counts and widths against
-        ``indptr`` (already checked), the words' length, and every decoded doc number in
-        0..n_docs-1 and ascending within its list; IndexFormatError naming the file otherwise."""
-        f = {name: Path(directory) / f"{prefix}{name}.npy" for name in FILES}
-        arrays = {name: load_npy(f[name], _DTYPES[name], 1, mmap and name == "packed") for name in FILES}
+        """Open and check (before any kernel reads them) either layout, told by its files (a
+        stream's ``blockskip``, blocks' ``blockfirst``; the manifest's record says which the
+        reader expects: :attr:`stream`): block counts and widths against ``indptr`` (already
+        checked), the words' length, and every decoded doc number in 0..n_docs-1 and ascending
+        within its list; IndexFormatError naming the file otherwise."""
+        stream = (Path(directory) / f"{prefix}blockskip.npy").exists()
+        names = STREAM_FILES if stream else FILES
+        f = {name: Path(directory) / f"{prefix}{name}.npy" for name in names}
+        arrays = {name: load_npy(f[name], _DTYPES[name], 1, mmap and name == "packed") for name in names}
         indptr = np.asarray(indptr, np.int64)
         list_block = list_blocks(indptr)
         n_blocks = int(list_block[-1])
-        for name in ("blockfirst", "blockwidth"):
-            if arrays[name].shape[0] != n_blocks:
-                raise IndexFormatError(f"{f[name]}: {arrays[name].shape[0]} entries, the posting lists have {n_blocks} blocks of {BLOCK}")
+        heads = n_blocks - int(np.count_nonzero(np.diff(list_block))) if stream else n_blocks
+        for name, want in ((names[0], heads), ("blockwidth", n_blocks)):
+            if arrays[name].shape[0] != want:
+                what = "blocks after their list's first" if stream and name == names[0] else "blocks"
+                raise IndexFormatError(f"{f[name]}: {arrays[name].shape[0]} entries, the posting lists have {want} {what} of {BLOCK}")
         width = arrays["blockwidth"]
         if n_blocks and int(width.max()) > MAX_WIDTH:
             bad = int(np.argmax(width > MAX_WIDTH))
             raise IndexFormatError(f"{f['blockwidth']}: bit width {int(width[bad])} of block {bad} is over {MAX_WIDTH}")
-        block_word = block_words(indptr, list_block, width)
-        want = int(block_word[-1]) + PAD_WORDS
-        if arrays["packed"].shape[0] != want:
-            raise IndexFormatError(f"{f['packed']}: {arrays['packed'].shape[0]} words, the blocks' widths need {want}")
-        out = cls(arrays["blockfirst"], width, arrays["packed"], list_block, block_word)
-        at, doc, blk = _first_bad(indptr, list_block, block_word, out.first, width, out.words, n_docs)
+        words = arrays["packed"]
+        if stream:
+            first_bits = int(words[0]) if words.shape[0] > PAD_WORDS else 0
+            if not 1 <= first_bits <= MAX_WIDTH:
+                raise IndexFormatError(f"{f['packed']}: word 0 says first doc numbers take {first_bits} bits (1 to {MAX_WIDTH})")
+            first = np.zeros(n_blocks, np.int32)
+            block_bit = stream_layout(indptr, list_block, width, arrays["blockskip"], first_bits, words, first)
+            if block_bit.shape[0] == 1 and block_bit[0] < 0:
+                raise IndexFormatError(f"{f['packed']}: {words.shape[0]} words end before block {int(-1 - block_bit[0])} "
+                                      f"of what {f['blockwidth'].name}'s widths and {f['blockskip'].name} need")
+            want = (int(block_bit[-1]) + 31) // 32 + PAD_WORDS
+        else:
+            first = arrays["blockfirst"]
+            block_bit = block_bits(indptr, list_block, width)
+            want = int(block_bit[-1]) // 32 + PAD_WORDS
+        if words.shape[0] != want:
+            raise IndexFormatError(f"{f['packed']}: {words.shape[0]} words, the blocks' widths ({f['blockwidth'].name}) need {want}")
+        out = cls(first, width, words, list_block, block_bit, stream)
+        at, doc, blk = _first_bad(indptr, list_block, block_bit, out.first, width, out.words, n_docs)
         if at >= 0 and blk >= 0:
-            raise IndexFormatError(f"{f['blockfirst']}: first doc number {int(doc)} of block {int(blk)} (posting {int(at)}) is outside "
+            where = f["blockfirst"] if not stream else f["packed"] if blk in list_block[:-1] else f["blockskip"]
+            raise IndexFormatError(f"{where}: first doc number {int(doc)} of block {int(blk)} (posting {int(at)}) is outside "
                                    f"0..{n_docs - 1} or not above the block before it in its posting list")
         if at >= 0:
             raise IndexFormatError(f"{f['packed']}: doc number {int(doc)} decoded at posting {int(at)} is outside 0..{n_docs - 1} (undecodable)")
         return out
 
     def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k):
-        return search_one(indptr, self.list_block, self.block_word, self.first, self.width, self.words, codes, scale, offset, q_tokens, q_weights,
+        return search_one(indptr, self.list_block, self.block_bit, self.first, self.width, self.words, codes, scale, offset, q_tokens, q_weights,
                           n_docs, k)
 
     def search_split(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts):
-        return search_one_split(indptr, self.list_block, self.block_word, self.first, self.width, self.words, codes, scale, offset, q_tokens,
+        return search_one_split(indptr, self.list_block, self.block_bit, self.first, self.width, self.words, codes, scale, offset, q_tokens,
                                 q_weights, n_docs, k, parts)
 
     def search_many(self, indptr, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
-        return search_many(indptr, self.list_block, self.block_word, self.first, self.width, self.words, codes, scale, offset, q_indptr, q_tokens,
+        return search_many(indptr, self.list_block, self.block_bit, self.first, self.width, self.words, codes, scale, offset, q_indptr, q_tokens,
                            q_weights, n_docs, k)
 
     def find(self, indptr, t: int, doc: int) -> int:
-        return int(find(indptr, self.list_block, self.block_word, self.first, self.width, self.words, t, doc))
+        return int(find(indptr, self.list_block, self.block_bit, self.first, self.width, self.words, t, doc))
 
 
-def pack_saved(directory: Path) -> None:
+def pack_saved(directory: Path, stream: bool = True) -> None:
     """Turn a saved ``postings_docs.npy`` (beside its ``postings_indptr.npy``) into the packed
-    files, and remove it."""
+    files of either layout, and remove it."""
     directory = Path(directory)
     indptr = load_npy(directory / "postings_indptr.npy", "int64", 1, mmap=False)
     docs = load_npy(directory / "postings_docs.npy", "int32", 1, mmap=True)
-    PackedDocs.pack(indptr, docs).save(directory)
+    PackedDocs.pack(indptr, docs, stream).save(directory)
     del docs
     (directory / "postings_docs.npy").unlink()
 
 
-__all__ = ["BLOCK", "FILES", "PackedDocs", "block_words", "decode_into", "find", "list_blocks", "pack_saved", "search_many", "search_one", "search_one_split"]
+__all__ = ["BLOCK", "FILES", "STREAM_FILES", "PackedDocs", "block_bits", "decode_into", "find", "list_blocks", "pack_saved", "search_many", "search_one",
+           "search_one_split", "stream_layout"]

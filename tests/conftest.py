@@ -212,6 +212,24 @@ def reseal(index: Path) -> None:
     (index / MANIFEST).write_text(json.dumps(data))
 
 
+def format_4_copy(compact: Path, out: Path) -> None:
+    """A format-4 index (doc numbers bit-packed in blocks on words, as builds before format 7
+    wrote them) from a format-3 one: its postings packed in place, the manifest resealed."""
+    import shutil
+
+    from indexer.compact import pack_channel_files
+    from indexer.layout import BITPACKED_DOC_IDS, MANIFEST
+    from indexer.manifest import PACKED_FORMAT_VERSION
+
+    shutil.copytree(Path(compact).resolve(), out)
+    data = json.loads((out / MANIFEST).read_text())
+    for d, key in ((out, "sparse"), (out / "lexical", "lexical")):
+        data[key] |= pack_channel_files(d, BITPACKED_DOC_IDS)
+    data["format_version"] = PACKED_FORMAT_VERSION
+    (out / MANIFEST).write_text(json.dumps(data))
+    reseal(out)
+
+
 def listing(parent: Path) -> list[str]:
     """The names in ``parent``, less the generations its index links point at (an index is a
     link to its current generation, indexer/generations.py): what a user sees as there."""

@@ -22,6 +22,7 @@ from indexer.manifest import (
     MANIFEST,
     NIBBLE_FORMAT_VERSION,
     RANGE_FORMAT_VERSION,
+    STREAM_FORMAT_VERSION,
     UINT4_IMPACTS,
     IndexFormatError,
     Manifest,
@@ -138,7 +139,8 @@ def test_a_4_bit_copy_is_format_6_half_the_code_bytes_and_ranks_as_16_levels_a_b
     layout = {"pack_doc_ids": doc_ids == "packed", "range_doc_ids": doc_ids == "range16"}
     m4 = compact_copy(plain, tmp_path / "u4", impact_bits=4, **layout)
     m8 = compact_copy(plain, tmp_path / "l16", impact_levels=16, **layout)
-    assert m4.format_version == NIBBLE_FORMAT_VERSION and m4.sparse["impacts"] == UINT4_IMPACTS and "levels" not in m4.sparse
+    version = STREAM_FORMAT_VERSION if doc_ids == "packed" else NIBBLE_FORMAT_VERSION  # bit-packed doc numbers: format 7, either width
+    assert m4.format_version == version and m4.sparse["impacts"] == UINT4_IMPACTS and "levels" not in m4.sparse
     assert m4.lexical["impacts"] == "uint8" and m4.compact and m4.build["compacted"]["impact_bits"] == 4
     assert m4.sparse.get("doc_ids") == m8.sparse.get("doc_ids")
     u4, l16 = (tmp_path / "u4").resolve(), (tmp_path / "l16").resolve()
@@ -167,9 +169,9 @@ def test_a_4_bit_index_stays_4_bit_through_an_update(plain, tiny_embedder, encod
 
 def test_build_index_writes_4_bit_impacts(tmp_path, tiny_embedder, encoder):
     corpus = write_corpus(tmp_path / "c", toy_docs(30, seed=5), "beir")
-    m = build_index(corpus, tmp_path / "u4", tiny_embedder, top_k=16, lexical="words", compact=True, doc_ids="bitpacked-128",
+    m = build_index(corpus, tmp_path / "u4", tiny_embedder, top_k=16, lexical="words", compact=True, doc_ids="bitstream-128",
                     impact_bits=4, progress=False)
-    assert m.format_version == NIBBLE_FORMAT_VERSION and m.sparse["impacts"] == UINT4_IMPACTS and m.packed
+    assert m.format_version == STREAM_FORMAT_VERSION and m.sparse["impacts"] == UINT4_IMPACTS and m.packed
     assert m.lexical["impacts"] == "uint8" and verify(tmp_path / "u4").ok
     build_index(corpus, tmp_path / "plain", tiny_embedder, top_k=16, lexical="words", progress=False)
     compact_copy(tmp_path / "plain", tmp_path / "copy", impact_bits=4, pack_doc_ids=True)

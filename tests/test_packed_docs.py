@@ -1,5 +1,6 @@
-"""Bit-packed doc numbers (indexer/packed_docs.py, format 4): lossless against the compact index
-they come from (the same top-k ids and scores, bit for bit), checked at load, and verified."""
+"""Bit-packed doc numbers (indexer/packed_docs.py; the stream of format 7, the blocks of format 4):
+lossless against the compact index they come from (the same top-k ids and scores, bit for bit),
+checked at load, and verified; format 4 indexes still read."""
 from __future__ import annotations
 
 import json
@@ -8,15 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import build_every_channel, reseal
+from conftest import build_every_channel, format_4_copy, reseal
 
 from indexer.compact import compact_copy
 from indexer.inverted_index import InvertedIndex, quantise_weights
 from indexer.manifest import (
     BITPACKED_DOC_IDS,
+    BITSTREAM_DOC_IDS,
     COMPACT_FORMAT_VERSION,
     MANIFEST,
     PACKED_FORMAT_VERSION,
+    STREAM_FORMAT_VERSION,
     IndexFormatError,
     Manifest,
 )
@@ -74,19 +77,25 @@ def assert_same_search(plain: InvertedIndex, packed: InvertedIndex, queries: lis
     np.testing.assert_array_equal(got[1], want[1])
 
 
-def test_edge_lists_round_trip_and_search_exactly(tmp_path):
+@pytest.mark.parametrize("stream", [True, False])
+def test_edge_lists_round_trip_and_search_exactly(tmp_path, stream):
     rng = np.random.default_rng(0)
     lists = edge_lists(rng)
     q8 = index_of(lists, N_DOCS, 0)
-    packed = q8.pack()
-    assert packed.docs is None and packed.packed is not None
+    packed = q8.pack(stream)
+    assert packed.docs is None and packed.packed is not None and packed.packed.stream == stream
     np.testing.assert_array_equal(packed.doc_numbers(), q8.docs)
     assert int(packed.packed.width.max()) == 31  # a gap of 2**31 - 2 (+ 1)
     # saved, loaded and checked as an index is
     packed.save(tmp_path)
     assert not (tmp_path / "postings_docs.npy").exists()
     loaded = InvertedIndex.load(tmp_path, N_DOCS, quantised=True, packed=True)
+    assert loaded.packed.stream == stream and (tmp_path / "postings_blockskip.npy").exists() == stream
     np.testing.assert_array_equal(loaded.doc_numbers(), q8.docs)
+    np.testing.assert_array_equal(loaded.packed.first, packed.packed.first)  # the stream's first doc numbers read back
+    np.testing.assert_array_equal(loaded.packed.block_bit, packed.packed.block_bit)
+    with pytest.raises(IndexFormatError, match="postings_blockskip.npy" if stream else "postings_blockfirst.npy"):
+        InvertedIndex.load(tmp_path, N_DOCS, quantised=True, packed=True, stream=not stream)  # the manifest expects the other layout
     for t, lst in enumerate(lists):
         for d in lst[:: max(1, len(lst) // 40)]:
             p = loaded.packed.find(loaded.indptr, t, int(d))
@@ -98,13 +107,13 @@ def test_edge_lists_round_trip_and_search_exactly(tmp_path):
     np.testing.assert_array_equal(loaded.contributions(tokens, N_DOCS - 1), q8.contributions(tokens, N_DOCS - 1))
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_random_lists_search_exactly_as_unpacked(seed):
+@pytest.mark.parametrize("seed, stream", [(1, True), (2, True), (3, False)])
+def test_random_lists_search_exactly_as_unpacked(seed, stream):
     rng = np.random.default_rng(seed)
     n_docs = int(rng.integers(300, 5000))
     lists = random_lists(rng, 200, n_docs) + [np.zeros(0, np.int32), np.arange(n_docs, dtype=np.int32)]
     q8 = index_of(lists, n_docs, seed)
-    packed = q8.pack()
+    packed = q8.pack(stream)
     np.testing.assert_array_equal(packed.doc_numbers(), q8.docs)
     queries = []
     for _ in range(25):
@@ -137,7 +146,7 @@ def test_one_query_split_by_document_range_is_the_packed_search_bit_for_bit(seed
         weights = rng.normal(size=n).astype(np.float32)  # negative weights too
         for k in (0, 1, 10, n_docs + 3):
             want = packed.search(tokens, weights, k)
-            arrays = (packed.indptr, p.list_block, p.block_word, p.first, p.width, p.words, packed.weights, packed.scale, packed.offset)
+            arrays = (packed.indptr, p.list_block, p.block_bit, p.first, p.width, p.words, packed.weights, packed.scale, packed.offset)
             for parts in (1, 2, 3, 7, n_docs + 2):  # more parts than documents: empty ranges
                 got = search_one_split(*arrays, tokens, weights, n_docs, k, parts)
                 np.testing.assert_array_equal(got[0], want[0])
@@ -164,61 +173,82 @@ def test_packing_needs_8_bit_impacts_and_ascending_docs():
         PackedDocs.pack(np.array([0, 2], np.int64), np.array([5, 3], np.int32))
 
 
+def test_the_stream_is_smaller_than_the_blocks_on_short_lists():
+    # adi-like: 82 documents, lists of 1-5 postings; each block's int32 first doc number and its
+    # word alignment are what the stream saves (and every doc number still reads back)
+    rng = np.random.default_rng(7)
+    lists = [np.sort(rng.choice(82, int(n), replace=False)).astype(np.int32) for n in rng.integers(1, 6, 3000)]
+    q8 = index_of(lists, 82, 7)
+    stream, blocks = q8.pack(True).packed, q8.pack(False).packed
+    assert stream.nbytes < blocks.nbytes / 2
+    assert int(stream.words[0]) == 7  # doc numbers up to 81: 7 bits each list's first
+    assert stream.skip().shape[0] == 0  # no list has a second block
+    np.testing.assert_array_equal(stream.decode(q8.indptr), q8.docs)
+
+
 # ------------------------------------------------------------------ indexes
 QUERIES = ["cat and dog near the river", "computer memory", "game", "a puzzle for the team", "snow", "river bank money"]
 
 
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory, tiny_tokenizer):
-    """A plain tiny index and its compact copies: format 3 (int32 doc numbers) and 4 (packed)."""
+    """A plain tiny index and its compact copies: format 3 (int32 doc numbers), 7 (packed as a
+    stream) and 4 (packed in blocks, as sessions before format 7 wrote it: format 3's postings
+    packed in place)."""
     pytest.importorskip("sentence_transformers")
     root = tmp_path_factory.mktemp("packed")
     embedder = build_every_channel(root, tiny_tokenizer)
     compact_copy(root / "plain", root / "compact")
     m = compact_copy(root / "plain", root / "packed", pack_doc_ids=True)
-    assert m.format_version == PACKED_FORMAT_VERSION
+    assert m.format_version == STREAM_FORMAT_VERSION
+    format_4_copy(root / "compact", root / "blocks")
     return root, embedder
 
 
-def test_a_packed_copy_is_format_4_and_verifies(indexes):
+@pytest.mark.parametrize("name, version, doc_ids, head", [
+    ("packed", STREAM_FORMAT_VERSION, BITSTREAM_DOC_IDS, "postings_blockskip.npy"),
+    ("blocks", PACKED_FORMAT_VERSION, BITPACKED_DOC_IDS, "postings_blockfirst.npy"),
+])
+def test_a_packed_copy_is_its_format_and_verifies(indexes, name, version, doc_ids, head):
     root, _ = indexes
-    m = Manifest.read((root / "packed").resolve())
-    assert m.packed and m.compact and m.sparse["doc_ids"] == m.lexical["doc_ids"] == BITPACKED_DOC_IDS
+    m = Manifest.read((root / name).resolve())
+    assert m.format_version == version and m.packed and m.compact and m.sparse["doc_ids"] == m.lexical["doc_ids"] == doc_ids
     assert Manifest.read((root / "compact").resolve()).format_version == COMPACT_FORMAT_VERSION
-    d = (root / "packed").resolve()
+    d = (root / name).resolve()
     assert not (d / "postings_docs.npy").exists() and not (d / "lexical" / "postings_docs.npy").exists()
-    for rel in ("postings_blockfirst.npy", "postings_blockwidth.npy", "postings_packed.npy", "lexical/postings_packed.npy"):
+    for rel in (head, "postings_blockwidth.npy", "postings_packed.npy", "lexical/postings_packed.npy"):
         assert rel in m.files
-    report = verify(root / "packed")
+    report = verify(root / name)
     assert report.ok, report.problems
 
 
-def test_a_packed_index_searches_exactly_as_the_compact_one(indexes):
+@pytest.mark.parametrize("name", ["packed", "blocks"])
+def test_a_packed_index_searches_exactly_as_the_compact_one(indexes, name):
     from retriever.retriever import Retriever
 
     root, embedder = indexes
-    a, b = open_index(root / "compact"), open_index(root / "packed")
+    a, b = open_index(root / "compact"), open_index(root / name)
     try:
         for mode in ("sparse", "bm25"):
             x, y = a.channels[mode], b.channels[mode]
             x, y = (x.postings, y.postings) if mode == "bm25" else (x, y)
-            assert y.packed is not None and y.docs is None and x.packed is None
+            assert y.packed is not None and y.docs is None and x.packed is None and y.packed.stream == (name == "packed")
             np.testing.assert_array_equal(y.doc_numbers(), x.docs)
     finally:
         a.close()
         b.close()
     for mode in ("sparse", "bm25", "hybrid"):
         runs = []
-        for name in ("compact", "packed"):
-            with Retriever.load(root / name, embedder=embedder, query_encoder="llm", profile=None) as r:
+        for index in ("compact", name):
+            with Retriever.load(root / index, embedder=embedder, query_encoder="llm", profile=None) as r:
                 runs.append([[(h.doc_id, h.score) for h in hits] for hits in r.batch_search(QUERIES, k=10, mode=mode)])
         assert runs[0] == runs[1], mode
         assert any(runs[0]), mode
 
 
-def _copy(indexes, tmp_path: Path, name: str) -> Path:
+def _copy(indexes, tmp_path: Path, name: str, src: str = "packed") -> Path:
     index = tmp_path / name
-    shutil.copytree((indexes[0] / "packed").resolve(), index)
+    shutil.copytree((indexes[0] / src).resolve(), index)
     return index
 
 
@@ -235,16 +265,27 @@ def test_a_flipped_byte_is_one_line_of_verify(indexes, tmp_path):
     assert len(lines) == 1 and "checksum" in lines[0], report.problems
 
 
-@pytest.mark.parametrize("rel, damage, says", [
-    ("postings_packed.npy", lambda a: np.full_like(a, 0xFFFFFFFF), "undecodable"),
-    ("postings_packed.npy", lambda a: a[:-1], "words"),
-    ("postings_blockwidth.npy", lambda a: np.where(np.arange(a.size) == 0, 40, a).astype(np.uint8), "over 32"),
-    ("postings_blockfirst.npy", lambda a: a[:-1], "blocks of 128"),
-    ("postings_blockfirst.npy", lambda a: np.full_like(a, -1), "outside"),
-    ("lexical/postings_packed.npy", lambda a: np.full_like(a, 0xFFFFFFFF), "undecodable"),
+def _words_past_first(a: np.ndarray) -> np.ndarray:
+    out = np.full_like(a, 0xFFFFFFFF)
+    out[0] = a[0]  # the stream's first-doc width kept: the doc numbers are what is damaged
+    return out
+
+
+@pytest.mark.parametrize("src, rel, damage, says", [
+    ("packed", "postings_packed.npy", _words_past_first, "outside|undecodable"),
+    ("packed", "postings_packed.npy", lambda a: a[:-1], "words"),
+    ("packed", "postings_packed.npy", lambda a: np.where(np.arange(a.size) == 0, 0, a).astype(np.uint32), "word 0"),
+    ("packed", "postings_blockwidth.npy", lambda a: np.where(np.arange(a.size) == 0, 40, a).astype(np.uint8), "over 32"),
+    ("packed", "postings_blockwidth.npy", lambda a: np.full_like(a, 32), "words"),
+    ("packed", "lexical/postings_packed.npy", _words_past_first, "outside|undecodable"),
+    ("blocks", "postings_packed.npy", lambda a: np.full_like(a, 0xFFFFFFFF), "undecodable"),
+    ("blocks", "postings_packed.npy", lambda a: a[:-1], "words"),
+    ("blocks", "postings_blockfirst.npy", lambda a: a[:-1], "blocks of 128"),
+    ("blocks", "postings_blockfirst.npy", lambda a: np.full_like(a, -1), "outside"),
+    ("blocks", "lexical/postings_packed.npy", lambda a: np.full_like(a, 0xFFFFFFFF), "undecodable"),
 ])  # fmt: skip
-def test_structural_damage_is_refused_by_name(indexes, tmp_path, rel, damage, says):
-    index = _copy(indexes, tmp_path, "damaged")
+def test_structural_damage_is_refused_by_name(indexes, tmp_path, src, rel, damage, says):
+    index = _copy(indexes, tmp_path, "damaged", src)
     np.save(index / rel, damage(np.load(index / rel)))
     reseal(index)  # only the structural checks can see it now
     with pytest.raises(IndexFormatError, match=says) as err:
@@ -258,7 +299,10 @@ def test_format_and_packed_doc_ids_must_agree(indexes, tmp_path):
     root, _ = indexes
     for name, src, change, says in (
         ("packed-as-3", "packed", lambda m: m.update(format_version=COMPACT_FORMAT_VERSION), "doc numbers in an index of format 3"),
+        ("stream-as-4", "packed", lambda m: m.update(format_version=PACKED_FORMAT_VERSION), "doc numbers in an index of format 4"),
+        ("blocks-as-7", "blocks", lambda m: m.update(format_version=STREAM_FORMAT_VERSION), "doc numbers in an index of format 7"),
         ("compact-as-4", "compact", lambda m: m.update(format_version=PACKED_FORMAT_VERSION), "format 4 needs 'bitpacked-128'"),
+        ("compact-as-7", "compact", lambda m: m.update(format_version=STREAM_FORMAT_VERSION), "format 7 needs 'bitstream-128'"),
         ("unknown", "packed", lambda m: m["sparse"].update(doc_ids="vbyte"), "'vbyte' is not one of"),
         ("no-impacts", "packed", lambda m: m["lexical"].pop("impacts"), "without 8-bit impacts"),
     ):
@@ -276,5 +320,8 @@ def test_a_reader_of_formats_1_to_3_refuses_a_packed_index(indexes, monkeypatch)
 
     monkeypatch.setattr(manifest, "READABLE_VERSIONS", (1, 2, 3))
     with pytest.raises(IndexFormatError, match="index format 4"):
+        Manifest.read((indexes[0] / "blocks").resolve())
+    monkeypatch.setattr(manifest, "READABLE_VERSIONS", (1, 2, 3, 4, 5, 6))  # a reader of session 18
+    with pytest.raises(IndexFormatError, match="index format 7"):
         Manifest.read((indexes[0] / "packed").resolve())
     Manifest.read((indexes[0] / "compact").resolve())

@@ -15,12 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, save_tiny_sentence_encoder, toy_docs, write_corpus
+from conftest import REPO, format_4_copy, save_tiny_sentence_encoder, toy_docs, write_corpus
 
 from indexer.build import build_index
 from indexer.compact import compact_copy
 from indexer.corpus import CorpusError, CorpusSpec, document_from_object
-from indexer.manifest import BITPACKED_DOC_IDS, PACKED_FORMAT_VERSION, RANGE_DOC_IDS, RANGE_FORMAT_VERSION, Manifest
+from indexer.manifest import (
+    BITPACKED_DOC_IDS,
+    BITSTREAM_DOC_IDS,
+    PACKED_FORMAT_VERSION,
+    RANGE_DOC_IDS,
+    RANGE_FORMAT_VERSION,
+    STREAM_FORMAT_VERSION,
+    Manifest,
+)
 from indexer.reader import open_index
 from indexer.stored_documents import StoredDocuments
 from indexer.updates import UpdateError, update_index
@@ -136,21 +144,26 @@ def test_both_encoder_channels_update_as_a_rebuild(tmp_path, tiny_embedder, enco
     assert verify(tmp_path / "index").ok
 
 
-@pytest.mark.parametrize("encoded", ["packed", "ranged"])
+@pytest.mark.parametrize("encoded", ["packed", "blocks", "ranged"])
 def test_an_encoded_index_updates_as_its_int32_compact_copy(tmp_path, tiny_embedder, encoder, encoded):
-    """Format 4 (bit-packed doc numbers) stays format 4 through an update, format 5 (range-blocked)
-    format 5, and each ranks exactly as the same update of the format-3 copy (int32 doc numbers) of the same index."""
+    """Format 7 (bit-packed doc numbers) stays format 7 through an update, format 4 (packed in
+    blocks, as builds before format 7 wrote them) format 4, format 5 (range-blocked) format 5, and
+    each ranks exactly as the same update of the format-3 copy (int32 doc numbers) of the same index."""
     initial, add, deleted, _ = changes()
     build(write_corpus(tmp_path / "a", initial, "beir"), tmp_path / "plain", tiny_embedder, encoder)
     compact_copy(tmp_path / "plain", tmp_path / "compact")
-    compact_copy(tmp_path / "plain", tmp_path / "packed", pack_doc_ids=encoded == "packed", range_doc_ids=encoded == "ranged")
+    if encoded == "blocks":
+        format_4_copy(tmp_path / "compact", tmp_path / "packed")
+    else:
+        compact_copy(tmp_path / "plain", tmp_path / "packed", pack_doc_ids=encoded == "packed", range_doc_ids=encoded == "ranged")
     for name in ("compact", "packed"):
         report = update_index(tmp_path / name, add=as_documents(add), delete=deleted, embedder=tiny_embedder, encoder=encoder, progress=False)
         assert (report.added, report.replaced, report.deleted, report.n_docs) == (10, 3, 3, 37), name
     m = Manifest.read((tmp_path / "packed").resolve())
-    version, doc_ids, files = {"packed": (PACKED_FORMAT_VERSION, BITPACKED_DOC_IDS, "postings_packed.npy"),
+    version, doc_ids, files = {"packed": (STREAM_FORMAT_VERSION, BITSTREAM_DOC_IDS, "postings_blockskip.npy"),
+                               "blocks": (PACKED_FORMAT_VERSION, BITPACKED_DOC_IDS, "postings_blockfirst.npy"),
                                "ranged": (RANGE_FORMAT_VERSION, RANGE_DOC_IDS, "postings_low.npy")}[encoded]
-    assert m.format_version == version and getattr(m, encoded) and m.compact
+    assert m.format_version == version and getattr(m, "ranged" if encoded == "ranged" else "packed") and m.compact
     assert m.sparse["doc_ids"] == m.lexical["doc_ids"] == doc_ids and m.build["updates"] == 1
     d = (tmp_path / "packed").resolve()
     assert not (d / "postings_docs.npy").exists() and not (d / "lexical" / "postings_docs.npy").exists()
@@ -162,7 +175,7 @@ def test_an_encoded_index_updates_as_its_int32_compact_copy(tmp_path, tiny_embed
     try:
         assert a.doc_ids == b.doc_ids
         for x, y in ((a.channels["sparse"], b.channels["sparse"]), (a.channels["bm25"].postings, b.channels["bm25"].postings)):
-            coded = y.packed if encoded == "packed" else y.ranges
+            coded = y.ranges if encoded == "ranged" else y.packed
             assert x.packed is None and x.ranges is None and coded is not None and y.docs is None
             np.testing.assert_array_equal(y.indptr, x.indptr)
             np.testing.assert_array_equal(y.doc_numbers(), x.docs)

@@ -70,7 +70,7 @@ def searchers(indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, n: int,
     else:
         codes, scale, offset = quantise_weights(indptr, weights)
         p = packed_docs.PackedDocs.pack(indptr, docs)
-        arrays = (indptr, p.list_block, p.block_word, p.first, p.width, p.words, codes, scale, offset)
+        arrays = (indptr, p.list_block, p.block_bit, p.first, p.width, p.words, codes, scale, offset)
 
         def one(t, w, f):
             return packed_docs.search_one(*arrays, t, w, n, k, f)

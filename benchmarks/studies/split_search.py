@@ -43,7 +43,7 @@ def searches(indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, n: int, 
                 lambda t, w: kernels.search_one_split(indptr, docs, weights, t, w, n, k, 2))
     codes, scale, offset = quantise_weights(indptr, weights)
     p = packed_docs.PackedDocs.pack(indptr, docs)
-    arrays = (indptr, p.list_block, p.block_word, p.first, p.width, p.words, codes, scale, offset)
+    arrays = (indptr, p.list_block, p.block_bit, p.first, p.width, p.words, codes, scale, offset)
     return (lambda t, w: packed_docs.search_one(*arrays, t, w, n, k),
             lambda t, w: packed_docs.search_one_split(*arrays, t, w, n, k, 2))
 
