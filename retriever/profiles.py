@@ -1,4 +1,6 @@
-"""Operating points: one index, two ways to search it, chosen when it is loaded (no rebuild).
+"""Operating points: two ways to search, chosen when an index is loaded. ``build-index --profile``
+builds the channels of one (``fast``, the default, or ``best``) or of both in one index
+(``both``: either chosen at load time, no rebuild); indexer/build_profiles.py.
 
 - ``fast`` (the default): no LLM forward per query. The sparse channel searches the query's own
   tokens (``query_encoder="none"``: the LLM's tokenizer alone is loaded), beside BM25 and the
@@ -6,8 +8,8 @@
   beside BM25 and MiniLM (BENCHMARKS.md, "expansion-depth"), and costs a model load and ~7 ms
   a query.
 - ``best``: the same fusion over the stronger, ~5x costlier all-mpnet-base-v2 in the second
-  encoder channel ("encoder2", which ``build-index`` builds by default where mpnet is
-  installed), still with no LLM forward per query. Held out, it beat BM25 + mpnet fused (the
+  encoder channel ("encoder2", which ``build-index --profile best`` or ``both`` builds where
+  mpnet is installed), still with no LLM forward per query. Held out, it beat BM25 + mpnet fused (the
   higher anchor a user would pick) by +0.014 (0.5707 vs 0.5571; 4 of 5 collections, npl -0.008;
   every fold chose this setting), while adding the LLM's query expansion and dense channel to it
   gave 0.5689: beside mpnet, the LLM reading the query added nothing on these collections
@@ -103,6 +105,15 @@ def fit_profile(name: str | Profile, channels: Iterable[str]) -> Profile:
         return sum(w for c, w in weights.items() if c in held) / max(sum(weights.values()), 1e-12)
 
     return max(settings, key=held_weight)  # the first of equals: the profile's own
+
+
+def auto_profile(channels: Iterable[str]) -> str | None:
+    """The profile ``--profile auto`` searches an index holding ``channels`` at: the first (the
+    default first) whose own setting it holds every channel of, so that an index built for
+    ``best`` (``build-index --profile best``: no MiniLM) is searched at ``best``; None where none
+    is held whole (an index of an earlier default, searched as it was built to be)."""
+    held = set(channels)
+    return next((name for name in PROFILE_NAMES if set(PROFILES[name].channels) <= held), None)
 
 
 def profile_arg(text: str) -> str:

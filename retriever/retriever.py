@@ -49,7 +49,7 @@ from retriever.filters import MetadataFilters
 from retriever.fusion import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Fusion, default_fusion
 from retriever.hit import Hit
 from retriever.hybrid import FUSION_DEPTH, HybridSearch
-from retriever.profiles import DEFAULT_PROFILE, Profile, fit_profile, get_profile
+from retriever.profiles import Profile, auto_profile, fit_profile, get_profile
 from retriever.pruning import SparsePruning
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
@@ -406,14 +406,20 @@ class Retriever:
         # file opened and checked before spending seconds on the model
         opened = open_index(index_dir, verify=verify, mmap=kwargs.get("mmap", True))
         if profile == "auto":
-            fits = set(get_profile(DEFAULT_PROFILE).channels) <= set(opened.channels)
-            profile = DEFAULT_PROFILE if fits else None  # else an index of an earlier default, searched as it was built to be
+            # the default profile where the index holds its channels, else the one it was built for
+            # (build-index --profile best holds no MiniLM), else none: an index of an earlier default,
+            # searched as it was built to be
+            profile = auto_profile(opened.channels)
         elif profile is not None:
-            profile = fit_profile(profile, opened.channels)
-            lacking = sorted(set(profile.channels) - set(opened.channels))
+            wanted = get_profile(profile)
+            profile = fit_profile(wanted, opened.channels)
+            lacking = sorted(set(wanted.channels) - set(opened.channels))
             if lacking:
-                log.warning("%s: profile %r weighs channel(s) %s this index lacks; rebuild with build-index's default channels to have them",
-                            index_dir, get_profile(profile).name, ", ".join(lacking))
+                still = sorted(set(profile.channels) - set(opened.channels))
+                searched = "" if profile is wanted else (f"; searching its fallback ({profile.summary})"
+                                                         + (f", without {', '.join(still)}" if still else ""))
+                log.warning("%s: profile %r weighs channel(s) %s this index lacks%s; build-index --profile %s (or both) builds them",
+                            index_dir, wanted.name, ", ".join(lacking), searched, wanted.name)
         if profile is None and query_encoder is None:
             query_encoder = "auto"
         try:

@@ -441,18 +441,19 @@ def test_default_system_is_build_index_and_search_index_without_flags(tmp_path: 
     settings = systems.Settings(work_dir=tmp_path / "work", progress=False, top_k=8)
     dense = systems.make("dense", settings, shared)  # the shared index gets dense; "default" keeps its own
     default = systems.make("default", settings, shared)
-    engine = shared["aligned-tokens-default"]
+    engine = shared["aligned-tokens-default-fast"]
     engine.embedder = systems.shared_engine(settings, shared).embedder = tiny_embedder
     default.index(ds)
     dense.index(ds)
     r = engine.retriever
     assert [m for m in r.modes if m != "hybrid"] == list(default_channels()) and default.mode == r.default_mode == "hybrid"
     assert engine.top_k != 8 and default.params()["channels"] == list(default_channels())  # --top-k is not the default's
-    from indexer.compact import DEFAULT_DOC_IDS
+    from indexer.build_profiles import BUILD_PROFILES
     from indexer.manifest import Manifest
 
-    built = Manifest.read(r.index_dir)  # what build-index writes with no flags: compact, its doc numbers encoded as by default
-    assert built.compact and built.ranged == (DEFAULT_DOC_IDS == "range16")
+    built = Manifest.read(r.index_dir)  # what build-index writes with no flags: compact, laid out as --profile fast says
+    fast = BUILD_PROFILES["fast"]
+    assert built.compact and built.packed == (fast.doc_ids == "bitpacked") and (built.sparse["impacts"] == "uint4") == (fast.impact_bits == 4)
     texts = list(ds.queries.values())
     reference = Retriever.load(r.index_dir, embedder=tiny_embedder)
     encoded, _ = default.encode(texts)
@@ -543,7 +544,7 @@ def test_the_default_system_takes_the_query_encoder_and_feedback_it_is_given(tmp
     fb = Feedback(2, 4, 0.5)
     settings = systems.Settings(work_dir=tmp_path / "work", progress=False, query_encoder="none", feedback=fb)
     default = systems.make("default", settings, shared)
-    engine = shared["aligned-tokens-default"]
+    engine = shared["aligned-tokens-default-fast"]
     engine.embedder = tiny_embedder
     default.index(ds)
     r = engine.retriever

@@ -54,14 +54,15 @@ def test_build_index_keep_case_is_recorded_and_reloaded(toy_corpus, tiny_model_d
     assert Retriever.load(tmp_path / "index").embedder.config.fold_all_caps is False
 
 
-def test_build_index_without_channel_flags_builds_the_best_measured_set(toy_corpus, tiny_model_dir, tmp_path, capsys):
+def test_build_index_without_flags_builds_the_fast_profiles_index(toy_corpus, tiny_model_dir, tmp_path, capsys, caplog):
     from indexer.channel_set import default_channels
 
     assert build_cli.main(["--corpus", str(toy_corpus), "--index", str(tmp_path / "i"), "--model", str(tiny_model_dir), "--adapter", "none",
                            "--top-k", "16"]) == 0
     out = capsys.readouterr().out
-    want = default_channels()  # with both encoders where MiniLM and mpnet are installed (make installs them)
-    assert out.startswith("channels: sparse, ") and "(the default" in out
+    want = default_channels()  # fast's: aligned tokens, BM25, MiniLM where it is installed (make installs it)
+    assert want == default_channels("fast") and "encoder2" not in want
+    assert out.startswith("channels: sparse, ") and "(--profile fast's" in out
     r = Retriever.load(tmp_path / "i", profile=None, query_encoder="llm")  # the LLM encodes queries: every channel can be searched
     assert [m for m in r.modes if m != "hybrid"] == list(want)
     r = Retriever.load(tmp_path / "i")
@@ -70,34 +71,54 @@ def test_build_index_without_channel_flags_builds_the_best_measured_set(toy_corp
         from retriever.profiles import PROFILES
 
         assert r.profile is PROFILES["fast"] and set(r.channels_of("hybrid")) == set(PROFILES["fast"].channels)
-        best = Retriever.load(tmp_path / "i", profile="best")
-        expected = PROFILES["best"] if "encoder2" in want else PROFILES["best"].fallback
-        assert best.profile is expected and set(best.channels_of("hybrid")) == set(expected.channels)
+        with caplog.at_level("WARNING"):  # best on fast's index: what it lacks, and how to build it, said
+            Retriever.load(tmp_path / "i", profile="best")
+        assert "encoder2" in caplog.text and "build-index --profile best" in caplog.text
     else:  # no profile fits an index without the encoder: every channel built is fused
         assert r.profile is None and set(r.channels_of("hybrid")) == set(want)
     assert search_cli.main(["--index", str(tmp_path / "i"), "--json", "-k", "2", "cat"]) == 0
     (row,) = json_lines(capsys.readouterr().out)
     assert row["mode"] == "hybrid" and row["hits"] and set(row["hits"][0]["channels"]) <= set(want)
-    # compact as measured (issue 53): format 5, each dense channel at its compact kind, no LLM dense channel beside mpnet
+    # compact as measured for fast (issue 53): 4-bit impacts, bit-packed doc numbers (format 7), MiniLM at its compact kind
     from indexer.compact import compact_dense_kind
-    from indexer.manifest import RANGE_FORMAT_VERSION
+    from indexer.layout import UINT4_IMPACTS
+    from indexer.manifest import STREAM_FORMAT_VERSION
 
     m = Manifest.read(tmp_path / "i")
-    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged
+    assert m.format_version == STREAM_FORMAT_VERSION and m.packed and m.sparse["impacts"] == UINT4_IMPACTS
     for mode in ("dense", "encoder", "encoder2"):
         assert (getattr(m, mode) or {}).get("kind") == (compact_dense_kind("Flat", True, mode) if mode in want else None), mode
-    if "encoder2" in want:  # beside mpnet no profile reads the LLM's dense channel
-        assert "dense" not in want
+
+
+@pytest.mark.parametrize("profile", ["best", "both"])
+def test_build_index_profile_best_or_both(toy_corpus, tiny_model_dir, tmp_path, capsys, profile):
+    from indexer.channel_set import default_channels
+    from indexer.manifest import RANGE_FORMAT_VERSION
+    from retriever.profiles import PROFILES
+
+    assert build(toy_corpus, tmp_path / "i", tiny_model_dir, "--profile", profile) == 0
+    want = default_channels(profile)
+    m = Manifest.read(tmp_path / "i")
+    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.sparse["impacts"] == "uint8"  # best's layout: 8 bits, range16
+    from indexer.channels import CHANNEL_SPECS
+
+    assert [c.mode for c in CHANNEL_SPECS if getattr(m, c.manifest_key, None)] == list(want)
+    if "encoder2" not in want:
+        pytest.skip("mpnet is not installed here: best falls back to the LLM's dense channel and MiniLM (checked above)")
+    best = PROFILES["best"]
+    assert Retriever.load(tmp_path / "i", profile="best").profile is best
+    # with no --profile: fast where the index holds MiniLM (both), else the profile it was built for (best)
+    assert Retriever.load(tmp_path / "i").profile is PROFILES["fast" if profile == "both" else "best"]
 
 
 def test_build_index_is_compact_unless_no_compact(toy_corpus, tiny_model_dir, tmp_path):
     from indexer.compact import COMPACT_DENSE_KIND
     from indexer.manifest import COMPACT_FORMAT_VERSION, FORMAT_VERSION, RANGE_FORMAT_VERSION
 
-    assert build(toy_corpus, tmp_path / "c", tiny_model_dir, "--dense") == 0
+    assert build(toy_corpus, tmp_path / "c", tiny_model_dir, "--dense", "--profile", "both") == 0
     m = Manifest.read(tmp_path / "c")
     assert m.compact and m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.dense["kind"] == COMPACT_DENSE_KIND
-    assert build(toy_corpus, tmp_path / "i32", tiny_model_dir, "--dense", "--doc-ids", "int32") == 0
+    assert build(toy_corpus, tmp_path / "i32", tiny_model_dir, "--dense", "--doc-ids", "int32", "--impact-bits", "8") == 0
     m = Manifest.read(tmp_path / "i32")
     assert m.compact and m.format_version == COMPACT_FORMAT_VERSION and not m.ranged
     assert build(toy_corpus, tmp_path / "f", tiny_model_dir, "--dense", "--no-compact") == 0
@@ -106,10 +127,10 @@ def test_build_index_is_compact_unless_no_compact(toy_corpus, tiny_model_dir, tm
 
 
 def test_build_index_doc_ids(toy_corpus, tiny_model_dir, tmp_path, capsys):
-    from indexer.manifest import PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION
+    from indexer.manifest import RANGE_FORMAT_VERSION, STREAM_FORMAT_VERSION
 
-    for flag, version, attr in (("range16", RANGE_FORMAT_VERSION, "ranged"), ("bitpacked", PACKED_FORMAT_VERSION, "packed")):
-        assert build(toy_corpus, tmp_path / flag, tiny_model_dir, "--doc-ids", flag) == 0
+    for flag, version, attr in (("range16", RANGE_FORMAT_VERSION, "ranged"), ("bitpacked", STREAM_FORMAT_VERSION, "packed")):
+        assert build(toy_corpus, tmp_path / flag, tiny_model_dir, "--doc-ids", flag, "--impact-bits", "8") == 0
         m = Manifest.read(tmp_path / flag)
         assert m.compact and m.format_version == version and getattr(m, attr)
     assert build(toy_corpus, tmp_path / "bad", tiny_model_dir, "--doc-ids", "range16", "--no-compact") == 2

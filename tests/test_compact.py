@@ -19,7 +19,14 @@ from indexer.build import build_index
 from indexer.compact import COMPACT_DENSE_KIND, compact_copy
 from indexer.corpus import document_from_object
 from indexer.inverted_index import InvertedIndex, quantise_weights
-from indexer.manifest import COMPACT_FORMAT_VERSION, FORMAT_VERSION, MANIFEST, RANGE_FORMAT_VERSION, IndexFormatError, Manifest
+from indexer.manifest import (
+    COMPACT_FORMAT_VERSION,
+    FORMAT_VERSION,
+    MANIFEST,
+    STREAM_FORMAT_VERSION,
+    IndexFormatError,
+    Manifest,
+)
 from indexer.reader import open_index
 from indexer.updates import update_index
 from indexer.verify import verify
@@ -293,7 +300,8 @@ def test_build_index_cli_compact(tmp_path, tiny_model_dir):
             "--top-k", "16", "--channels", "sparse,dense,bm25", "--compact", "--quiet"]  # fmt: skip
     assert build_cli.main(argv) == 0
     m = Manifest.read((tmp_path / "i").resolve())
-    assert m.compact and m.dense["kind"] == COMPACT_DENSE_KIND and m.format_version == RANGE_FORMAT_VERSION  # --doc-ids' default
+    # --profile fast's layout (--channels does not change it): 4-bit impacts, bit-packed doc numbers, format 7
+    assert m.compact and m.dense["kind"] == COMPACT_DENSE_KIND and m.format_version == STREAM_FORMAT_VERSION and m.packed
     assert verify(tmp_path / "i").ok
 
 

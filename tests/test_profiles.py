@@ -185,7 +185,7 @@ def test_search_index_cli_profile(toy_corpus, tiny_model_dir, st_dir, st2_dir, t
     assert "profile must be one of" in capsys.readouterr().err
 
 
-def test_beir_eval_default_and_default_best_share_one_index(tmp_path, docs_factory, tiny_model_dir, st_dir, st2_dir, monkeypatch):
+def test_beir_eval_default_and_default_best_build_their_profiles_indexes(tmp_path, docs_factory, tiny_model_dir, st_dir, st2_dir, monkeypatch):
     from test_encoder_channel import write_beir
 
     from benchmarks import datasets, systems
@@ -203,8 +203,11 @@ def test_beir_eval_default_and_default_best_share_one_index(tmp_path, docs_facto
     assert params["default"]["params"]["profile"] == "fast" and params["default"]["params"]["query_encoder"] == "none"
     assert params["default-best"]["params"]["profile"] == "best" and params["default-best"]["params"]["query_encoder"] == "none"
     assert params["default-best"]["params"]["fusion"] == PROFILES["best"].fusion
+    assert (params["default"]["params"]["build_profile"], params["default-best"]["params"]["build_profile"]) == ("fast", "best")
     (entry,) = results["datasets"]
-    assert len({res["index"]["seconds"] for res in entry["results"].values()}) == 1  # one build serves both
+    assert len({res["index"]["bytes"] for res in entry["results"].values()}) == 2  # one index each: build-index --profile
+    channels = {name: set(params[name]["params"]["channels"]) for name in ("default", "default-best")}
+    assert channels == {"default": {"sparse", "bm25", "encoder"}, "default-best": {"sparse", "bm25", "encoder2"}}
 
 
 def test_the_server_serves_either_point_of_one_index(full_index, tiny_embedder):

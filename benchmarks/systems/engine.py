@@ -429,45 +429,51 @@ ENCODER_SUBSET_FALLBACKS: dict[str, dict] = {
 }
 
 
-@register("default", "this project as a user gets it: build-index + search-index with no flags (default channels, the fast profile)")
+@register("default", "this project as a user gets it: build-index + search-index with no flags (the fast profile's index and search)")
 class UserDefault(AlignedTokensSystem):
     """Exactly what ``build-index`` and ``search-index`` give with no flags: the channels of
-    ``indexer.channel_set.default_channels`` with their default options, the engine's default
-    top-K, expansion M and adapter, searched in the Retriever's default mode with its default
-    fusion. Run settings that would change that (``--top-k``, ``--adapter``, ``--lexical``...)
-    are ignored; how the encoder runs (dtype, runtime, device, threads, embedding cache) is the
-    machine's, not the system's, and is kept. Its index is its own (under ``WORK/default``),
-    since other systems of a run may ask the shared index for other channels.
+    ``build-index --profile fast`` (indexer/build_profiles.py) with their default options and its
+    compact layout, the engine's default top-K, expansion M and adapter, searched in the
+    Retriever's default mode at the ``fast`` operating point. Run settings that would change that
+    (``--top-k``, ``--adapter``, ``--lexical``...) are ignored; how the encoder runs (dtype,
+    runtime, device, threads, embedding cache) is the machine's, not the system's, and is kept.
+    Its index is its own (under ``WORK/default-fast``), since other systems of a run may ask the
+    shared index for other channels.
 
-    Searched at an operating point (retriever/profiles.py): ``beir-eval --profile`` (auto: fast,
-    what ``search-index`` gives); ``default-best`` searches the same index at ``best``. The
-    profile's query encoder, unless ``--query-encoder`` names another."""
+    ``default-best`` is ``build-index --profile best`` + ``search-index --profile best``, over an
+    index of its own. A run's ``--profile`` other than auto searches ``default``'s index at that
+    profile instead of ``fast``. The profile's query encoder, unless ``--query-encoder`` names
+    another."""
 
     profile_name: str | None = None  # None: the run's --profile
+    build_profile_name = "fast"
 
     def __init__(self, settings: Settings, shared: dict) -> None:
         from dataclasses import replace
 
         from indexer import channel_set
+        from indexer.build_profiles import get_build_profile
+        from indexer.compact import DEFAULT_COMPACT, doc_id_encoding
         from retriever.profiles import DEFAULT_PROFILE, fit_profile
 
         name = self.profile_name or (DEFAULT_PROFILE if settings.profile == "auto" else settings.profile)
-        default_channels, options, _ = channel_set.resolve(None)
+        built = get_build_profile(self.build_profile_name)
+        default_channels, options, _ = channel_set.resolve(None, profile=built.name)
         self.profile = fit_profile(name, default_channels)  # best without mpnet installed: its fallback
         self.fusion = self.profile.fusion
         self.query_encoder = settings.query_encoder or self.profile.query_encoder
 
         System.__init__(self, settings, shared)
-        own = replace(settings, work_dir=settings.work_dir / "default", top_k=None, expansion_m=None, adapter="default",
+        own = replace(settings, work_dir=settings.work_dir / f"default-{built.name}", top_k=None, expansion_m=None, adapter="default",
                       dense_kind="Flat", embedfilter_tau=None, lexical=channel_set.DEFAULT_ANALYZER,
                       encoder=channel_set.DEFAULT_ENCODER, fusions={}, segments=False)
-        self.engine = shared.setdefault("aligned-tokens-default", AlignedTokensEngine(own))
+        self.engine = shared.setdefault(f"aligned-tokens-default-{built.name}", AlignedTokensEngine(own))
         self.channels = default_channels
-        # the index build-index writes with no flags: compact as it is (8-bit impacts, each dense
-        # channel's compact kind, its doc-number encoding), not the float32 reference
-        from indexer.compact import DEFAULT_COMPACT, doc_id_encoding
-
-        self.engine.require(**options, compact=DEFAULT_COMPACT, doc_ids=doc_id_encoding(None, DEFAULT_COMPACT))
+        self.build_profile = built
+        # the index build-index writes with no flags but --profile: compact as it is (its profile's
+        # impact bits and doc-number encoding, each dense channel's compact kind), not the float32 reference
+        self.engine.require(**options, compact=DEFAULT_COMPACT, doc_ids=doc_id_encoding(built.doc_ids, DEFAULT_COMPACT),
+                            impact_bits=built.impact_bits)
 
     @property
     def mode(self) -> str:  # the Retriever's default for the index built (hybrid, unless one channel)
@@ -477,8 +483,11 @@ class UserDefault(AlignedTokensSystem):
     def params(self) -> dict:
         p = super().params()
         p["channels"] = list(self.channels)
-        p["definition"] = "build-index CORPUS + search-index" + (" with no flags" if self.profile.name == "fast" else f" --profile {self.profile.name}")
+        build = "build-index CORPUS" + ("" if self.build_profile.name == "fast" else f" --profile {self.build_profile.name}")
+        search = "search-index" + ("" if self.profile.name == "fast" else f" --profile {self.profile.name}")
+        p["definition"] = f"{build} + {search}" + (" (no flags)" if build + search == "build-index CORPUSsearch-index" else "")
         p["profile"] = self.profile.name
+        p["build_profile"] = self.build_profile.name
         p["fusion_source"] = f"retriever.profiles.PROFILES[{self.profile.name!r}]"
         r = self.retriever
         if r is not None:
@@ -486,11 +495,13 @@ class UserDefault(AlignedTokensSystem):
         return p
 
 
-@register("default-best", "this project at its best operating point: the default index, search-index --profile best (BM25 + mpnet + own tokens)")
+@register("default-best", "this project at its best operating point: build-index --profile best + search-index --profile best (BM25 + mpnet + own tokens)")
 class UserDefaultBest(UserDefault):
-    """The index ``default`` builds, searched at the ``best`` operating point."""
+    """``build-index --profile best`` (its own index: aligned tokens, BM25, mpnet; 8-bit impacts,
+    range16 doc numbers), searched at the ``best`` operating point."""
 
     profile_name = "best"
+    build_profile_name = "best"
 
 
 class EncoderHybrid(AlignedTokensSystem):

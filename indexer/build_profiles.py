@@ -1,0 +1,67 @@
+"""What ``build-index --profile fast|best|both`` writes: the channels an operating point searches,
+and the compact layout that suits it (issue 53).
+
+An index holds what its operating point (retriever/profiles.py) reads, in the smallest layout
+that keeps that point's nDCG@10 within 0.003 of the float32 reference:
+
+- ``fast`` (the default): aligned tokens + BM25 + MiniLM, 4-bit aligned-token impacts and
+  bit-packed doc numbers (format 7): 1.24-1.52 KB a document on four of the five shared collections
+  (adi, 82 documents, 2.2 KB: the block headers of its one-or-two-posting lists), with ``fast``
+  within 0.0009 of 8 bits (benchmarks/results/compact-index/compact-index-4bit-*.json). The
+  price is the scan: bit-packed doc numbers decode at about twice int32's cost a posting (a
+  million real-shaped documents: 6.64 ms on 2 cores against 3.94 for int32 doc numbers, which
+  range16 scans 1.4x faster still; docs/backends-and-scale.md). ``--doc-ids range16`` buys it
+  back for about a byte a posting; ten million documents want it (format 5: 39.6 ms p50 at
+  recall@10 0.994 on ten million synthetic documents, 2 cores).
+- ``best``: aligned tokens + BM25 + mpnet, 8-bit impacts (4 bits cost ``best`` up to 0.0039),
+  16-bit range-blocked doc numbers (format 5).
+- ``both``: the channels of both points in one index (``--profile`` chosen at search time, no
+  rebuild), laid out as ``best``: 2.6-2.8 KB a document.
+
+Each profile's channels, and what they fall back to where an encoder is not installed, are
+indexer/channel_set.py's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from indexer.channel_set import DEFAULT_PROFILE, default_channels
+
+
+@dataclass(frozen=True)
+class BuildProfile:
+    """The compact layout ``build-index --profile NAME`` writes by default (its channels:
+    :data:`indexer.channel_set.PROFILE_CHANNELS`)."""
+
+    name: str
+    doc_ids: str  # build-index --doc-ids
+    impact_bits: int  # build-index --impact-bits
+    summary: str
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """Its channels here, given which encoders are installed."""
+        return default_channels(self.name)
+
+
+BUILD_PROFILES: dict[str, BuildProfile] = {
+    "fast": BuildProfile("fast", "bitpacked", 4,
+                         "what search's fast profile reads (BM25 + MiniLM + aligned tokens), as small as measured: "
+                         "4-bit impacts, bit-packed doc numbers"),
+    "best": BuildProfile("best", "range16", 8,
+                         "what search's best profile reads (BM25 + mpnet + aligned tokens): 8-bit impacts, range16 doc numbers"),
+    "both": BuildProfile("both", "range16", 8,
+                         "both profiles' channels in one index (the profile chosen at search time): 8-bit impacts, range16 doc numbers"),
+}
+BUILD_PROFILE_NAMES = tuple(BUILD_PROFILES)
+DEFAULT_BUILD_PROFILE = DEFAULT_PROFILE
+
+
+def get_build_profile(name: str) -> BuildProfile:
+    """The build profile called ``name``; ValueError naming the choices otherwise."""
+    if name not in BUILD_PROFILES:
+        raise ValueError(f"build profile must be one of {', '.join(BUILD_PROFILE_NAMES)}, not {name!r}")
+    return BUILD_PROFILES[name]
+
+
+__all__ = ["BUILD_PROFILES", "BUILD_PROFILE_NAMES", "DEFAULT_BUILD_PROFILE", "BuildProfile", "get_build_profile"]
