@@ -146,9 +146,10 @@ def bytes_per_doc(index_dir: Path, n_docs: int) -> dict:
 
 
 def base_channels() -> tuple[str, ...]:
-    """The float32 index's channels: build-index's default set, and the LLM dense channel, which
-    the default held before issue 53's size goal (the reference variant keeps it)."""
-    held = set(default_channels()) | {"dense"}
+    """The float32 index's channels: every channel of both profiles (``build-index --profile
+    both``), and the LLM dense channel, which the default held before issue 53's size goal; each
+    variant drops what it leaves out."""
+    held = set(default_channels("both")) | {"dense"}
     return tuple(c for c in CHANNELS if c in held)
 
 
@@ -159,8 +160,8 @@ def ensure_float32(data: Path, cache: Path, models: dict, embedding_cache: Path 
     (embedder/cache.py); everything downstream of them (top-K, inversion, FAISS) is computed.
     ``runtime`` / ``dtype``: how the LLM encodes the documents (part of the embedding cache's key)."""
     out = cache / data.name / "float32"
-    if (out / "manifest.json").exists():
-        return out, {}
+    if (out / "manifest.json").exists() and set(held_channels(out)) == set(base_channels()):
+        return out, {}  # a cached build of other channels (an earlier base set) is built again
     if "embedder" not in models:
         from embedder.encoder import Embedder
         from embedder.sentence_encoder import SentenceEncoder
@@ -179,7 +180,7 @@ def ensure_float32(data: Path, cache: Path, models: dict, embedding_cache: Path 
     embedder = models["embedder"]
     before = (getattr(embedder, "hits", 0), getattr(embedder, "misses", 0))
     t0 = time.perf_counter()
-    build_index(data, out, embedder, progress=False, channels=models["channels"])
+    build_index(data, out, embedder, progress=False, channels=models["channels"], overwrite=True)
     return out, {"seconds": round(time.perf_counter() - t0, 1), "embedding_cache_hits": getattr(embedder, "hits", 0) - before[0],
                  "documents_encoded": getattr(embedder, "misses", 0) - before[1]}
 
