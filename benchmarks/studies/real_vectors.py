@@ -293,12 +293,13 @@ def measure(out: Path, results: Path, n_queries: int, rounds: int, n_postings: i
     from benchmarks.provenance import load_avg
     from benchmarks.tables import write_table
     from indexer.inverted_index import InvertedIndex
+    from indexer.layout import doc_number_kwargs, impact_kwargs
     from indexer.manifest import Manifest
 
     index_dir = out / "index"
     manifest = Manifest.read(index_dir)
-    index = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.sparse["vocab_size"]), quantised=manifest.compact,
-                               packed=manifest.packed)
+    index = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.sparse["vocab_size"]),
+                               **impact_kwargs(manifest.sparse), **doc_number_kwargs(manifest.sparse))
     with (out / "corpus" / "queries.jsonl").open(encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line in f if line.strip()][:n_queries]
     t0 = time.perf_counter()
@@ -408,11 +409,13 @@ def measure_fitted(out: Path, results: Path, n_docs: int, n_queries: int, rounds
     from benchmarks.provenance import load_avg
     from benchmarks.tables import write_table
     from indexer.inverted_index import InvertedIndex
+    from indexer.layout import doc_number_kwargs, impact_kwargs
     from indexer.manifest import Manifest
+
     index_dir = out / "index"
     manifest = Manifest.read(index_dir)
-    real = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.sparse["vocab_size"]), quantised=manifest.compact,
-                              packed=manifest.packed)
+    real = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.sparse["vocab_size"]),
+                              **impact_kwargs(manifest.sparse), **doc_number_kwargs(manifest.sparse))
     with (out / "corpus" / "queries.jsonl").open(encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line in f if line.strip()][:n_queries]
     queries = encode_queries(index_dir, texts)

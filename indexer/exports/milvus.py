@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from embedder.util import file_sha256
 from indexer.integrity import check_doc_ids
-from indexer.layout import doc_number_kwargs
+from indexer.layout import doc_number_kwargs, impact_kwargs
 from indexer.manifest import DOC_IDS, UINT8_IMPACTS, IndexFormatError, Manifest
 
 EXPORT_FORMAT = "aligned-tokens-milvus"
@@ -166,7 +166,7 @@ def export_milvus(
         raise MilvusExportError(f"{uri}: collection {name!r} exists; pass overwrite=True (--overwrite) to replace it")
 
     start = time.perf_counter()
-    sparse = InvertedIndex.load(index_dir, manifest.n_docs, n_lists=manifest.sparse["vocab_size"], quantised=manifest.compact,
+    sparse = InvertedIndex.load(index_dir, manifest.n_docs, n_lists=manifest.sparse["vocab_size"], **impact_kwargs(manifest.sparse),
                                 **doc_number_kwargs(manifest.sparse)).doc_vectors()
     dense = _dense_vectors(index_dir, manifest)
     bm25 = None
