@@ -5,9 +5,9 @@ An index holds what its operating point (retriever/profiles.py) reads, in the sm
 that keeps that point's nDCG@10 within 0.003 of the float32 reference:
 
 - ``fast`` (the default): aligned tokens + BM25 + MiniLM, 4-bit aligned-token impacts and
-  bit-packed doc numbers (format 7): 1.24-1.52 KB a document on four of the five shared collections
-  (adi, 82 documents, 2.2 KB: the block headers of its one-or-two-posting lists), with ``fast``
-  within 0.0009 of 8 bits (benchmarks/results/compact-index/compact-index-4bit-*.json). The
+  bit-packed doc numbers (format 7): 1.22-1.35 KB a document of postings and vectors on the five
+  shared collections, with ``fast`` within 0.0006 nDCG@10 of the index that held both
+  profiles (benchmarks/results/compact-index/compact-index-profiles.json). The
   price is the scan: bit-packed doc numbers decode at about twice int32's cost a posting (a
   million real-shaped documents: 6.64 ms on 2 cores against 3.94 for int32 doc numbers, which
   range16 scans 1.4x faster still; docs/backends-and-scale.md). ``--doc-ids range16`` buys it

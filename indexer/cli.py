@@ -31,8 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--profile", choices=list(BUILD_PROFILES), default=DEFAULT_BUILD_PROFILE,
         help="the operating point the index is for (search-index --profile): its channels and its compact layout. "
-        "fast (the default): aligned tokens, BM25 and MiniLM, 4-bit impacts, bit-packed doc numbers (1.2-1.5 KB a document on "
-        "four of the five shared collections); best: aligned tokens, BM25 and mpnet, 8-bit impacts, range16 doc numbers; both: "
+        "fast (the default): aligned tokens, BM25 and MiniLM, 4-bit impacts, bit-packed doc numbers (1.22-1.35 KB a document on "
+        "the five shared collections); best: aligned tokens, BM25 and mpnet, 8-bit impacts, range16 doc numbers; both: "
         "the channels of both in one index (the profile chosen at search time), laid out as best (2.6-2.8 KB). "
         "--channels, --doc-ids and --impact-bits override its choices (indexer/build_profiles.py)",
     )
