@@ -6,7 +6,7 @@ that keeps that point's nDCG@10 within 0.003 of the float32 reference:
 
 - ``fast`` (the default): aligned tokens + BM25 + MiniLM, 4-bit aligned-token impacts and
   bit-packed doc numbers (format 7): 1.22-1.35 KB a document of postings and vectors on the five
-  shared collections, with ``fast`` within 0.0006 nDCG@10 of the index that held both
+  shared collections, with ``fast`` within 0.0009 nDCG@10 of the index that held both
   profiles (benchmarks/results/compact-index/compact-index-profiles.json). The
   price is the scan: bit-packed doc numbers decode at about twice int32's cost a posting (a
   million real-shaped documents: 6.64 ms on 2 cores against 3.94 for int32 doc numbers, which
