@@ -91,42 +91,6 @@ def block_bits(indptr, list_block, width):
 
 
 @nb.njit(cache=True)
-def stream_layout(indptr, list_block, width, skip, first_bits, words, first):
-    """Stream layout: the first bit of each block's gaps (int64, n_blocks + 1; the last entry the
-    stream's end), each block's first doc number filled into ``first`` (from the stream for a
-    list's first block, from ``skip`` for the others), or (-1-block where ``skip`` is too short or
-    the stream runs past ``words``, as an int64 array of one) for the loader to report."""
-    out = np.zeros(list_block[-1] + 1, np.int64)
-    pos = np.int64(STREAM_START)
-    k = 0
-    mask = _mask(np.int64(first_bits))
-    limit = np.int64(words.shape[0] - PAD_WORDS) * 32
-    for t in range(indptr.shape[0] - 1):
-        a, b = indptr[t], indptr[t + 1]
-        blk = list_block[t]
-        for s in range(a, b, BLOCK):
-            size = min(s + BLOCK, b) - s
-            if s == a:
-                if pos + first_bits > limit:
-                    return np.full(1, -1 - blk, np.int64)
-                first[blk] = np.int32(_gap(words, pos, 0, np.int64(first_bits), mask))
-                pos += first_bits
-            else:
-                if k >= skip.shape[0]:
-                    return np.full(1, -1 - blk, np.int64)
-                first[blk] = skip[k]
-                k += 1
-            out[blk] = pos
-            pos += (size - 1) * np.int64(width[blk])
-            out[blk + 1] = pos
-            blk += 1
-    if pos > limit:
-        return np.full(1, -1 - list_block[-1], np.int64)
-    out[list_block[-1]] = pos
-    return out
-
-
-@nb.njit(cache=True)
 def _widths(indptr, docs, list_block, first, width):
     for t in range(indptr.shape[0] - 1):
         a, b = indptr[t], indptr[t + 1]
@@ -170,8 +134,9 @@ def _fill(indptr, docs, list_block, width, block_bit, words):
 
 
 @nb.njit(cache=True)
-def _stream_bits(indptr, list_block, width, first_bits):
-    """Stream layout being written: the first bit of each block's gaps (int64, n_blocks + 1)."""
+def stream_bits(indptr, list_block, width, first_bits):
+    """Stream layout: the first bit of each block's gaps (int64, n_blocks + 1; the last entry the
+    stream's end), from the widths alone (written and read the same way)."""
     out = np.zeros(list_block[-1] + 1, np.int64)
     pos = np.int64(STREAM_START)
     for t in range(indptr.shape[0] - 1):
@@ -198,6 +163,22 @@ def _put_firsts(indptr, list_block, block_bit, first, first_bits, words, skip):
         _put(words, block_bit[a] - first_bits, np.int64(first[a]))
         for blk in range(a + 1, b):
             skip[k] = first[blk]
+            k += 1
+
+
+@nb.njit(cache=True)
+def _read_firsts(list_block, block_bit, first_bits, words, skip, first):
+    """Stream layout: every block's first doc number into ``first``, as :func:`_put_firsts` put them
+    (the words' length already checked against the stream's end)."""
+    mask = _mask(np.int64(first_bits))
+    k = 0
+    for t in range(list_block.shape[0] - 1):
+        a, b = list_block[t], list_block[t + 1]
+        if a == b:
+            continue
+        first[a] = np.int32(_gap(words, block_bit[a] - first_bits, 0, np.int64(first_bits), mask))
+        for blk in range(a + 1, b):
+            first[blk] = skip[k]
             k += 1
 
 
@@ -441,7 +422,7 @@ class PackedDocs:
             _fill(indptr, docs, list_block, width, block_bit, words)
             return cls(first, width, words, list_block, block_bit, stream=False)
         first_bits = max(1, int(first.max()).bit_length()) if n_blocks else 1
-        block_bit = _stream_bits(indptr, list_block, width, first_bits)
+        block_bit = stream_bits(indptr, list_block, width, first_bits)
         words = np.zeros((int(block_bit[-1]) + 31) // 32 + PAD_WORDS, np.uint32)
         words[0] = first_bits
         _fill(indptr, docs, list_block, width, block_bit, words)
@@ -499,11 +480,7 @@ class PackedDocs:
             first_bits = int(words[0]) if words.shape[0] > PAD_WORDS else 0
             if not 1 <= first_bits <= MAX_WIDTH:
                 raise IndexFormatError(f"{f['packed']}: word 0 says first doc numbers take {first_bits} bits (1 to {MAX_WIDTH})")
-            first = np.zeros(n_blocks, np.int32)
-            block_bit = stream_layout(indptr, list_block, width, arrays["blockskip"], first_bits, words, first)
-            if block_bit.shape[0] == 1 and block_bit[0] < 0:
-                raise IndexFormatError(f"{f['packed']}: {words.shape[0]} words end before block {int(-1 - block_bit[0])} "
-                                      f"of what {f['blockwidth'].name}'s widths and {f['blockskip'].name} need")
+            block_bit = stream_bits(indptr, list_block, width, first_bits)
             want = (int(block_bit[-1]) + 31) // 32 + PAD_WORDS
         else:
             first = arrays["blockfirst"]
@@ -511,6 +488,9 @@ class PackedDocs:
             want = int(block_bit[-1]) // 32 + PAD_WORDS
         if words.shape[0] != want:
             raise IndexFormatError(f"{f['packed']}: {words.shape[0]} words, the blocks' widths ({f['blockwidth'].name}) need {want}")
+        if stream:  # read only now that the words hold the whole stream
+            first = np.zeros(n_blocks, np.int32)
+            _read_firsts(list_block, block_bit, first_bits, words, arrays["blockskip"], first)
         out = cls(first, width, words, list_block, block_bit, stream)
         at, doc, blk = _first_bad(indptr, list_block, block_bit, out.first, width, out.words, n_docs)
         if at >= 0 and blk >= 0:
@@ -549,4 +529,4 @@ def pack_saved(directory: Path, stream: bool = True) -> None:
 
 
 __all__ = ["BLOCK", "FILES", "STREAM_FILES", "PackedDocs", "block_bits", "decode_into", "find", "list_blocks", "pack_saved", "search_many", "search_one",
-           "search_one_split", "stream_layout"]
+           "search_one_split", "stream_bits"]

@@ -485,7 +485,7 @@ class UserDefault(AlignedTokensSystem):
         p["channels"] = list(self.channels)
         build = "build-index CORPUS" + ("" if self.build_profile.name == "fast" else f" --profile {self.build_profile.name}")
         search = "search-index" + ("" if self.profile.name == "fast" else f" --profile {self.profile.name}")
-        p["definition"] = f"{build} + {search}" + (" (no flags)" if build + search == "build-index CORPUSsearch-index" else "")
+        p["definition"] = f"{build} + {search}" + (" (no flags)" if self.build_profile.name == self.profile.name == "fast" else "")
         p["profile"] = self.profile.name
         p["build_profile"] = self.build_profile.name
         p["fusion_source"] = f"retriever.profiles.PROFILES[{self.profile.name!r}]"
