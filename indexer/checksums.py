@@ -8,21 +8,31 @@ These detect damage, not tampering: anyone who can rewrite a file can rewrite th
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import xxhash
+
+from indexer.regular_files import open_regular
 
 CHECKSUM = "xxh3_64"
 _BLOCK = 8 << 20
 
 
 def file_checksum(path: Path) -> str:
-    """The :data:`CHECKSUM` hex digest of a file, streamed."""
+    """The :data:`CHECKSUM` hex digest of a file, streamed: a regular file (opened as the loaders
+    open one, indexer/regular_files.py: a FIFO or a link to /dev/zero is an IndexFormatError at
+    once), read up to the size it had when opened."""
     h = xxhash.xxh3_64()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_BLOCK), b""):
+    with open_regular(path) as f:
+        left = os.fstat(f.fileno()).st_size
+        while left > 0:
+            block = f.read(min(_BLOCK, left))
+            if not block:
+                break
             h.update(block)
+            left -= len(block)
     return h.hexdigest()
 
 

@@ -18,7 +18,7 @@ from embedder.models import ModelNotAvailable
 from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.errors import IndexFormatError
 from indexer.shards import BuildInProgress
-from indexer.updates import UpdateError, UpdateReport, read_delete_ids, update_index
+from indexer.updates import MAX_DOCUMENT_BYTES, UpdateError, UpdateReport, read_delete_ids, update_index
 
 
 def parser() -> argparse.ArgumentParser:
@@ -27,7 +27,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--add", type=Path, metavar="CORPUS",
                    help="documents to add, as build-index reads them (BEIR folder, .jsonl, .tsv); an id already indexed is replaced")
     p.add_argument("--delete", action="append", default=[], metavar="ID", help="an id to delete (repeatable)")
-    p.add_argument("--delete-file", type=Path, metavar="FILE", help="ids to delete, one per line")
+    p.add_argument("--delete-file", type=Path, metavar="FILE",
+                   help="ids to delete, one per line, each exactly as written (only the line end, \\n or \\r\\n, is removed; blank lines are skipped)")
+    p.add_argument("--max-document-bytes", type=int, default=MAX_DOCUMENT_BYTES, metavar="N",
+                   help=f"refuse an added document whose stored form (id, title, text, metadata as one JSON line) is larger (default {MAX_DOCUMENT_BYTES})")
     p.add_argument("--format", choices=FORMATS, help="--add's format (guessed from the path)")
     p.add_argument("--id-field", help="JSONL id field (default _id, then id)")
     p.add_argument("--text-field", help="JSONL text field (default text, then contents)")
@@ -37,7 +40,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def describe(index: Path, r: UpdateReport) -> str:
-    missing = f" ({len(r.not_found)} not indexed: {', '.join(r.not_found[:5])}{', ...' if len(r.not_found) > 5 else ''})" if r.not_found else ""
+    missing = f" ({len(r.not_found)} not indexed: {', '.join(map(repr, r.not_found[:5]))}{', ...' if len(r.not_found) > 5 else ''})" if r.not_found else ""
+    if not r.published:
+        return f"nothing to update in {index}: 0 added, 0 replaced, 0 deleted{missing}; nothing published ({r.n_docs} documents, still {r.generation})"
     return (f"updated {index}: {r.added} added, {r.replaced} replaced, {r.deleted} deleted{missing}; {r.n_docs} documents now, "
             f"published as {r.generation} in {r.seconds:.1f} s (encoding {r.encode_seconds:.1f} s, writing {r.merge_seconds:.1f} s)")
 
@@ -51,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         delete = list(args.delete) + (read_delete_ids(args.delete_file) if args.delete_file else [])
         add = list(CorpusSpec(args.add, args.format, args.id_field, args.text_field, args.title_field or None)) if args.add else []
-        report = update_index(args.index, add=add, delete=delete, progress=not args.quiet)
+        report = update_index(args.index, add=add, delete=delete, progress=not args.quiet, max_document_bytes=args.max_document_bytes)
     except (CorpusError, UpdateError, IndexFormatError, ModelNotAvailable, BuildInProgress, OSError, ValueError) as exc:
         print(f"update-index: error: {exc}", file=sys.stderr)
         return 2

@@ -84,7 +84,7 @@ from indexer.manifest import (
     UINT8_IMPACTS,
     Manifest,
 )
-from indexer.reader import open_index
+from indexer.reader import open_index, verify_generation
 from indexer.staging import staging_dir
 
 # The dense kind of a compact index where none other is asked for, and build-index's default
@@ -334,6 +334,7 @@ def compact_copy(
         m = opened.manifest
         if m.compact:
             raise ValueError(f"{index_dir}: already compact (format {m.format_version})")
+        verify_generation(index_dir, opened, "no copy was written")  # a damaged file is never carried into a copy under fresh checksums
         if top_k is not None:
             if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k < m.sparse["top_k"]:
                 raise ValueError(f"top_k must be an integer from 1 to {m.sparse['top_k'] - 1} (the index holds {m.sparse['top_k']} a document), not {top_k!r}")
@@ -346,8 +347,12 @@ def compact_copy(
             sweep_generations(target)
             left_out = {rel for s in dropped for pattern in s.files for rel in _matches(opened.path, pattern)}
             with staging_dir(target, "building") as tmp:
+                # the files the manifest records (every file, in an index built before checksums existed): nothing unrecorded is carried
+                recorded = set(m.files) if m.files is not None else None
                 for src in sorted(opened.path.rglob("*")):
                     rel = src.relative_to(opened.path)
+                    if recorded is not None and rel.as_posix() not in recorded:
+                        continue
                     if src.is_file() and rel.as_posix() != MANIFEST and rel.as_posix() not in left_out:
                         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                         shutil.copyfile(src, tmp / rel)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import stat
 from collections.abc import Iterator
@@ -133,7 +134,45 @@ def document_from_object(
     if title is not None:
         _check_encodable(title, file, lineno, title_field)
     used = {title_field, *((id_field,) if id_field else ("_id", "id")), *((text_field,) if text_field else ("text", "contents"))}
-    return Document(str(doc_id), join_title(title, text), title, text, _metadata(obj, used))
+    metadata = _metadata(obj, used)
+    problem = metadata_problem(metadata)
+    if problem is not None:
+        raise CorpusError(file, lineno, problem[0], f"document {str(doc_id)!r}: {problem[1]}")
+    return Document(str(doc_id), join_title(title, text), title, text, metadata)
+
+
+# Metadata nested deeper than this (objects and lists within each other) is refused: no filter reads past a
+# field's list of values, and a stored line must be written and read back by any JSON reader.
+MAX_METADATA_DEPTH = 32
+
+
+def metadata_problem(metadata: object) -> tuple[str, str] | None:
+    """(field, problem) of the first value of ``metadata`` that strict JSON cannot hold, None when
+    it can: a number that is not finite (NaN, Infinity; a literal such as 1e400 parses to
+    Infinity), a key that is not a string, a value that is no JSON type, nesting deeper than
+    :data:`MAX_METADATA_DEPTH`. Walked without recursion. The field is dotted (``a.b``; ``a[2]``)."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        return "metadata", f"expected a JSON object, got {type(metadata).__name__}"
+    stack: list[tuple[str, object, int]] = [(str(k), v, 1) if isinstance(k, str) else ("metadata", k, -1) for k, v in metadata.items()]
+    while stack:
+        name, value, depth = stack.pop()
+        if depth < 0:
+            return name, f"key {value!r} is not a string"
+        if isinstance(value, float) and not math.isfinite(value):
+            return name, f"{value!r} is not a finite number (JSON has no NaN or Infinity; a literal beyond float's range, such as 1e400, reads as Infinity)"
+        if value is None or isinstance(value, (str, bool, int, float)):
+            continue
+        if not isinstance(value, (dict, list)):
+            return name, f"a {type(value).__name__} is not a JSON value"
+        if depth >= MAX_METADATA_DEPTH:
+            return name, f"nested more than {MAX_METADATA_DEPTH} levels deep"
+        if isinstance(value, dict):
+            stack += [(f"{name}.{k}", v, depth + 1) if isinstance(k, str) else (name, k, -1) for k, v in value.items()]
+        else:
+            stack += [(f"{name}[{j}]", v, depth + 1) for j, v in enumerate(value)]
+    return None
 
 
 def _metadata(obj: dict, used: set) -> dict | None:

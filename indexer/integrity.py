@@ -76,6 +76,9 @@ def checksum_problems(directory: Path, files: dict[str, dict]) -> list[str]:
         except OSError as exc:
             problems.append(f"{path}: unreadable ({exc.strerror or exc})")
             continue
+        except IndexFormatError as exc:  # not a regular file (replaced since its size was checked)
+            problems.append(str(exc))
+            continue
         if got != rec[CHECKSUM]:
             problems.append(f"{path}: {CHECKSUM} checksum {got}, {MANIFEST} records {rec[CHECKSUM]} (content changed)")
     return problems

@@ -80,7 +80,8 @@ class Manifest:
     encoder2: dict | None = None  # the second encoder channel's record, as ``encoder``'s
     # multi-vector documents: {"length", "max_segments", "n_segments", "max_per_doc", ...}; None: one vector per document
     segments: dict | None = None
-    # the stored documents (indexer/stored_documents.py): {"file", "n_docs", "metadata_fields"};
+    # the stored documents (indexer/stored_documents.py): {"file", "n_docs", "metadata_fields", "metadata_types"} (the
+    # types since issue 68: each field's kinds of values, which filters check conditions against);
     # None in indexes built before they were stored (those load, but cannot be updated in place)
     documents: dict | None = None
     # how the documents were encoded: {"name": runtime, "dtype", "reason", "capability"} (embedder/hardware.py)
@@ -201,9 +202,29 @@ def _field_problem(data: dict) -> str | None:
             return f"field 'documents.n_docs': {data['documents'].get('n_docs')!r} is not n_docs ({data['n_docs']})"
         if not isinstance(data["documents"].get("metadata_fields"), list):
             return f"field 'documents.metadata_fields': {data['documents'].get('metadata_fields')!r} is not a list"
+        problem = _metadata_types_problem(data["documents"])
+        if problem:
+            return problem
     for rel, rec in (data.get("files") or {}).items():
         if not isinstance(rec, dict) or not isinstance(rec.get("size"), int) or ".." in Path(rel).parts or Path(rel).is_absolute():
             return f"field 'files': bad record for {rel!r}"
+    return None
+
+
+def _metadata_types_problem(documents: dict) -> str | None:
+    """``documents.metadata_types`` (each metadata field's kinds of values, indexer/stored_documents.py):
+    absent in indexes built before it (filters then infer it from the stored documents), else one
+    list of known kinds per metadata field."""
+    from indexer.stored_documents import KINDS
+
+    types = documents.get("metadata_types")
+    if types is None:
+        return None
+    if not isinstance(types, dict) or sorted(types) != sorted(documents["metadata_fields"]):
+        return "field 'documents.metadata_types': not an object of the metadata fields"
+    for name, kinds in types.items():
+        if not isinstance(kinds, list) or any(k not in KINDS for k in kinds):
+            return f"field 'documents.metadata_types.{name}': {kinds!r} is not a list of {', '.join(KINDS)}"
     return None
 
 

@@ -83,3 +83,15 @@ def open_index(index_dir: str | os.PathLike[str], verify: bool = False, mmap: bo
             continue
         return OpenedIndex(gen, manifest, doc_ids, channels)
     raise IndexFormatError(f"{index_dir}: replaced {attempts} times while being loaded; try again")
+
+
+def verify_generation(index_dir: str | os.PathLike[str], opened: OpenedIndex, consequence: str = "nothing was written") -> None:
+    """Refuse to carry a damaged generation forward (an update, a compact copy): every file its manifest
+    records is compared with its checksum, and the manifest with its own, as ``verify-index`` does; the
+    first problem is raised as an IndexFormatError naming the file and saying ``consequence``. An index
+    built before checksums existed is checked for structure only (what ``open_index`` did)."""
+    try:
+        check_files(opened.path, opened.manifest, checksums=True)
+    except IndexFormatError as exc:
+        raise IndexFormatError(f"{as_given(str(exc), opened.path, index_dir)}; the index is damaged, so {consequence} "
+                               f"(verify-index {os.fspath(index_dir)} lists every problem; rebuild it)") from None

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.corpus import Document, join_title
+from indexer.corpus import CorpusError, Document, join_title, metadata_problem
 from indexer.diskspace import save_npy, write_bytes
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
+from indexer.regular_files import read_regular
 
 DOCUMENTS_FILE = "documents.jsonl"
 OFFSETS_FILE = "documents_offsets.npy"
@@ -37,20 +38,67 @@ def _record(doc: Document) -> dict:
     return out
 
 
+def stored_line(doc: Document, where: str | Path = "documents", number: int | None = None) -> bytes:
+    """``doc`` as its line of ``documents.jsonl``: strict JSON (CorpusError naming ``where``, the
+    document and the field where its metadata holds NaN, Infinity or anything else JSON cannot)."""
+    problem = metadata_problem(doc.metadata)
+    if problem is not None:
+        raise CorpusError(where, number, problem[0], f"document {doc.doc_id!r}: {problem[1]}")
+    try:
+        return (json.dumps(_record(doc), ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
+    except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as exc:  # what metadata_problem does not see (a lone surrogate)
+        raise CorpusError(where, number, None, f"document {doc.doc_id!r}: cannot be stored as JSON ({type(exc).__name__}: {exc})") from None
+
+
+# A metadata field's type, from the values the documents hold in it (a list's elements are its values;
+# None is no value): filters (retriever/filters.py) check a condition's values against it.
+KINDS = ("boolean", "number", "string", "object")
+
+
+def value_kind(value: object) -> str | None:
+    """The kind of one metadata value as :data:`KINDS` names it (None for null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "object"  # an object, or a list within a list
+
+
+def field_kinds(metadata: Iterable[dict | None]) -> dict[str, list[str]]:
+    """``{field: sorted kinds of its values}`` over every document's metadata: the index's metadata
+    schema (a field of one kind holds ``[kind]``; one of several, each; one of nulls only, ``[]``)."""
+    kinds: dict[str, set[str]] = {}
+    for m in metadata:
+        for name, value in (m or {}).items():
+            seen = kinds.setdefault(name, set())
+            for v in value if isinstance(value, list) else (value,):
+                kind = value_kind(v)
+                if kind is not None:
+                    seen.add(kind)
+    return {name: sorted(seen) for name, seen in sorted(kinds.items())}
+
+
 def write_documents(directory: Path, docs: Iterable[Document]) -> dict:
     """Write ``docs`` (in doc-number order) into ``directory``; returns the manifest's record:
-    ``{"file", "n_docs", "metadata_fields"}`` (the metadata fields any document has, sorted)."""
+    ``{"file", "n_docs", "metadata_fields", "metadata_types"}`` (the metadata fields any document has,
+    sorted, and each one's kinds of values, :func:`field_kinds`). Every line is strict JSON
+    (:func:`stored_line`)."""
     offsets = [0]
-    fields: set[str] = set()
     parts: list[bytes] = []
-    for doc in docs:
-        line = (json.dumps(_record(doc), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    metadata: list[dict | None] = []
+    for number, doc in enumerate(docs, start=1):
+        line = stored_line(doc, "documents", number)
         parts.append(line)
         offsets.append(offsets[-1] + len(line))
-        fields.update(doc.metadata or ())
+        metadata.append(doc.metadata)
     write_bytes(Path(directory) / DOCUMENTS_FILE, b"".join(parts))
     save_npy(Path(directory) / OFFSETS_FILE, np.asarray(offsets, np.int64))
-    return {"file": DOCUMENTS_FILE, "n_docs": len(offsets) - 1, "metadata_fields": sorted(fields)}
+    types = field_kinds(metadata)
+    return {"file": DOCUMENTS_FILE, "n_docs": len(offsets) - 1, "metadata_fields": sorted(types), "metadata_types": types}
 
 
 @dataclass
@@ -70,10 +118,8 @@ class StoredDocuments:
         offsets = load_npy(directory / OFFSETS_FILE, "int64", 1, mmap=False)
         if len(offsets) != n_docs + 1:
             raise IndexFormatError(f"{directory / OFFSETS_FILE}: {len(offsets) - 1} documents, the index has {n_docs}")
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise IndexFormatError(f"{path}: unreadable ({exc.strerror or exc})") from None
+        # a regular file of at most the size the offsets give it (a FIFO, a link to /dev/zero: an error at once)
+        data = read_regular(path, max(int(offsets[-1]), 0))
         if offsets[0] != 0 or offsets[-1] != len(data) or np.any(np.diff(offsets) <= 0):
             raise IndexFormatError(f"{directory / OFFSETS_FILE}: offsets do not match {DOCUMENTS_FILE} ({len(data)} bytes)")
         return cls(path, offsets, data)
@@ -101,4 +147,4 @@ class StoredDocuments:
         return (self.document(i) for i in range(len(self)))
 
 
-__all__ = ["DOCUMENTS_FILE", "OFFSETS_FILE", "StoredDocuments", "write_documents"]
+__all__ = ["DOCUMENTS_FILE", "KINDS", "OFFSETS_FILE", "StoredDocuments", "field_kinds", "stored_line", "value_kind", "write_documents"]

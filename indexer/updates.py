@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -48,10 +49,10 @@ from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
 from indexer.lexical import BM25Builder, make_analyzer
 from indexer.manifest import DOC_IDS, IndexFormatError, Manifest
-from indexer.reader import open_index
+from indexer.reader import open_index, verify_generation
 from indexer.shard_encoder import ShardPlan, chunks, encode_shard
 from indexer.staging import staging_dir
-from indexer.stored_documents import StoredDocuments, write_documents
+from indexer.stored_documents import StoredDocuments, stored_line, write_documents
 
 if TYPE_CHECKING:
     from embedder.encoder import Embedder
@@ -82,6 +83,7 @@ class UpdateReport:
     encode_seconds: float = 0.0
     merge_seconds: float = 0.0
     seconds: float = 0.0
+    published: bool = True  # False: nothing changed (only ids that are not indexed were deleted), nothing was written
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,6 +100,28 @@ class _Kept:
     rows: np.ndarray | None  # multi-vector indexes: the kept document (new number) of each dense row
 
 
+# an added document's stored form (its id, title, text and metadata as one JSON line) may hold at most this many
+# bytes (update_index's max_document_bytes, update-index --max-document-bytes, serve --max-document-bytes): a write
+# of one huge document would hold the encoder (and the server's memory) for minutes
+MAX_DOCUMENT_BYTES = 1 << 20
+
+
+@dataclass
+class PreparedUpdate:
+    """An update checked and encoded, not yet published (:func:`prepare_update`): encoding, the only
+    model work, runs without the index's write lock; :func:`publish_update` takes the lock."""
+
+    target: Path
+    added: list[Document]
+    deleted: list[str]
+    new: _New | None  # the added documents' arrays (None: nothing added)
+    encoding: str | None  # the manifest settings they were encoded with (_encoding_key): checked again under the lock
+    embedder: Embedder | None
+    encode_seconds: float
+    start: float
+    verified: str | None = None  # the generation whose checksums were read before encoding (not read again under the lock)
+
+
 def update_index(
     index_dir: str | os.PathLike[str],
     add: Iterable[Document] = (),
@@ -106,6 +130,7 @@ def update_index(
     encoder: SentenceEncoder | None = None,
     progress: bool = True,
     encoder2: SentenceEncoder | None = None,
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
 ) -> UpdateReport:
     """Add (or replace) ``add`` and remove ``delete`` from the index at ``index_dir``; publish
     the result as its next generation and return what was done.
@@ -113,11 +138,55 @@ def update_index(
     ``embedder``/``encoder``/``encoder2``: the models that encode the added documents; loaded from the
     manifest when not given (and only when there is something to encode). They must be the
     models the index was built with (checked, as a search checks them).
+
+    The added documents are checked (``max_document_bytes``: the most bytes a document's stored JSON
+    line may hold) and encoded first, without the index's write lock; then, under it, the generation the
+    update starts from is verified (every file's checksum, and the manifest's own) and a damaged one is
+    refused by name, publishing nothing; an update that changes nothing (only ids that are not indexed to
+    delete) publishes nothing either (``UpdateReport.published`` False).
     """
+    return publish_update(prepare_update(index_dir, add, delete, embedder, encoder, progress, encoder2, max_document_bytes))
+
+
+def prepare_update(
+    index_dir: str | os.PathLike[str],
+    add: Iterable[Document] = (),
+    delete: Iterable[str] = (),
+    embedder: Embedder | None = None,
+    encoder: SentenceEncoder | None = None,
+    progress: bool = True,
+    encoder2: SentenceEncoder | None = None,
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
+) -> PreparedUpdate:
+    """The first half of :func:`update_index`: the added documents checked and encoded with the
+    models the index's current manifest names; no lock is taken and nothing is written."""
     start = time.perf_counter()
     target = Path(index_dir)
-    added = _unique(add)
-    deleted = list(dict.fromkeys(str(d) for d in delete))
+    added = check_added(add, max_document_bytes)
+    deleted = list(dict.fromkeys(_delete_id(d, i) for i, d in enumerate(delete, start=1)))
+    new, key, encode_seconds = None, None, 0.0
+    verified = None
+    if added:
+        opened = open_index(target)
+        try:
+            manifest = opened.manifest
+            _check_updatable(target, manifest)
+            # a damaged index is refused before minutes of encoding (publish_update does not read the same generation's checksums twice)
+            verify_generation(target, opened, "nothing was encoded, updated or published")
+            verified = opened.path.name
+        finally:
+            opened.close()
+        t0 = time.perf_counter()
+        new = _encode(added, manifest, embedder, {"encoder": encoder, "encoder2": encoder2}, progress)
+        encode_seconds = time.perf_counter() - t0
+        key = _encoding_key(manifest)
+    return PreparedUpdate(target, added, deleted, new, key, embedder, round(encode_seconds, 3), start, verified)
+
+
+def publish_update(prepared: PreparedUpdate) -> UpdateReport:
+    """The second half of :func:`update_index`: under the index's write lock, the generation the update
+    starts from verified, then the updated index written and published (nothing where nothing changes)."""
+    target, added, deleted, new = prepared.target, prepared.added, prepared.deleted, prepared.new
     with build_lock(target):  # one writer at a time, builds included
         sweep_generations(target)
         opened = open_index(target)
@@ -128,43 +197,69 @@ def update_index(
             replaced = {d.doc_id for d in added if d.doc_id in position}
             removed = {d for d in deleted if d in position} - replaced
             not_found = [d for d in deleted if d not in position]
+            if not added and not removed:  # nothing changes: nothing is verified, written or published
+                return UpdateReport(0, 0, 0, not_found, manifest.n_docs, opened.path.name, 0.0, 0.0,
+                                    round(time.perf_counter() - prepared.start, 3), published=False)
             drop = np.zeros(len(doc_ids), bool)
             drop[[position[d] for d in replaced | removed]] = True
             if drop.all() and not added:
                 raise UpdateError(f"{target}: the update would delete every document; an index holds at least one (delete the index instead)")
+            if opened.path.name != prepared.verified:  # the generation the documents were encoded against was verified then
+                verify_generation(target, opened, "nothing was updated or published")
+            if added and _encoding_key(manifest) != prepared.encoding:
+                raise UpdateError(f"{target}: rebuilt with other models or settings while the added documents were encoded; "
+                                  "nothing was published: run the update again")
             kept = _read_kept(opened.path, manifest, opened.channels, np.flatnonzero(~drop))
             stored = StoredDocuments.open(opened.path, manifest.n_docs)
             kept_docs = [stored.document(int(i)) for i in kept.numbers]
             if any(d.doc_id != doc_ids[int(i)] for d, i in zip(kept_docs, kept.numbers)):
                 raise IndexFormatError(f"{target}: its stored documents are not in the order of {DOC_IDS} (damaged); rebuild it")
             generation_path = opened.path
+            t0 = time.perf_counter()
+            with staging_dir(target, "building") as tmp:
+                # the generation stays held (its files are read while the new one is written)
+                out = _write(tmp, manifest, generation_path, kept, kept_docs, added, new, prepared.embedder)
+                out.build = {**manifest.build, "last_update": {
+                    "added": len(added) - len(replaced), "replaced": len(replaced), "deleted": len(removed),
+                    "encode_seconds": prepared.encode_seconds, "based_on": generation_path.name,
+                    "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                }, "updates": int(manifest.build.get("updates", 0)) + 1}
+                out.files = record_files(tmp)
+                out.write(tmp)  # last: a directory without a manifest is not an index
+                gen = stage(tmp, target)
+            merge_seconds = time.perf_counter() - t0
         finally:
             opened.close()
-        t0 = time.perf_counter()
-        new = _encode(added, manifest, embedder, {"encoder": encoder, "encoder2": encoder2}, progress) if added else None
-        encode_seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with staging_dir(target, "building") as tmp:
-            out = _write(tmp, manifest, generation_path, kept, kept_docs, added, new, embedder)
-            out.build = {**manifest.build, "last_update": {
-                "added": len(added) - len(replaced), "replaced": len(replaced), "deleted": len(removed),
-                "encode_seconds": round(encode_seconds, 3), "based_on": generation_path.name,
-                "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }, "updates": int(manifest.build.get("updates", 0)) + 1}
-            out.files = record_files(tmp)
-            out.write(tmp)  # last: a directory without a manifest is not an index
-            gen = stage(tmp, target)
-        merge_seconds = time.perf_counter() - t0
         publish_staged(gen, target, overwrite=True)
     return UpdateReport(
         added=len(added) - len(replaced), replaced=len(replaced), deleted=len(removed), not_found=not_found, n_docs=out.n_docs,
-        generation=gen.name, encode_seconds=round(encode_seconds, 3), merge_seconds=round(merge_seconds, 3),
-        seconds=round(time.perf_counter() - start, 3),
+        generation=gen.name, encode_seconds=prepared.encode_seconds, merge_seconds=round(merge_seconds, 3),
+        seconds=round(time.perf_counter() - prepared.start, 3),
     )
 
 
-def _unique(docs: Iterable[Document]) -> list[Document]:
-    """The added documents, refusing an id given twice (which one would win is a guess)."""
+def _encoding_key(m: Manifest) -> str:
+    """What the added documents' arrays depend on in a manifest: the models, their settings and the channels built."""
+    return json.dumps([m.model, m.adapter, m.embedding, m.sparse.get("top_k"), (m.segments or {}).get("max_segments"),
+                       [s.mode for s in CHANNEL_SPECS if s.record(m) is not None],
+                       [(s.record(m) or {}).get("sha256") for s in sentence_encoder_specs()]], sort_keys=True, default=str)
+
+
+def _delete_id(value: object, i: int) -> str:
+    """An id to delete, exactly as given (a number as the corpus readers turn a numeric id into one)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise TypeError(f"deleted id {i}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def check_added(docs: Iterable[Document], max_document_bytes: int = MAX_DOCUMENT_BYTES) -> list[Document]:
+    """The added documents, refusing an id given twice (which one would win is a guess), an empty
+    text, metadata that is not strict JSON (NaN, Infinity, 1e400) and a document whose stored form
+    would exceed ``max_document_bytes``."""
+    if isinstance(max_document_bytes, bool) or not isinstance(max_document_bytes, int) or max_document_bytes < 1:
+        raise ValueError(f"max_document_bytes must be a positive integer, not {max_document_bytes!r}")
     out, seen = [], set()
     for i, doc in enumerate(docs, start=1):
         if not isinstance(doc, Document):
@@ -173,6 +268,10 @@ def _unique(docs: Iterable[Document]) -> list[Document]:
             raise CorpusError("added documents", i, "id", f"duplicate id {doc.doc_id!r} in one update")
         if not doc.text.strip():
             raise CorpusError("added documents", i, "text", f"empty text for id {doc.doc_id!r}")
+        size = len(stored_line(doc, "added documents", i))
+        if size > max_document_bytes:
+            raise CorpusError("added documents", i, None, f"document {doc.doc_id!r} is {size} bytes stored (id, title, text and metadata), "
+                                                          f"more than the {max_document_bytes} a document may hold (max_document_bytes)")
         seen.add(doc.doc_id)
         out.append(doc)
     return out
@@ -358,17 +457,35 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
 
 
 def read_delete_ids(path: Path) -> list[str]:
-    """Ids to delete, one per line (blank lines skipped); CorpusError naming the line otherwise."""
+    """Ids to delete, one per line, each exactly as written: only the line's end (``\\n`` or ``\\r\\n``) is
+    removed, so an id with a leading or trailing space is that id. Lines that are empty or only white
+    space are skipped (no id is: the corpus readers refuse one). The file must be a regular file (a
+    FIFO, a device such as /dev/zero, a directory: CorpusError at once, as the index loaders refuse
+    one, indexer/regular_files.py) and is read up to the size it had when opened; CorpusError naming
+    the line where one is not UTF-8."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO with no writer: no wait
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorpusError(path, None, None, "not a regular file (a FIFO, a device or a directory): ids to delete are read from a file")
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(st.st_size)
+    finally:
+        os.close(fd)
     out = []
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise CorpusError(path, lineno, "id", "not valid UTF-8") from None
-            if line:
-                out.append(line)
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorpusError(path, lineno, "id", f"not valid UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})") from None
+        if line.strip():
+            out.append(line)
     return out
 
 
-__all__ = ["UPDATE_CHUNK", "UpdateError", "UpdateReport", "load_models", "read_delete_ids", "update_index"]
+__all__ = ["MAX_DOCUMENT_BYTES", "UPDATE_CHUNK", "PreparedUpdate", "UpdateError", "UpdateReport", "check_added", "load_models", "prepare_update", "publish_update",
+           "read_delete_ids", "update_index"]

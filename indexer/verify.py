@@ -115,7 +115,8 @@ def verify_index(index_dir: Path) -> Report:
     # a file whose size or checksum is wrong is said once: its structural problems (a flipped byte
     # that no longer decodes, say) would name it again, on a second line, for the same damage
     damaged = {p.split(": ", 1)[0] for p in report.problems}
-    checks: dict[str, Callable[[], Any]] = {DOC_IDS: lambda: check_doc_ids(Path(index_dir) / DOC_IDS, manifest.n_docs)}
+    limit = ((manifest.files or {}).get(DOC_IDS) or {}).get("size")  # read no more than recorded (the size check said where it differs)
+    checks: dict[str, Callable[[], Any]] = {DOC_IDS: lambda: check_doc_ids(Path(index_dir) / DOC_IDS, manifest.n_docs, limit)}
     checks.update({name: (lambda o=opener: o(Path(index_dir), manifest, True)) for name, opener in CHANNELS.items()})
     checks["documents"] = lambda: check_stored_documents(Path(index_dir), manifest)
     for check in checks.values():
@@ -133,7 +134,7 @@ def check_stored_documents(index_dir: Path, manifest: Manifest) -> None:
     if manifest.documents is None:
         return
     stored = StoredDocuments.open(index_dir, manifest.n_docs)
-    ids = check_doc_ids(index_dir / DOC_IDS, manifest.n_docs)
+    ids = check_doc_ids(index_dir / DOC_IDS, manifest.n_docs, ((manifest.files or {}).get(DOC_IDS) or {}).get("size"))
     for i, doc_id in enumerate(ids):
         if stored.record(i)["_id"] != doc_id:
             raise IndexFormatError(f"{stored.path}:{i + 1}: id {stored.record(i)['_id']!r}, {DOC_IDS} has {doc_id!r} there")

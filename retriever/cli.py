@@ -13,6 +13,7 @@ from embedder.hardware import DTYPES
 from embedder.models import ModelNotAvailable
 from indexer.manifest import IndexFormatError
 from retriever.backends import BACKENDS
+from retriever.filters import loads_filter
 from retriever.options import add_query_side_arguments
 from retriever.query import DEFAULT_EXPANSION_M
 from retriever.quiet import quiet_libraries
@@ -29,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--query-weighting", choices=QUERY_WEIGHTINGS, default=DEFAULT_QUERY_WEIGHTING, help="weight of each query token")
     p.add_argument("--model", help="must match the index's model; default: the one in its manifest")
     p.add_argument("--encoder", help="must match the index's encoder channel; default: the one in its manifest (e.g. its model directory moved)")
-    p.add_argument("--where", type=_json_object, metavar="JSON",
+    p.add_argument("--where", metavar="JSON",
                    help='metadata filter, e.g. \'{"lang": "en", "year": {"gte": 2000}}\' (fields the index stores; see docs/command-line.md)')
     p.add_argument("--tokens", type=int, default=5, help="matched words shown per hit (text output)")
     p.add_argument(
@@ -45,16 +46,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--milvus-collection", help="--backend milvus: collection name (default: at_<index directory name>)")
     p.add_argument("--lucene-index", type=Path, help="--backend lucene: the export directory of build-index --export-pyserini")
     return p
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object of field: condition")
-    return value
 
 
 def _stdin_queries() -> list[str]:
@@ -82,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     queries = args.queries or _stdin_queries()
     try:
         check_k(args.k)  # before seconds of model loading
+        where = loads_filter(args.where) if args.where is not None else None  # one line, exit 2: not JSON, nested too deeply
         extra = {}
         if args.encoder:
             from embedder.sentence_encoder import SentenceEncoder
@@ -97,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             mode = args.mode or retriever.default_mode
             if args.mode is None and mode != "hybrid":  # an index without channels to fuse: say what was chosen
                 print(f"search-index: {retriever.describe_mode(mode)}", file=sys.stderr)
-            results = retriever.batch_search(queries, k=args.k, mode=mode, where=args.where)
+            results = retriever.batch_search(queries, k=args.k, mode=mode, where=where)
     except (IndexFormatError, ModelNotAvailable, ValueError, OSError) as exc:
         print(f"search-index: error: {exc}", file=sys.stderr)
         return 2

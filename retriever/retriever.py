@@ -195,7 +195,8 @@ class Retriever:
         self.channel_search = ChannelSearch(self.engine, held, analyze, len(doc_ids))
         self.hybrid = HybridSearch(self.channel_search, FeedbackExpander(self.sparse.doc_vectors, self.queries.expansion_weights))
         self.explanations = HitExplainer(embedder.tokenizer, self.channel_search, doc_ids)
-        self.filters = MetadataFilters((manifest.documents or {}).get("metadata_fields", []), self._read_metadata)
+        self.filters = MetadataFilters((manifest.documents or {}).get("metadata_fields", []), self._read_metadata,
+                                       (manifest.documents or {}).get("metadata_types"))
         self.feedback = feedback
         self._holds_generation = True  # False in a fusion view: the Retriever it was made from holds it
         self._check_query_side()

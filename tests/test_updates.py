@@ -257,7 +257,7 @@ def test_update_index_cli_adds_deletes_and_reports(tmp_path, tiny_model_dir):
     (tmp_path / "gone.txt").write_text(f"{docs[0]['_id']}\n\n{docs[1]['_id']}\n")
     out, err = update_cli(tmp_path / "index", "--add", str(add), "--delete", docs[2]["_id"], "--delete", "nope",
                           "--delete-file", str(tmp_path / "gone.txt")).communicate(timeout=300)  # fmt: skip
-    assert "Traceback" not in err and out.startswith(f"updated {tmp_path / 'index'}: 6 added, 0 replaced, 3 deleted (1 not indexed: nope); 17 documents now"), (out, err)
+    assert "Traceback" not in err and out.startswith(f"updated {tmp_path / 'index'}: 6 added, 0 replaced, 3 deleted (1 not indexed: 'nope'); 17 documents now"), (out, err)
     assert Manifest.read(tmp_path / "index").n_docs == 17
     proc = update_cli(tmp_path / "index", "--add", str(tmp_path / "missing.jsonl"))
     _, err = proc.communicate(timeout=300)
@@ -330,8 +330,10 @@ def test_bad_filters_name_the_field(tmp_path, tiny_embedder):
         r.search("cat", where={"colour": "red"})
     with pytest.raises(ValueError, match="filter field 'year': expected a value"):
         r.search("cat", where={"year": {"between": [1, 2]}})
-    with pytest.raises(ValueError, match="gte needs a number or a string"):
+    with pytest.raises(ValueError, match="filter field 'year': gte nan is not a finite number"):
         r.search("cat", where={"year": {"gte": float("nan")}})
+    with pytest.raises(ValueError, match="gte needs a number or a string"):
+        r.search("cat", where={"year": {"gte": None}})
     assert r.search("cat", where={"year": 3000}) == []
 
 

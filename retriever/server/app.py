@@ -32,6 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from retriever.filters import loads_filter
 from retriever.fusion import Fusion as FusionSetting  # the value type; schema.Fusion is the request body
 from retriever.retriever import MODES, Retriever
 from retriever.server.batching import FORWARD_QUERIES, Batcher, Busy, Job, Result
@@ -266,9 +267,9 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
         where = None
         if params.filter is not None:
             try:
-                where = json.loads(params.filter)
-            except (json.JSONDecodeError, RecursionError):
-                raise ApiError(422, "filter: not JSON (a JSON object of field: condition)") from None
+                where = loads_filter(params.filter)
+            except ValueError as exc:
+                raise ApiError(422, str(exc)) from None
         with live.use() as served:
             return await one(served, params.q, params.k, params.offset, params.mode, None, fields, where)
 

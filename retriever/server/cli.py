@@ -39,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--writable", action="store_true",
                    help="also serve POST /documents (add, replace, delete) and DELETE /documents/{id}, updating the index in place; "
                    "needs --api-key (or its variable) unless bound to this machine only")
+    p.add_argument("--max-document-bytes", type=int, default=d.max_document_bytes, metavar="N",
+                   help="--writable: refuse (422) an added document whose stored form (id, title, text and metadata as one JSON line) "
+                   f"is larger (default {d.max_document_bytes})")
     p.add_argument("--max-query-chars", type=int, default=d.max_query_chars)
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="queries per /search/batch request")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
@@ -68,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             max_query_chars=args.max_query_chars, max_k=args.max_k, max_window=args.max_window, max_batch=args.max_batch, api_key=api_key(args.api_key),
             max_connections=max_connections(args.max_connections), header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout, keep_alive_timeout_s=args.keep_alive_timeout, writable=args.writable,
+            max_document_bytes=args.max_document_bytes,
         )
         if args.writable and args.no_reload:
             raise ValueError("--writable with --no-reload: the server would never answer from what it writes; drop one")

@@ -44,10 +44,12 @@ class ServerConfig:
     writable: bool = False
     max_write_bytes: int = 16 * 1024 * 1024  # a POST /documents body (documents are larger than queries)
     max_write_documents: int = 10_000  # documents plus ids in one update
+    # an added document's stored form (id, title, text, metadata as one JSON line) at most: indexer.updates.MAX_DOCUMENT_BYTES
+    max_document_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         for name in ("max_concurrency", "max_body_bytes", "max_query_chars", "max_k", "max_window", "max_batch", "max_connections",
-                     "max_write_bytes", "max_write_documents"):
+                     "max_write_bytes", "max_write_documents", "max_document_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("queue_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
@@ -66,5 +68,6 @@ class ServerConfig:
             "max_query_chars": self.max_query_chars, "max_k": self.max_k, "max_window": self.max_window, "max_batch": self.max_batch, "auth": self.api_key is not None,
             "max_connections": self.max_connections, "header_timeout_s": self.header_timeout_s, "body_timeout_s": self.body_timeout_s,
             "keep_alive_timeout_s": self.keep_alive_timeout_s, "writable": self.writable,
-            **({"max_write_bytes": self.max_write_bytes, "max_write_documents": self.max_write_documents} if self.writable else {}),
+            **({"max_write_bytes": self.max_write_bytes, "max_write_documents": self.max_write_documents,
+                "max_document_bytes": self.max_document_bytes} if self.writable else {}),
         }

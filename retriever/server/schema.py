@@ -206,7 +206,8 @@ class UpdateOut(BaseModel):
     deleted: int
     not_found: list[str]
     documents: int = Field(description="documents in the index after the update")
-    generation: str = Field(description="the generation the update published")
+    generation: str = Field(description="the generation the update published (where nothing was published: the index's current one)")
     serving: str = Field(description="the generation this server answers from now (the update's, once loaded)")
     seconds: float
     encode_seconds: float
+    published: bool = Field(True, description="false: the update changed nothing (only ids that are not indexed to delete), nothing was written")
