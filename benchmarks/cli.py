@@ -2,7 +2,7 @@
 
     beir-eval --data DIR_OR_ID [--data ...] --systems bm25-pyserini,minilm,bm25+minilm,sparse,dense \\
               [--model NAME] [--adapter default|none|DIR] [--quick] [--compare] --out DIR
-    beir-eval report [--results benchmarks/results] [--output BENCHMARKS.md]
+    beir-eval report [--results benchmarks/results] [--output BENCHMARKS.md] [--headline RUN]
 """
 from __future__ import annotations
 
@@ -91,9 +91,17 @@ def _run_parser() -> argparse.ArgumentParser:
 def _report_parser() -> argparse.ArgumentParser:
     from benchmarks.report import RESULTS_DIR
 
-    p = argparse.ArgumentParser(prog="beir-eval report", description="Regenerate BENCHMARKS.md and its plots from results JSON files.")
+    p = argparse.ArgumentParser(
+        prog="beir-eval report",
+        description="Regenerate BENCHMARKS.md (the headline tables), the results' INDEX.md, every run's report.md, the plots "
+        "and README.md's results table from the results JSON files (benchmarks/report/document.py).",
+    )
     p.add_argument("--results", type=Path, default=RESULTS_DIR, help=f"folder searched for results JSON files (default {RESULTS_DIR})")
     p.add_argument("--output", type=Path, default=None, help="markdown file to write (default: BENCHMARKS.md at the repository root)")
+    p.add_argument("--headline", type=Path, default=None, help="the beir-eval run (folder or results.json) the headline tables and README's "
+                   "table show (default: the latest over the most collections with `default` and an anchor)")
+    p.add_argument("--readme", type=Path, default=None, help="README whose results table (between its markers) is rewritten "
+                   "(default: README.md beside --output)")
     return p
 
 
@@ -112,7 +120,7 @@ def _report(args: argparse.Namespace) -> int:
     from benchmarks.report import generate
 
     try:
-        output, changed = generate(args.results, args.output)
+        output, changed = generate(args.results, args.output, headline=args.headline, readme=args.readme)
     except (ValueError, OSError) as exc:
         print(f"beir-eval report: error: {exc}", file=sys.stderr)
         return 2

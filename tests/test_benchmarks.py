@@ -292,7 +292,7 @@ def test_report_is_idempotent_and_renders_tables(harness_results: Path, tmp_path
     table = {
         "kind": "table",
         "title": "Sweep of K",
-        "command": "python -m benchmarks.sweep --k 8 16",
+        "command": "python -m benchmarks.sweep_sparse --k 8 16",
         "description": "A parameter sweep.",
         "columns": ["K", "nDCG@10"],
         "rows": [[8, 0.25], [16, 0.5]],
@@ -300,18 +300,59 @@ def test_report_is_idempotent_and_renders_tables(harness_results: Path, tmp_path
     (results_dir / "sweep.json").write_text(json.dumps(table))
     out_md = tmp_path / "BENCHMARKS.md"
     path, changed = report.generate(results_dir, out_md)
-    assert path == out_md.resolve() and out_md.resolve() in changed
-    pngs = sorted((results_dir / "plots").glob("*.png"))
-    assert [p.name for p in pngs] == ["toy-run-latency.png", "toy-run-ndcg.png"]
-    before = {p: p.read_bytes() for p in [out_md, *pngs]}
+    index = results_dir / "INDEX.md"
+    assert path == out_md.resolve() and out_md.resolve() in changed and index in changed
+    before = {p: p.read_bytes() for p in [out_md, index, harness_results / "report.md"]}
     _, changed_again = report.generate(results_dir, out_md)
     assert changed_again == []
     assert before == {p: p.read_bytes() for p in before}
-    text = out_md.read_text()
-    assert "## Sweep of K" in text and "Command: `python -m benchmarks.sweep --k 8 16`" in text
+    # no run of `default` beside an anchor: no headline, and BENCHMARKS.md says so
+    assert "No headline run yet" in out_md.read_text() and "`beir-eval report`" in out_md.read_text()
+    # the index: every run (linked to its report.md) and every study table in full, a moved study under its name now
+    text = index.read_text()
+    assert "[toy-run](toy-run/report.md)" in text and "oracle 1.0000, nothing 0.0000" in text
+    assert "## Sweep of K" in text and "Command: `python -m benchmarks.studies.sweep_sparse --k 8 16`" in text
     assert "| 16 | 0.5000 |" in text
-    assert "![nDCG@10 per dataset and system](results/plots/toy-run-ndcg.png)" in text
-    assert "| `oracle` | 1.0000 | 1.0000 | 1.0000 | 1.0000 |" in text
+    assert "| `oracle` | 1.0000 | 1.0000 | 1.0000 | 1.0000 |" in (harness_results / "report.md").read_text()
+
+
+def _headline_run(out: Path, systems_: dict[str, tuple[float, float, float]], date: str = "2026-01-01T00:00:00+00:00", n: int = 2) -> None:
+    """A beir-eval results file with ``systems_`` = {name: (nDCG@10, e2e p50 ms, build s)} on ``n`` collections."""
+    datasets = []
+    for d in range(n):
+        results = {name: {"metrics": {"ndcg@10": q, "recall@100": q},
+                          "latency": {k: {"p50_ms": t, "p95_ms": t, "qps": 1000 / t} for k, t in (("end_to_end", ms), ("search", ms / 2))},
+                          "index": {"seconds": s, "bytes": 1000, "docs_per_s": 10 / s, "bytes_per_doc": 100.0, "embeddings_cached": name == "default"}}
+                   for name, (q, ms, s) in systems_.items()}
+        datasets.append({"name": f"c{d}", "source": "test", "split": "test", "n_docs": 10, "n_queries": 2, "n_qrels": 2, "results": results})
+    res = {"kind": "beir-eval", "date": date, "command": "beir-eval --data shared --systems x --out y", "machine": {"cpu": "Test CPU", "cores": 2},
+           "settings": {"metrics": ["ndcg@10", "recall@100"], "depth": 10}, "systems": {name: {"params": {}} for name in systems_}, "datasets": datasets}
+    out.mkdir(parents=True)
+    (out / "results.json").write_text(json.dumps(res))
+
+
+def test_report_headline_readme_table_and_cost_plot(tmp_path: Path):
+    """The headline run: over the most collections with `default` and an anchor, the latest; README's table
+    between its markers, the cost plot, and the pinned run when --headline names one."""
+    results = tmp_path / "benchmarks" / "results"
+    _headline_run(results / "old", {"default": (0.5, 5.0, 100.0), "bm25+minilm": (0.4, 10.0, 50.0)}, "2026-01-01T00:00:00+00:00")
+    _headline_run(results / "new", {"bm25+minilm": (0.41, 11.0, 51.0), "default": (0.55, 6.0, 90.0)}, "2026-02-01T00:00:00+00:00")
+    _headline_run(results / "one", {"default": (0.9, 1.0, 1.0), "bm25+minilm": (0.1, 1.0, 1.0)}, "2026-03-01T00:00:00+00:00", n=1)
+    _headline_run(results / "alone", {"default": (0.9, 1.0, 1.0)}, "2026-04-01T00:00:00+00:00")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{report.document.README_BEGIN}\nold table\n{report.document.README_END}\n\nafter\n")
+    out_md, changed = report.generate(results, tmp_path / "BENCHMARKS.md")
+    text = out_md.read_text()
+    assert "`benchmarks/results/new`" in text and "| **fast** (the default) | 0.5500 | 0.5500 | **0.5500** |" in text
+    assert "![nDCG@10 against query latency and build time" in text and (results / "plots" / "effectiveness-vs-cost.png") in changed
+    assert text.index("BM25 + MiniLM, fused") < text.index("**fast** (the default)")  # each point after the anchor at its cost
+    assert "| **fast** (the default) | 0.5500 | 6.00 | 180 s (0.1 docs/s) † |" in readme.read_text()
+    assert "old table" not in readme.read_text() and readme.read_text().endswith("\n\nafter\n") and "2 cores of a Test CPU" in readme.read_text()
+    assert report.generate(results, tmp_path / "BENCHMARKS.md")[1] == []
+    report.generate(results, tmp_path / "BENCHMARKS.md", headline=results / "old")
+    assert "| **fast** (the default) | 0.5000 | 5.00 |" in readme.read_text()
+    with pytest.raises(ValueError, match="--headline"):
+        report.generate(results, tmp_path / "BENCHMARKS.md", headline=tmp_path / "nowhere")
 
 
 def test_report_rejects_malformed_table(tmp_path: Path):
@@ -331,7 +372,7 @@ def test_table_with_a_plot_is_written_and_drawn(tmp_path: Path):
     out_md = tmp_path / "B.md"
     _, changed = report.generate(tmp_path, out_md)
     assert (tmp_path / "plots" / "ef.png") in changed
-    assert "![τ sweep](plots/ef.png)" in out_md.read_text()
+    assert "![τ sweep](plots/ef.png)" in (tmp_path / "INDEX.md").read_text()
     with pytest.raises(ValueError, match="unknown columns"):
         write_table(tmp_path / "bad.json", "t", "c", "d", ["a", "b"], [[1, 2]], plot={"x": "a", "y": ["nope"]})
 

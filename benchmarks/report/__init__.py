@@ -1,7 +1,9 @@
 """Markdown reports and plots from results JSON files; ``BENCHMARKS.md`` is generated here only.
 
-- :mod:`~benchmarks.report.document`: BENCHMARKS.md and its plots (``generate``);
-- :mod:`~benchmarks.report.runs`: the section of a beir-eval run (also each run's own report.md);
+- :mod:`~benchmarks.report.document`: BENCHMARKS.md, the results' INDEX.md, README.md's results table and
+  the plots (``generate``);
+- :mod:`~benchmarks.report.headline`: which results the headline shows, its tables and the cost plot;
+- :mod:`~benchmarks.report.runs`: each beir-eval run's own report.md;
 - :mod:`~benchmarks.report.tables`: the section of a study's table;
 - :mod:`~benchmarks.report.classification`: the cls-eval section;
 - :mod:`~benchmarks.report.markdown`: the formatters they share.

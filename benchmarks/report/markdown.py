@@ -51,6 +51,16 @@ def fmt_machine(m: dict) -> str:
     return f"{m.get('cpu', '?')}{flags}, {m.get('cores', '?')} cores, {m.get('ram_gib', '?')} GiB RAM, {m.get('os', '')}, Python {m.get('python', '?')}"
 
 
+def short_machine(m: dict) -> str:
+    """'2 cores of an Intel(R) Xeon(R) Processor (AVX512-BF16, no AMX)': a results file's machine in a few words."""
+    flags = set(m.get("cpu_flags") or [])
+    kind = None
+    if flags:
+        kind = "AMX" if "amx_bf16" in flags else ("AVX512-BF16, no AMX" if "avx512_bf16" in flags else ("AVX2" if "avx2" in flags else "no AVX2"))
+    cpu = m.get("cpu", "?")
+    return f"{m.get('cores', '?')} cores of {'an' if cpu[:1] in 'AEIOU' else 'a'} {cpu}" + (f" ({kind})" if kind else "")
+
+
 def png_bytes(fig) -> bytes:
     """A matplotlib figure as PNG bytes without a timestamp (the same figure gives the same bytes); closes it."""
     import matplotlib.pyplot as plt

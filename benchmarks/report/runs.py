@@ -1,4 +1,4 @@
-"""The section of one beir-eval results file: per-dataset tables, significance, quoted numbers, plots."""
+"""The section of one beir-eval results file (each run's report.md): per-dataset tables, significance, quoted numbers."""
 from __future__ import annotations
 
 import json
@@ -251,59 +251,3 @@ def _render_quoted(quoted: list, metrics: list[str]) -> str:
         out.append(f"[{label}]({link}):\n")
         out.append(md_table(["System (quoted)"] + [metric_label(m) for m in cols], [[s] + [fmt(v.get(m)) for m in cols] for s, v in rows.items()]) + "\n")
     return "\n".join(out)
-
-
-# ---------------------------------------------------------------------- plots
-def plot_ndcg(res: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(res["systems"])
-    datasets = [d["name"] for d in res["datasets"]]
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(datasets) + 2), 4))
-    width = 0.8 / max(len(names), 1)
-    for i, name in enumerate(names):
-        ys = [d["results"].get(name, {}).get("metrics", {}).get("ndcg@10", float("nan")) for d in res["datasets"]]
-        ax.bar([j + (i - (len(names) - 1) / 2) * width for j in range(len(datasets))], ys, width, label=name)
-    ax.set_xticks(range(len(datasets)), datasets)
-    ax.set_ylabel("nDCG@10")
-    ax.set_title("nDCG@10 per dataset and system")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def plot_latency(res: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    markers = "osD^vP*Xh<>"
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, name in enumerate(res["systems"]):
-        for j, d in enumerate(res["datasets"]):
-            r = d["results"].get(name)
-            if not r:
-                continue
-            ax.scatter(
-                r["latency"]["end_to_end"]["p50_ms"],
-                r["metrics"]["ndcg@10"],
-                color=colors[i % len(colors)],
-                marker=markers[j % len(markers)],
-                label=name if j == 0 else None,
-            )
-    for j, d in enumerate(res["datasets"]):
-        ax.scatter([], [], color="gray", marker=markers[j % len(markers)], label=d["name"])
-    ax.set_xscale("log")
-    ax.set_xlabel("end-to-end latency p50 per query (ms, log scale; encoding + search)")
-    ax.set_ylabel("nDCG@10")
-    ax.set_title("Quality vs query latency (one process, one query at a time)")
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig

@@ -4,15 +4,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from benchmarks.report.markdown import fmt, md_table
+from benchmarks.report.markdown import fmt, md_table, short_machine
 
 
-def render_table_section(path: Path, data: dict, rel_to: Path, plot: str | None = None) -> str:
-    """Markdown for one table results file; ``plot``: path of its PNG, if it has one."""
+def render_table_section(path: Path, data: dict, rel_to: Path, plot: str | None = None, heading: str = "##", fenced: bool = False) -> str:
+    """Markdown for one table results file; ``plot``: path of its PNG, if it has one; ``fenced``: the
+    command in a shell block (the headline's, checked by tests/test_doc_commands.py) rather than inline."""
     cell = lambda c: fmt(c) if isinstance(c, float) else str(c)
+    where = os.path.relpath(path, rel_to)
+    machine = data.get("machine")
+    when = ", ".join(x for x in (
+        f"measured on {short_machine(machine)}" if isinstance(machine, dict) and machine.get("cpu") else "",
+        f"{data['date'][:10]}" if data.get("date") else "",
+    ) if x)
+    if fenced:
+        command = f"Results file [`{where}`]({where}){'; ' + when if when else ''}. Command:\n\n```bash\n{data['command']}\n```\n"
+    else:
+        command = f"Command: `{data['command']}`  (results file `{where}`{'; ' + when if when else ''})\n"
     parts = [
-        f"## {data['title']}\n",
-        f"Command: `{data['command']}`  (results file `{os.path.relpath(path, rel_to)}`)\n",
+        f"{heading} {data['title']}\n",
+        command,
         data["description"].strip() + "\n",
         md_table([str(c) for c in data["columns"]], [[cell(c) for c in row] for row in data["rows"]]) + "\n",
     ]
