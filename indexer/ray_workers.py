@@ -16,7 +16,7 @@ the merge, the publish) is the local build's code, and the index is the same one
   shards committed so far stay committed, so the same command resumes.
 
 Ray is an optional extra (``pip install -e '.[ray]'``). Every node needs this package and the
-model cache (see the README, "Building on a Ray cluster").
+model cache (see docs/backends-and-scale.md, "Building on a Ray cluster").
 """
 from __future__ import annotations
 
