@@ -50,6 +50,9 @@ class Profile:
     summary: str = ""
     # what the point is on an index that lacks this setting's channels but holds the fallback's
     fallback: Profile | None = field(default=None, hash=False)
+    # the pair of the index's calibration (indexer/calibration_channels.py) whose fusion replaces
+    # ``fusion`` where the index records one ("bm25+encoder"); None: always ``fusion``
+    calibrated: str | None = None
 
     @property
     def channels(self) -> tuple[str, ...]:
@@ -60,18 +63,21 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "fast": Profile(
         "fast", "none",
-        {"method": "max", "weights": {"bm25": 0.3, "encoder": 0.6, "sparse": 0.1}},
-        "no LLM forward per query: BM25 + MiniLM + the query's own tokens in the aligned-token index",
+        {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.5}},
+        "no LLM at all: BM25 + MiniLM, weighed as calibrated on the corpus",
+        calibrated="bm25+encoder",
     ),
     "best": Profile(
         "best", "none",
         {"method": "max", "weights": {"bm25": 0.3, "encoder2": 0.6, "sparse": 0.1}},
-        "no LLM forward per query: BM25 + mpnet (the second encoder channel) + the query's own tokens in the aligned-token index",
+        "no LLM forward per query: BM25 + mpnet (the second encoder channel), weighed as calibrated on the corpus, "
+        "+ the query's own tokens in the aligned-token index",
         fallback=Profile(
             "best", "llm",
             {"method": "minmax", "weights": {"bm25": 0.3, "encoder": 0.4, "sparse": 0.2, "dense": 0.1}},
             "the LLM encodes the query: BM25 + MiniLM + its aligned tokens + the LLM's dense channel (an index without encoder2)",
         ),
+        calibrated="bm25+encoder2",
     ),
 }  # fmt: skip
 
@@ -114,6 +120,29 @@ def auto_profile(channels: Iterable[str]) -> str | None:
     is held whole (an index of an earlier default, searched as it was built to be)."""
     held = set(channels)
     return next((name for name in PROFILE_NAMES if set(PROFILES[name].channels) <= held), None)
+
+
+def profile_fusion(profile: Profile, calibration: dict | None) -> tuple[dict, str]:
+    """The fusion ``profile`` searches an index with, and why: where the index's manifest records
+    a calibration of the profile's pair (build-index and update-index write it,
+    indexer/calibration.py), the pair weighed as calibrated on the index's own corpus and any other
+    channel of the profile kept at its fixed weight (``best``'s aligned tokens, 0.1); else the
+    profile's fixed setting."""
+    if profile.calibrated is None:
+        return profile.fusion, f"the {profile.name} profile's fixed setting"
+    record = ((calibration or {}).get("pairs") or {}).get(profile.calibrated)
+    if isinstance(record, dict) and isinstance(record.get("fusion"), dict) and isinstance(record["fusion"].get("weights"), dict):
+        pair = set(profile.calibrated.split("+"))
+        extra = {c: w for c, w in profile.fusion["weights"].items() if c not in pair}
+        share = 1.0 - sum(extra.values())
+        weights = {c: round(float(w) * share, 6) if isinstance(w, (int, float)) else w for c, w in record["fusion"]["weights"].items()}
+        fusion = {**record["fusion"], "weights": {**weights, **extra}}
+        alone = ", ".join(f"{c} {v:.3f}" for c, v in (record.get("alone") or {}).items())
+        kept = f"; {', '.join(f'{c} {w:g}' for c, w in extra.items())} fixed" if extra else ""
+        return fusion, (f"calibrated on this corpus when indexed: {record.get('n_queries')} sentences held out of its documents, "
+                        f"found by each channel alone at nDCG@10 {alone}{kept}")
+    why = (calibration or {}).get("skipped") or "the index records no calibration (built before it)"
+    return profile.fusion, f"the {profile.name} profile's fixed setting: {why}"
 
 
 def profile_arg(text: str) -> str:

@@ -302,7 +302,8 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
         return {
             "index": str(r.index_dir), **served.describe(),
             "channels": [c for c in r.modes if c != "hybrid"], "modes": r.modes,
-            "default_mode": r.default_mode, "fusion": r.fusion.as_dict(), "describe": r.describe_mode(),
+            "default_mode": r.default_mode, "fusion": r.fusion.as_dict(),
+            "fusion_source": getattr(r, "fusion_source", None), "describe": r.describe_mode(),
             "model": m.model, "adapter": adapter_name(m.adapter), "encoder": (m.encoder or {}).get("name"),
             "encoder2": (getattr(m, "encoder2", None) or {}).get("name"), "lexical": m.lexical,
             "metadata_fields": (m.documents or {}).get("metadata_fields", []), "writable": config.writable,

@@ -161,6 +161,7 @@ class Info(BaseModel):
     modes: list[str]
     default_mode: str
     fusion: dict[str, Any]
+    fusion_source: str | None = None  # why these weights: calibrated on this corpus, the profile's fixed setting, given
     describe: str
     model: dict[str, Any]
     adapter: dict[str, Any] | None = Field(description="the adapter: its name and sha256 (no local path); null: the raw backbone")
