@@ -480,6 +480,18 @@ class UserDefault(AlignedTokensSystem):
         r = self.engine.retriever
         return r.default_mode if r is not None else "hybrid"
 
+    @property
+    def retriever(self):
+        """The index searched as search-index searches it at this profile: with the fusion its
+        manifest's calibration gives the profile's pair (retriever.profiles.profile_fusion), else the fixed one."""
+        r = self.engine.retriever
+        if r is None:
+            return None
+        from retriever.profiles import profile_fusion
+
+        self.fusion, self.fusion_why = profile_fusion(self.profile, r.manifest.calibration)
+        return self.engine.retriever_for(self.fusion, self.query_encoder)
+
     def params(self) -> dict:
         p = super().params()
         p["channels"] = list(self.channels)
@@ -488,7 +500,7 @@ class UserDefault(AlignedTokensSystem):
         p["definition"] = f"{build} + {search}" + (" (no flags)" if self.build_profile.name == self.profile.name == "fast" else "")
         p["profile"] = self.profile.name
         p["build_profile"] = self.build_profile.name
-        p["fusion_source"] = f"retriever.profiles.PROFILES[{self.profile.name!r}]"
+        p["fusion_source"] = getattr(self, "fusion_why", f"retriever.profiles.PROFILES[{self.profile.name!r}]")
         r = self.retriever
         if r is not None:
             p["query_encoder"] = r.query_encoder
