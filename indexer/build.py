@@ -101,7 +101,7 @@ class BuildPlan:
 
     ``channels``: {mode: setting} of the channels to build, as the channel table
     (indexer/channels.py) names them (``{"sparse": True, "bm25": "words", "encoder": SentenceEncoder}``;
-    the aligned-token channel is always built); ``shards``: the committed shards' plan (K, documents
+    the aligned-token channel unless left out); ``shards``: the committed shards' plan (K, documents
     per shard, segment windows; whether the LLM states are kept follows from the channels);
     ``executor``: who encodes them. ``dense_kind``: the FAISS kind of every dense channel (a compact
     build turns the default Flat into each channel's compact kind: :meth:`dense_kind_of`); ``compact``: 8-bit impacts (indexer/compact.py);
@@ -123,9 +123,10 @@ class BuildPlan:
         cls, channels: Mapping[str, Any], embedder: Embedder, top_k: int = DEFAULT_TOP_K, shard_size: int = DEFAULT_SHARD_SIZE,
         segments: bool = False, max_segments: int | None = None, executor: Executor = Executor(), dense_kind: str = "Flat",
         compact: bool = False, progress: bool = True, doc_ids: str | None = None, impact_bits: int = DEFAULT_IMPACT_BITS,
+        sparse: bool = True,
     ) -> BuildPlan:
         """A plan checked and completed: channels named any way the table knows them, in table
-        order, sparse included; K capped at the vocabulary."""
+        order, the aligned tokens included unless ``sparse`` is False; K capped at the vocabulary."""
         if top_k < 1:
             raise ValueError("top_k must be positive")
         if shard_size < 1:
@@ -140,10 +141,15 @@ class BuildPlan:
         if impact_bits != DEFAULT_IMPACT_BITS and not compact:
             raise ValueError(f"{impact_bits}-bit impacts go with a compact index")
         named = {channel_spec(name).mode: setting for name, setting in channels.items()}
-        chosen = {s.mode: named.get(s.mode, True) for s in CHANNEL_SPECS if s.required or s.mode in named}
+        chosen = {s.mode: named.get(s.mode, True) for s in CHANNEL_SPECS if (s.required and sparse) or s.mode in named}
+        if not chosen:
+            raise ValueError("no channel to build: name at least one")
         keep = any(LLM_EMBEDDINGS in s.build_needs for s in CHANNEL_SPECS if s.mode in chosen)
+        tokens = SPARSE.mode in chosen
         windows = (max_segments or 0) if segments else None  # None: one vector per document; 0: every window
-        shards = ShardPlan(min(top_k, embedder.vocab_size), keep, shard_size, windows)
+        if windows is not None and not (tokens or keep):
+            raise ValueError("segments: documents are cut into windows for the LLM's channels (sparse, dense, dense-ef), and none is built")
+        shards = ShardPlan(min(top_k, embedder.vocab_size), keep, shard_size, windows, tokens)
         return cls(chosen, shards, executor, dense_kind, compact, progress, doc_ids, impact_bits)
 
     def dense_kind_of(self, mode: str) -> str:
@@ -187,6 +193,7 @@ def build_index(
     channels: Mapping[str, Any] | None = None,
     doc_ids: str | None = None,
     impact_bits: int = DEFAULT_IMPACT_BITS,
+    sparse: bool = True,
 ) -> Manifest:
     """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written. The
     keyword form of :func:`build` (a :class:`BuildPlan` made from these arguments).
@@ -198,7 +205,10 @@ def build_index(
     embedder/sentence_encoder.py: its normalised embeddings in one more FAISS index, mode "encoder")
     and ``encoder2`` (a second one, mode "encoder2": the ``best`` operating point's).
     ``channels``: more channels by any of their names, {name: setting} (a channel without a
-    keyword of its own here is built this way).
+    keyword of its own here is built this way). ``sparse``: False leaves the aligned-token postings
+    out (``build-index --channels`` without ``sparse``); where no channel built needs the LLM (BM25,
+    the sentence encoders), ``embedder`` may be a :class:`~embedder.tokenization.TokenizerOnly` and no
+    LLM runs.
 
     The corpus is encoded in shards of ``chunk_size`` documents, each committed to disk
     atomically (indexer/shards.py): a build killed at any point resumes, when run again with
@@ -226,7 +236,7 @@ def build_index(
     chosen = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.option in options and options[s.option] is not None}
     chosen |= {channel_spec(name).mode: setting for name, setting in (channels or {}).items()}
     plan = BuildPlan.make(chosen, embedder, top_k, chunk_size, segments, max_segments, Executor(workers, embedder_spec, ray), dense_kind,
-                          compact, progress, doc_ids, impact_bits)
+                          compact, progress, doc_ids, impact_bits, sparse)
     return build(corpus, index_dir, embedder, plan, overwrite)
 
 
@@ -291,6 +301,7 @@ def _shard_params(spec: CorpusSpec, embedder: Embedder, encoders: Mapping[str, S
         **({} if ENCODER_NAME in encoders else {ENCODER_NAME: None}),
         "shard_size": plan.shard_size,
         "segments": plan.windows,
+        **({} if plan.tokens else {"tokens": False}),  # a build with the aligned tokens keeps the key it always had
     }
 
 
@@ -474,12 +485,15 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
         **{s.manifest_key: records.get(s.manifest_key) for s in CHANNEL_SPECS},
         segments=segments_info,
         documents=stored_info,
-        format_version=compact_format(plan.doc_ids, plan.impact_bits) if plan.compact else SEGMENTS_FORMAT_VERSION if plan.shards.windows is not None else FORMAT_VERSION,
+        # 4-bit impacts are the aligned tokens' alone: an index without them is laid out as at 8 bits
+        format_version=(compact_format(plan.doc_ids, plan.impact_bits if plan.shards.tokens else DEFAULT_IMPACT_BITS) if plan.compact
+                        else SEGMENTS_FORMAT_VERSION if plan.shards.windows is not None else FORMAT_VERSION),
         build={
             "seconds": round(total, 3),
             "encode_seconds": round(encode_seconds, 3),
-            "invert_seconds": round(seconds[SPARSE.mode], 3),
-            "docs_per_s": round(len(ids) / max(encode_seconds, 1e-9), 2),
+            "invert_seconds": round(seconds.get(SPARSE.mode, 0.0), 3),
+            # documents a second through the LLM (a build without it: through the whole build)
+            "docs_per_s": round(len(ids) / max(encode_seconds if plan.shards.llm else total, 1e-9), 2),
             "tokens_per_s": round(n_tokens / max(encode_seconds, 1e-9), 1),
             "n_tokens": n_tokens,
             "shards": encode["n_shards"],

@@ -18,17 +18,19 @@ expansion and its dense channel to ``fast``: BENCHMARKS.md, "Operating points");
 encoder extra, every profile holds aligned tokens + dense + BM25 on words (LOCO 0.522,
 benchmarks/results/contrastive-long/fusion_cv.json), searched as before (no profile applies).
 
-The aligned-token channel ("sparse") is always built: it is the index's core (its postings
-name the documents every other channel refers to).
+The aligned-token channel ("sparse") is in every profile's set; ``--channels LIST`` builds exactly
+the channels it names (``--channels bm25``: BM25 alone), and the LLM is loaded only where a channel
+built needs it (sparse, dense, dense-ef; BM25 on ``tokens`` reads its tokenizer alone).
 """
 from __future__ import annotations
 
 import importlib.util
 
-from indexer.channels import CHANNEL_SPECS, MODES
+from indexer.channels import CHANNEL_SPECS, LLM_EMBEDDINGS, LLM_TOKENS, LM_HEAD, MODES
 from indexer.channels import spec as channel_spec
 
 CHANNELS = MODES  # every channel, in the table's order (indexer/channels.py)
+LLM_BUILD_NEEDS = frozenset({LLM_TOKENS, LLM_EMBEDDINGS, LM_HEAD})  # what only the LLM's weights give a build
 DEFAULT_ENCODER = channel_spec("encoder").default
 DEFAULT_ENCODER2 = channel_spec("encoder2").default
 DEFAULT_ANALYZER = channel_spec("bm25").default
@@ -70,22 +72,24 @@ def default_channels(profile: str = DEFAULT_PROFILE) -> tuple[str, ...]:
 
 
 def parse_channels(text: str) -> tuple[str, ...]:
-    """``"sparse,bm25,encoder"`` as a tuple in :data:`CHANNELS` order, sparse always included;
-    ValueError naming the unknown channel otherwise."""
+    """``"sparse,bm25,encoder"`` as a tuple in :data:`CHANNELS` order: exactly the channels named
+    (``bm25`` alone builds BM25 alone, and no LLM runs for it); ValueError naming the unknown
+    channel otherwise."""
     names = [c.strip() for c in text.split(",") if c.strip()]
     unknown = [c for c in names if c not in CHANNELS]
     if unknown or not names:
         problem = f"unknown channel {unknown[0]!r}" if unknown else "no channel named"
         raise ValueError(f"--channels {text!r}: {problem} (choose from {', '.join(CHANNELS)})")
-    return tuple(s.mode for s in CHANNEL_SPECS if s.mode in names or s.required)
+    return tuple(s.mode for s in CHANNEL_SPECS if s.mode in names)
 
 
 def resolve(channels: str | None, dense: bool = False, embedfilter_tau: int | None = None, lexical: str | None = None,
             encoder: str | None = None, encoder2: str | None = None, profile: str = DEFAULT_PROFILE) -> tuple[tuple[str, ...], dict, bool]:
     """(channels, build_index options, whether they are the default set) from the command line:
     ``channels`` (``--channels LIST``) and the older per-channel flags, which add their channel
-    and set its option (``--lexical tokens``, ``--encoder NAME``, ``--encoder2 NAME``, ``--embedfilter TAU``). With
-    neither, :func:`default_channels` of ``profile``."""
+    and set its option (``--lexical tokens``, ``--encoder NAME``, ``--encoder2 NAME``, ``--embedfilter TAU``); the
+    flags alone add theirs to the aligned-token channel (as they always did). With neither,
+    :func:`default_channels` of ``profile``."""
     flags = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical, "encoder": encoder, "encoder2": encoder2}
     named = [s.mode for s in CHANNEL_SPECS if flags.get(s.option) is not None]
     if channels is None and not named:
@@ -115,3 +119,8 @@ def describe(channels: tuple[str, ...], options: dict) -> str:
     """One line for the build's output: ``channels: sparse, bm25 (words), encoder (minilm)``."""
     detail = {s.mode: options.get(s.option) for s in CHANNEL_SPECS if s.option is not None}
     return "channels: " + ", ".join(f"{c} ({detail[c]})" if detail.get(c) and detail[c] is not True else c for c in channels)
+
+
+def needs_llm(channels) -> bool:
+    """Whether building ``channels`` (modes) runs the LLM: the aligned tokens, its dense channels."""
+    return any(s.build_needs & LLM_BUILD_NEEDS for s in CHANNEL_SPECS if s.mode in channels)

@@ -206,8 +206,8 @@ class ChannelSpec:
     query_kind: str  # "sparse" (ids, weights) or "dense" (one vector): how a backend is asked
     writer: Callable[[WriteContext], ChannelWriter]
     reader: ChannelReader
-    option: str | None  # the build_index keyword that builds it (None: always built)
-    flag: str | None  # build-index's flag that builds it (None: always built)
+    option: str | None  # the build_index keyword that builds it (None: built unless left out: build_index(sparse=False), --channels)
+    flag: str | None  # build-index's flag that builds it (None: see option)
     # its setting when named in --channels without one (the analyser, the encoder's name...); a
     # function is called for it (a default that lives in a module this one should not import)
     default: Any = True
@@ -218,7 +218,8 @@ class ChannelSpec:
 
     @property
     def required(self) -> bool:
-        """Every index holds it (the aligned-token channel)."""
+        """Built unless left out by name (the aligned-token channel: ``build_index(sparse=False)``,
+        ``build-index --channels`` without it); its manifest key is in every manifest (null where not built)."""
         return self.option is None
 
     @property

@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--channels", metavar="LIST",
-        help="channels to build, comma-separated from sparse,dense,dense-ef,bm25,encoder,encoder2 (sparse is always built). "
+        help="channels to build, comma-separated from sparse,dense,dense-ef,bm25,encoder,encoder2: exactly these (bm25 alone builds "
+        "BM25 alone; the LLM is loaded only for sparse, dense and dense-ef). "
         "Default: the channels --profile's operating point searches: sparse,bm25,encoder (MiniLM) for fast, sparse,bm25,encoder2 "
         "(mpnet) for best, all four for both; where mpnet is not installed, best and both build sparse,dense,bm25,encoder "
         "(best then reads the LLM's dense channel); without MiniLM, sparse,dense,bm25. "
@@ -165,17 +166,25 @@ def main(argv: list[str] | None = None) -> int:
             import_ray()  # says how to install it before the model loads
             ray = RayOptions(args.ray, args.workers, args.cpus_per_worker, args.ray_timeout)
             _connect_within(ray)  # before the model loads and before anything is written
-        embedder = Embedder.load(args.model, adapter=args.adapter, device=args.device, dtype=args.dtype, runtime=args.runtime, settings=settings)
+        llm = channel_set.needs_llm(channels)
+        if not llm and args.segments:
+            raise ValueError("--segments: documents are cut into windows for the LLM's channels (sparse, dense, dense-ef), and none is built")
+        if llm:
+            embedder = Embedder.load(args.model, adapter=args.adapter, device=args.device, dtype=args.dtype, runtime=args.runtime, settings=settings)
+        else:  # no channel built needs the LLM: its tokenizer and identity alone (BM25 on tokens reads the tokenizer), no weights
+            from embedder.tokenization import TokenizerOnly
+
+            embedder = TokenizerOnly.load(args.model, args.adapter, EmbedderConfig(**settings))
         # --workers (and Ray workers) load the same embedder again, with the settings resolved here: auto's
         # runtime is decided (and, the first time on this machine, timed) once, by this process, so
         # that no worker times the runtimes again or chooses another one
         runtime, dtype = args.runtime, args.dtype
-        if ((args.workers or 1) > 1 or args.ray) and "auto" in (runtime, dtype):
+        if llm and ((args.workers or 1) > 1 or args.ray) and "auto" in (runtime, dtype):
             embedder.resolve_runtime()
             if embedder.runtime_name is not None:
                 runtime, dtype = embedder.runtime_name, embedder.dtype
         embedder_spec = EmbedderSpec(
-            str(args.model), args.adapter, embedder.config.to_dict(), args.device, dtype, runtime, encoder_names
+            str(args.model), args.adapter, embedder.config.to_dict(), args.device, dtype, runtime, encoder_names, llm=llm
         )
         if not args.quiet:
             note = f" (--profile {profile.name}'s; --channels chooses)" if default else ""
@@ -190,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         m = build_index(
             spec, args.index, embedder, args.top_k, dense_kind=args.dense_kind, overwrite=args.overwrite, progress=not args.quiet,
             chunk_size=args.shard_size, workers=args.workers or 1, embedder_spec=embedder_spec, segments=args.segments,
-            max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of,
+            max_segments=args.max_segments, ray=ray, compact=args.compact, channels=settings_of, sparse="sparse" in channels,
             doc_ids=doc_id_encoding(args.doc_ids or (profile.doc_ids if args.compact else None), args.compact),
             impact_bits=args.impact_bits or (profile.impact_bits if args.compact else DEFAULT_IMPACT_BITS),
         )

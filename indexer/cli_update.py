@@ -39,8 +39,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _shown(doc_id: str, most: int = 60) -> str:
+    """An id quoted (a leading or trailing space shows), cut short where it is long."""
+    text = repr(doc_id)
+    return text if len(text) <= most else f"{text[:most - 5]}...{text[-1]} ({len(doc_id)} characters)"
+
+
 def describe(index: Path, r: UpdateReport) -> str:
-    missing = f" ({len(r.not_found)} not indexed: {', '.join(map(repr, r.not_found[:5]))}{', ...' if len(r.not_found) > 5 else ''})" if r.not_found else ""
+    missing = f" ({len(r.not_found)} not indexed: {', '.join(map(_shown, r.not_found[:5]))}{', ...' if len(r.not_found) > 5 else ''})" if r.not_found else ""
     if not r.published:
         return f"nothing to update in {index}: 0 added, 0 replaced, 0 deleted{missing}; nothing published ({r.n_docs} documents, still {r.generation})"
     return (f"updated {index}: {r.added} added, {r.replaced} replaced, {r.deleted} deleted{missing}; {r.n_docs} documents now, "

@@ -335,6 +335,10 @@ def compact_copy(
         if m.compact:
             raise ValueError(f"{index_dir}: already compact (format {m.format_version})")
         verify_generation(index_dir, opened, "no copy was written")  # a damaged file is never carried into a copy under fresh checksums
+        if m.sparse is None:  # an index without the aligned tokens: BM25's postings and the dense channels are compacted
+            if top_k is not None:
+                raise ValueError(f"{index_dir}: top_k: the index holds no aligned tokens (built without the sparse channel)")
+            version = compact_format(doc_ids, DEFAULT_IMPACT_BITS)
         if top_k is not None:
             if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k < m.sparse["top_k"]:
                 raise ValueError(f"top_k must be an integer from 1 to {m.sparse['top_k'] - 1} (the index holds {m.sparse['top_k']} a document), not {top_k!r}")
@@ -358,8 +362,9 @@ def compact_copy(
                         shutil.copyfile(src, tmp / rel)
                 if top_k is not None:
                     truncate_channel_files(tmp, m.n_docs, top_k)
-                sparse_info = {**m.sparse, **compact_channel_files(tmp, m.n_docs, quantisation, doc_ids, impact_bits, impact_levels),
-                               **({"top_k": top_k} if top_k is not None else {})}
+                sparse_info = None if m.sparse is None else {
+                    **m.sparse, **compact_channel_files(tmp, m.n_docs, quantisation, doc_ids, impact_bits, impact_levels),
+                    **({"top_k": top_k} if top_k is not None else {})}
                 lexical_info = None if any(s.manifest_key == "lexical" for s in dropped) else m.lexical
                 if lexical_info is not None and lexical:
                     lexical_info = {**m.lexical, **compact_channel_files(tmp / LEXICAL_DIR, m.n_docs, quantisation, doc_ids)}

@@ -284,6 +284,8 @@ def _field(obj: dict, file: Path, lineno: int, name: str | None, defaults: tuple
     for n in names:
         if n in obj:
             value = obj[n]
+            if isinstance(value, float) and role == "id" and not math.isfinite(value):  # 1e400, NaN: not an id ("inf", "nan")
+                raise CorpusError(file, lineno, n, f"{value!r} is not a finite number (JSON has no NaN or Infinity; 1e400 reads as Infinity)")
             if isinstance(value, (int, float)) and role == "id" and not isinstance(value, bool):
                 try:
                     value = str(value)

@@ -28,7 +28,9 @@ from indexer.layout import (  # also imported from here (their first home)
 )
 from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
 
-_REQUIRED_CHANNELS = tuple(s.manifest_key for s in CHANNEL_SPECS if s.required)  # ("sparse",): every index holds it
+# ("sparse",): the aligned tokens' record, a key of every manifest; null in an index built without them (build-index
+# --channels naming other channels alone), which readers before that refuse ("not an object") rather than misread
+_REQUIRED_CHANNELS = tuple(s.manifest_key for s in CHANNEL_SPECS if s.required)
 
 FORMAT_VERSION = 1
 # Multi-vector documents (indexer/segments.py) are written as format 2, so that a reader that
@@ -70,7 +72,7 @@ class Manifest:
     adapter: dict | None  # {"path", "sha256"} or None for the raw backbone
     embedding: dict  # EmbedderConfig.to_dict()
     # the channels' records, one field per row of indexer/channels.py (its manifest_key); None: not built
-    sparse: dict  # {"top_k", "vocab_size", "weight"}
+    sparse: dict | None  # {"top_k", "vocab_size", "weight"}; None: built without the aligned tokens (--channels bm25)
     n_docs: int
     corpus: dict = field(default_factory=dict)
     dense: dict | None = None  # {"kind", "dim", "normalised", "metric"} when stored
@@ -101,18 +103,22 @@ class Manifest:
 
     @property
     def compact(self) -> bool:
-        """Quantised impacts (format 3 to 7, indexer/compact.py)."""
-        return self.sparse.get("impacts") in IMPACTS
+        """Quantised impacts (format 3 to 7, indexer/compact.py); in an index without the aligned tokens, BM25's
+        (and in one without postings at all, its format)."""
+        postings = self.sparse if self.sparse is not None else self.lexical
+        if postings is None:
+            return self.format_version in COMPACT_VERSIONS
+        return postings.get("impacts") in IMPACTS
 
     @property
     def packed(self) -> bool:
         """Bit-packed doc numbers in the aligned-token postings (formats 4 and 7, indexer/packed_docs.py)."""
-        return self.sparse.get("doc_ids") in PACKED_DOC_IDS
+        return (self.sparse or {}).get("doc_ids") in PACKED_DOC_IDS
 
     @property
     def ranged(self) -> bool:
         """Range-blocked doc numbers in the aligned-token postings (format 5, indexer/range_docs.py)."""
-        return self.sparse.get("doc_ids") == RANGE_DOC_IDS
+        return (self.sparse or {}).get("doc_ids") == RANGE_DOC_IDS
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
@@ -180,9 +186,14 @@ def _positive_int(x) -> bool:
 
 def _field_problem(data: dict) -> str | None:
     """The first field whose type or range the loaders cannot work with (hand edits, damage)."""
-    for key in ("model", "embedding", *_REQUIRED_CHANNELS):
+    for key in ("model", "embedding"):
         if not isinstance(data[key], dict):
             return f"field {key!r}: not an object"
+    for key in _REQUIRED_CHANNELS:  # null: built without the aligned tokens
+        if data[key] is not None and not isinstance(data[key], dict):
+            return f"field {key!r}: neither an object nor null"
+    if all(data.get(s.manifest_key) is None for s in CHANNEL_SPECS):
+        return f"no channel: every channel's record ({', '.join(s.manifest_key for s in CHANNEL_SPECS)}) is null"
     optional = tuple(s.manifest_key for s in CHANNEL_SPECS if not s.required)
     for key in ("adapter", *optional, "documents", "files"):
         if data.get(key) is not None and not isinstance(data[key], dict):
@@ -261,11 +272,16 @@ def _impacts_problem(data: dict, version: int) -> str | None:
         if doc_ids is not None and impacts is None:
             what = "bit-packed" if doc_ids in PACKED_DOC_IDS else "range-blocked"
             return f"field '{key}.doc_ids': {what} doc numbers without 8-bit impacts ('{key}.impacts')"
-    if version in COMPACT_VERSIONS and version not in NIBBLE_VERSIONS and data["sparse"].get("impacts") != UINT8_IMPACTS:
-        return f"field 'sparse.impacts': format {version} needs {UINT8_IMPACTS!r}"
+    # the format's postings: the aligned tokens', else (an index built without them) BM25's; none: nothing to check
+    key = "sparse" if data.get("sparse") is not None else "lexical"
+    postings = data.get(key)
+    if postings is None:
+        return None
+    if version in COMPACT_VERSIONS and version not in NIBBLE_VERSIONS and postings.get("impacts") != UINT8_IMPACTS:
+        return f"field '{key}.impacts': format {version} needs {UINT8_IMPACTS!r}"
     for doc_ids, fmt in _DOC_ID_FORMATS.items():
-        if version == fmt and data["sparse"].get("doc_ids") != doc_ids:
-            return f"field 'sparse.doc_ids': format {fmt} needs {doc_ids!r}"
+        if version == fmt and postings.get("doc_ids") != doc_ids:
+            return f"field '{key}.doc_ids': format {fmt} needs {doc_ids!r}"
     return None
 
 

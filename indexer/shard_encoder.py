@@ -49,11 +49,18 @@ class EmbedderSpec:
     dtype: str = "auto"
     runtime: str | None = "auto"
     encoders: dict[str, str] = field(default_factory=dict)
+    llm: bool = True  # False: no channel built needs the LLM; its tokenizer alone is loaded (no weights)
 
     def load(self) -> tuple[Embedder, dict[str, SentenceEncoder]]:
         from embedder.encoder import EmbedderConfig
 
-        embedder = Embedder.load(self.model, adapter=self.adapter, config=EmbedderConfig(**self.config), device=self.device, dtype=self.dtype, runtime=self.runtime)
+        if self.llm:
+            embedder = Embedder.load(self.model, adapter=self.adapter, config=EmbedderConfig(**self.config), device=self.device, dtype=self.dtype,
+                                     runtime=self.runtime)
+        else:
+            from embedder.tokenization import TokenizerOnly
+
+            embedder = TokenizerOnly.load(self.model, self.adapter, EmbedderConfig(**self.config))
         encoders = {}
         if self.encoders:
             from embedder.sentence_encoder import SentenceEncoder
@@ -71,6 +78,12 @@ class ShardPlan:
     keep_embeddings: bool
     shard_size: int
     windows: int | None = None
+    tokens: bool = True  # the aligned tokens (the sparse channel); with no embeddings kept either, the LLM does not run
+
+    @property
+    def llm(self) -> bool:
+        """Whether the LLM reads the documents (for their aligned tokens or their embeddings)."""
+        return self.tokens or self.keep_embeddings
 
 
 def encode_shard(
@@ -86,6 +99,8 @@ def encode_shard(
     that moves within a shard); with segments, of the whole shard at the end.
     """
     texts = [d.text for d in chunk]
+    if not plan.llm:  # no channel built needs the LLM: only the sentence encoders read the documents
+        return _encode_without_llm(chunk, texts, embedder, encoders, encoded)
     units, owner = split_segments(embedder, texts, plan.windows or None) if plan.windows is not None else (texts, None)
     k = plan.k
     tok = np.zeros((len(units), k), np.int32)
@@ -108,6 +123,8 @@ def encode_shard(
     if owner is not None:
         arrays["tokens"], arrays["weights"] = max_over_segments(tok, wts, owner, len(texts), k)
         arrays["row_docs"] = owner
+    if not plan.tokens:  # the LLM ran for its embeddings only
+        del arrays["tokens"], arrays["weights"]
     if emb is not None:
         arrays["embeddings"] = emb
     info = embedder.runtime_info()
@@ -121,6 +138,20 @@ def encode_shard(
         t0 = time.perf_counter()
         for array, encoder in encoders.items():
             arrays[array] = encoder.encode(texts)
+        meta["encoder_seconds"] = time.perf_counter() - t0
+    return arrays, meta
+
+
+def _encode_without_llm(chunk: list[Document], texts: list[str], embedder, encoders: Mapping[str, SentenceEncoder],
+                        encoded: Callable[[int], None] | None) -> tuple[dict[str, np.ndarray], dict]:
+    """A shard of a build whose channels need no LLM (BM25, the sentence encoders): their arrays alone."""
+    t0 = time.perf_counter()
+    arrays = {array: encoder.encode(texts) for array, encoder in encoders.items()}
+    if encoded is not None:
+        encoded(len(chunk))
+    info = embedder.runtime_info() if embedder is not None else {"name": "none", "dtype": None}
+    meta = {"ids": [d.doc_id for d in chunk], "n_tokens": 0, "encode_seconds": 0.0, "runtime": f"{info['name']} {info['dtype']}"}
+    if encoders:
         meta["encoder_seconds"] = time.perf_counter() - t0
     return arrays, meta
 

@@ -38,7 +38,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
-from indexer.channels import CHANNEL_SPECS, LLM_EMBEDDINGS, LM_HEAD, SENTENCE_ENCODER, ChannelSpec, sentence_encoder_specs, spec
+from indexer.channels import (
+    CHANNEL_SPECS,
+    LLM_EMBEDDINGS,
+    LLM_TOKENS,
+    LM_HEAD,
+    SENTENCE_ENCODER,
+    ChannelSpec,
+    sentence_encoder_specs,
+    spec,
+)
 from indexer.compact import compact_as_recorded
 from indexer.corpus import CorpusError, Document
 from indexer.dense import DenseIndex, normalise
@@ -94,8 +103,8 @@ class _Kept:
     """The current generation's documents that stay, as arrays in doc-number order."""
 
     numbers: np.ndarray  # their doc numbers in the current generation
-    tokens: np.ndarray  # (n, K) int32
-    weights: np.ndarray  # (n, K) float32
+    tokens: np.ndarray | None  # (n, K) int32; None: the index holds no aligned tokens
+    weights: np.ndarray | None  # (n, K) float32
     dense: dict[str, np.ndarray]  # channel file name -> rows (normalised, projected where projected)
     rows: np.ndarray | None  # multi-vector indexes: the kept document (new number) of each dense row
 
@@ -240,7 +249,7 @@ def publish_update(prepared: PreparedUpdate) -> UpdateReport:
 
 def _encoding_key(m: Manifest) -> str:
     """What the added documents' arrays depend on in a manifest: the models, their settings and the channels built."""
-    return json.dumps([m.model, m.adapter, m.embedding, m.sparse.get("top_k"), (m.segments or {}).get("max_segments"),
+    return json.dumps([m.model, m.adapter, m.embedding, (m.sparse or {}).get("top_k"), (m.segments or {}).get("max_segments"),
                        [s.mode for s in CHANNEL_SPECS if s.record(m) is not None],
                        [(s.record(m) or {}).get("sha256") for s in sentence_encoder_specs()]], sort_keys=True, default=str)
 
@@ -292,15 +301,17 @@ def _reconstruct(index: DenseIndex, where: Path) -> np.ndarray:
 
 
 def _read_kept(path: Path, m: Manifest, channels: dict, keep: np.ndarray) -> _Kept:
-    """The kept documents' aligned tokens and dense rows, read back from the generation."""
-    sparse: InvertedIndex = channels["sparse"]
-    vectors = sparse.doc_vectors()[keep]
-    k = int(m.sparse["top_k"])
-    counts = np.diff(vectors.indptr)
-    if len(counts) and (counts != k).any():
-        raise UpdateError(f"{path}: postings do not hold {k} tokens for every document; rebuild the index")
-    tokens = vectors.indices.reshape(len(keep), k).astype(np.int32)
-    weights = vectors.data.reshape(len(keep), k).astype(np.float32)
+    """The kept documents' aligned tokens (None: an index without them) and dense rows, read back from the generation."""
+    tokens = weights = None
+    sparse: InvertedIndex | None = channels.get("sparse")
+    if sparse is not None:
+        vectors = sparse.doc_vectors()[keep]
+        k = int(m.sparse["top_k"])
+        counts = np.diff(vectors.indptr)
+        if len(counts) and (counts != k).any():
+            raise UpdateError(f"{path}: postings do not hold {k} tokens for every document; rebuild the index")
+        tokens = vectors.indices.reshape(len(keep), k).astype(np.int32)
+        weights = vectors.data.reshape(len(keep), k).astype(np.float32)
     dense, rows = {}, None
     for s in DENSE_SPECS:
         if s.mode not in channels:
@@ -320,15 +331,24 @@ def _read_kept(path: Path, m: Manifest, channels: dict, keep: np.ndarray) -> _Ke
     return _Kept(keep, tokens, weights, dense, rows)
 
 
-def load_models(m: Manifest, embedder=None, encoders: Mapping[str, SentenceEncoder | None] | None = None) -> tuple[Embedder, dict[str, SentenceEncoder]]:
+def needs_llm(m: Manifest) -> bool:
+    """Whether encoding documents for the index of manifest ``m`` runs the LLM (its aligned tokens, its dense channels)."""
+    return any(s.record(m) is not None for s in CHANNEL_SPECS if s.build_needs & {LLM_TOKENS, LLM_EMBEDDINGS, LM_HEAD})
+
+
+def load_models(m: Manifest, embedder=None, encoders: Mapping[str, SentenceEncoder | None] | None = None) -> tuple[Embedder | None, dict[str, SentenceEncoder]]:
     """The manifest's embedder and the sentence encoders of its encoder channels (by channel
-    mode: "encoder", "encoder2"), loaded where not given; checked where given."""
+    mode: "encoder", "encoder2"), loaded where not given; checked where given. The embedder is None
+    where no channel of the index needs the LLM (an index of BM25 and sentence encoders)."""
     from embedder.encoder import Embedder, EmbedderConfig
 
-    if embedder is None:
+    if not needs_llm(m):
+        embedder = None  # no channel of the index reads the LLM: it is neither loaded nor used (a given one is not read)
+    elif embedder is None:
         config = EmbedderConfig(**{"fold_all_caps": False, **m.embedding})
         embedder = Embedder.load(m.model["name"], adapter=(m.adapter or {}).get("path", "none"), config=config)
-    m.check_model(embedder.identity, embedder.adapter)
+    if embedder is not None:
+        m.check_model(embedder.identity, embedder.adapter)
     loaded = {}
     for s in sentence_encoder_specs():
         info, encoder = s.record(m), (encoders or {}).get(s.mode)
@@ -365,7 +385,7 @@ def _encode(docs: list[Document], m: Manifest, embedder, encoders: Mapping[str, 
     if m.segments is not None:
         windows = m.segments.get("max_segments") or 0
     keep = any(s.record(m) is not None for s in CHANNEL_SPECS if LLM_EMBEDDINGS in s.build_needs)  # the LLM states kept
-    plan = ShardPlan(int(m.sparse["top_k"]), keep, UPDATE_CHUNK, windows)
+    plan = ShardPlan(int((m.sparse or {}).get("top_k", 1)), keep, UPDATE_CHUNK, windows, tokens=m.sparse is not None)
     parts: list[dict] = []
     n_tokens, base = 0, 0
     bar = tqdm(total=len(docs), unit="doc", desc="encoding added documents", disable=not progress)
@@ -384,17 +404,19 @@ def _encode(docs: list[Document], m: Manifest, embedder, encoders: Mapping[str, 
 
 def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[Document], added: list[Document], new: _New | None, embedder) -> Manifest:
     """Every file of the updated index into ``out``; returns its manifest (files not yet recorded)."""
-    vocab = int(m.sparse["vocab_size"])
+    vocab = int((m.sparse or {}).get("vocab_size", 0))
 
     def sparse_parts() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         yield kept.tokens, kept.weights
         if new is not None:
             yield new.tokens, new.weights
 
-    n_docs = InvertedIndex.write_from_shards(sparse_parts, vocab, out)
-    # a compact index stays compact: the kept weights were read back dequantised, so they are quantised again at
-    # the record's bits and levels and the doc numbers of format 4 or 5 encoded again (the manifest's sparse record kept)
-    compact_as_recorded(out, n_docs, m.sparse)
+    n_docs = len(kept_docs) + len(added)
+    if m.sparse is not None:
+        n_docs = InvertedIndex.write_from_shards(sparse_parts, vocab, out)
+        # a compact index stays compact: the kept weights were read back dequantised, so they are quantised again at
+        # the record's bits and levels and the doc numbers of format 4 or 5 encoded again (the manifest's sparse record kept)
+        compact_as_recorded(out, n_docs, m.sparse)
     ids = [d.doc_id for d in kept_docs] + [d.doc_id for d in added]
     write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
     n_kept = len(kept_docs)
@@ -428,7 +450,9 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
     lexical = getattr(m, BM25.manifest_key)
     bm25 = None
     if lexical is not None:
-        tokenizer = embedder.tokenizer if embedder is not None else None
+        tokenizer = None
+        if lexical["analyzer"] == "tokens" and embedder is not None and needs_llm(m):
+            tokenizer = embedder.tokenizer
         if lexical["analyzer"] == "tokens" and tokenizer is None:
             from embedder.encoder import EmbedderConfig
             from embedder.tokenization import TokenizerOnly

@@ -76,6 +76,10 @@ __all__ = [
 ]
 
 
+def _no_aligned_tokens():
+    raise ValueError("this index holds no aligned tokens (built without the sparse channel): nothing to feed back")
+
+
 class Retriever:
     """Searches an index built by ``build-index``.
 
@@ -87,7 +91,7 @@ class Retriever:
     ``encoder_index`` (``encoder`` is the sentence model that encodes its queries).
     """
 
-    sparse: InvertedIndex  # the aligned-token channel, in every index
+    sparse: InvertedIndex | None  # the aligned-token channel (None: built without it, build-index --channels bm25)
     lexical: BM25Index | None  # BM25 (mode "bm25"), whose query is analysed by its analyser
 
     def __init__(
@@ -162,9 +166,9 @@ class Retriever:
         # every channel is checked against the manifest on opening, before any array reaches a kernel
         self.doc_ids: list[str] = doc_ids
         # each channel opened under its row's attribute (sparse, dense, dense_ef, lexical, encoder_index);
-        # None where the index was built without it. The aligned-token channel is in every index.
+        # None where the index was built without it (the aligned tokens too: build-index --channels bm25).
         for s in CHANNEL_SPECS:
-            setattr(self, s.attribute, channels[s.mode] if s.required else channels.get(s.mode))
+            setattr(self, s.attribute, channels.get(s.mode))
         self.backend = backend  # its name, as recorded in benchmark results
         self.sparse_pruning = _pruning(sparse_pruning)
         self.engine: Backend = open_backend(
@@ -172,9 +176,12 @@ class Retriever:
             milvus_collection=milvus_collection, milvus_search_params=milvus_search_params,
             sparse_pruning=self.sparse_pruning,
         )
-        df = np.diff(np.asarray(self.sparse.indptr))
-        # smoothed IDF of each token among the documents' aligned tokens
-        self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
+        if self.sparse is not None:
+            df = np.diff(np.asarray(self.sparse.indptr))
+            # smoothed IDF of each token among the documents' aligned tokens
+            self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
+        else:  # no aligned tokens: no query weighs its tokens by them
+            self.token_idf = np.ones(int(embedder.vocab_size), np.float32)
         analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
         given = {"encoder": encoder, "encoder2": encoder2}
         deferred = {}
@@ -193,7 +200,8 @@ class Retriever:
                                      query_cache_size)
         held = {s.mode: getattr(self, s.attribute) for s in CHANNEL_SPECS if getattr(self, s.attribute) is not None}
         self.channel_search = ChannelSearch(self.engine, held, analyze, len(doc_ids))
-        self.hybrid = HybridSearch(self.channel_search, FeedbackExpander(self.sparse.doc_vectors, self.queries.expansion_weights))
+        doc_vectors = self.sparse.doc_vectors if self.sparse is not None else _no_aligned_tokens
+        self.hybrid = HybridSearch(self.channel_search, FeedbackExpander(doc_vectors, self.queries.expansion_weights))
         self.explanations = HitExplainer(embedder.tokenizer, self.channel_search, doc_ids)
         self.filters = MetadataFilters((manifest.documents or {}).get("metadata_fields", []), self._read_metadata,
                                        (manifest.documents or {}).get("metadata_types"))
@@ -434,6 +442,10 @@ class Retriever:
     def _load_opened(cls, opened: OpenedIndex, index_dir: Path, model, embedder, device, warm, dtype, runtime, kwargs) -> Retriever:
         manifest = opened.manifest
         kwargs["doc_ids"], kwargs["channels"], kwargs["generation"] = opened.doc_ids, opened.channels, opened.generation
+        if not any(s.record(manifest) is not None for s in channel_table.with_need(LLM_STATE)):
+            # no channel of the index reads the LLM's query state (BM25, the sentence encoders): no model encodes queries,
+            # and the LLM's weights are never loaded (its tokenizer alone)
+            kwargs["query_encoder"] = "none"
         if embedder is None:
             # indexes built before all-caps folding existed were built without it; the query
             # template is the manifest's too (none recorded: queries read the document template)
@@ -499,7 +511,7 @@ class Retriever:
         channel there is (an index built with ``--channels sparse``, or before hybrid was
         the default): fusing one channel would only rescale its scores."""
         fused = self.channels_of("hybrid")
-        return "hybrid" if len(fused) >= 2 else (fused[0] if fused else "sparse")
+        return "hybrid" if len(fused) >= 2 else (fused[0] if fused else next(m for m in self.modes if m != "hybrid"))
 
     def describe_mode(self, mode: str | None = None) -> str:
         """One line saying which mode (and for hybrid, which channels and weights) a search uses."""

@@ -12,7 +12,8 @@ One adversarial case per failure the issue found, on the tiny model:
 5. metadata that strict JSON cannot hold (1e400, NaN) is refused naming the document and field;
 6. ids in ``--delete-file`` are kept exactly as written;
 7. an update that changes nothing publishes nothing; a document over the size limit is refused
-   before encoding; a write being encoded does not hold the write lock.
+   before encoding; a write being encoded does not hold the write lock;
+8. ``build-index --channels bm25`` builds BM25 alone and runs no LLM.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import toy_docs, write_corpus
 
+from embedder.encoder import Embedder
 from indexer import cli as build_cli
 from indexer import cli_update, verify_cli
 from indexer.compact import compact_copy
@@ -73,7 +75,9 @@ def index(pristine, tmp_path) -> Path:
 
 
 class NoModel:
-    """An embedder that fails the test when anything reads it: nothing may be encoded."""
+    """An embedder that fails the test when anything but its (absent) tokenizer is read: nothing may be encoded."""
+
+    tokenizer = None
 
     def __getattr__(self, name):
         raise AssertionError(f"the embedder was used ({name}) before the update was refused")
@@ -416,3 +420,65 @@ def test_http_a_write_being_encoded_does_not_hold_the_write_lock(index, client_f
         adder.join(60)
         assert result["add"].status_code == 200 and result["add"].json()["documents"] == 20, result["add"].text
         assert client.get("/healthz").json()["documents"] == 20
+
+
+# ============================================================ 8. --channels builds exactly what it names
+def test_channels_bm25_builds_bm25_alone_and_runs_no_llm(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    corpus = write_corpus(tmp_path / "c", tagged(), "beir")
+
+    def no_llm(*args, **kwargs):
+        raise AssertionError("the LLM was loaded for a BM25-only index")
+
+    argv = ["--corpus", str(corpus), "--index", str(tmp_path / "bm25"), "--model", str(tiny_model_dir), "--adapter", "none",
+            "--channels", "bm25", "--quiet"]  # fmt: skip
+    monkeypatch.setattr(Embedder, "load", no_llm)
+    assert build_cli.main(argv) == 0, capsys.readouterr().err
+    m = Manifest.read(tmp_path / "bm25")
+    assert m.lexical is not None and m.sparse is None and m.dense is None and m.encoder is None
+    assert not list((tmp_path / "bm25").glob("postings_*")) and verify(tmp_path / "bm25").ok
+    with Retriever.load(tmp_path / "bm25", warm=False) as r:
+        assert r.default_mode == "bm25" and r.search("cat", k=3)[0].doc_id in {d["_id"] for d in tagged()}
+    # an update of it encodes nothing with an LLM either
+    update_index(tmp_path / "bm25", add=[Document("n1", "zebra zebra")], delete=[tagged()[0]["_id"]], embedder=NoModel(), progress=False)
+    with Retriever.load(tmp_path / "bm25", warm=False) as r:
+        assert r.search("zebra", k=1)[0].doc_id == "n1"
+
+
+def test_channels_bm25_and_an_encoder_build_and_search_without_the_llm(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    pytest.importorskip("sentence_transformers")
+    from conftest import save_tiny_sentence_encoder
+
+    encoder = save_tiny_sentence_encoder(tmp_path / "st")
+    corpus = write_corpus(tmp_path / "c", tagged(), "beir")
+
+    def no_llm(*args, **kwargs):
+        raise AssertionError("the LLM was loaded for an index of BM25 and a sentence encoder")
+
+    monkeypatch.setattr(Embedder, "load", no_llm)
+    argv = ["--corpus", str(corpus), "--index", str(tmp_path / "index"), "--model", str(tiny_model_dir), "--adapter", "none",
+            "--channels", "bm25,encoder", "--encoder", str(encoder), "--quiet"]  # fmt: skip
+    assert build_cli.main(argv) == 0, capsys.readouterr().err
+    m = Manifest.read(tmp_path / "index")
+    assert m.sparse is None and m.lexical is not None and m.encoder is not None and m.dense is None
+    with Retriever.load(tmp_path / "index", warm=False) as r:
+        assert r.default_mode == "hybrid" and set(r.channels_of("hybrid")) == {"bm25", "encoder"}
+        assert len(r.search("cat and dog", k=3)) == 3
+    update_index(tmp_path / "index", add=[Document("n1", "zebra lion")], embedder=NoModel(), progress=False)
+    assert Manifest.read(tmp_path / "index").n_docs == 21 and verify(tmp_path / "index").ok
+
+
+def test_channels_dense_alone_runs_the_llm_for_its_vectors_only(tmp_path, tiny_model_dir):
+    corpus = write_corpus(tmp_path / "c", tagged(), "beir")
+    argv = ["--corpus", str(corpus), "--index", str(tmp_path / "index"), "--model", str(tiny_model_dir), "--adapter", "none",
+            "--channels", "dense", "--no-compact", "--quiet"]  # fmt: skip
+    assert build_cli.main(argv) == 0
+    m = Manifest.read(tmp_path / "index")
+    assert m.sparse is None and m.dense is not None and not list((tmp_path / "index").glob("postings_*"))
+    with Retriever.load(tmp_path / "index", query_encoder="llm", warm=False) as r:
+        assert r.default_mode == "dense" and len(r.search("cat", k=3)) == 3
+    update_index(tmp_path / "index", add=[Document("n1", "zebra lion")], progress=False)
+    with Retriever.load(tmp_path / "index", query_encoder="llm", warm=False) as r:
+        assert len(r.doc_ids) == 21
+    assert verify(tmp_path / "index").ok
+    compact_copy(tmp_path / "index", tmp_path / "compact")
+    assert Manifest.read(tmp_path / "compact").dense["kind"] == "SQ8" and verify(tmp_path / "compact").ok

@@ -366,6 +366,8 @@ def export_pyserini(
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
     manifest = Manifest.read(index_dir)
+    if manifest.sparse is None:
+        raise ExportError(f"{index_dir}: holds no aligned tokens (built without the sparse channel): nothing to export as an impact index")
     doc_ids: list[str] = json.loads((index_dir / DOC_IDS).read_text(encoding="utf-8"))
     vocab_size = int(manifest.sparse["vocab_size"])
     tokens = list(tokens) if tokens is not None else _tokenizer_strings(manifest)

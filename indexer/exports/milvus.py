@@ -154,6 +154,8 @@ def export_milvus(
 
     index_dir = Path(index_dir)
     manifest = Manifest.read(index_dir)
+    if manifest.sparse is None:
+        raise MilvusExportError(f"{index_dir}: holds no aligned tokens (built without the sparse channel); the export's collection needs them")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, not {batch_size}")
     name = collection or default_collection(index_dir)

@@ -63,7 +63,8 @@ def add_write_routes(app: FastAPI, live: LiveIndex, config: ServerConfig, api_er
     def warm() -> None:
         try:
             embedder, encoders = writer_models()
-            embedder.embed(["warm up the document encoder"])  # a runtime compiles on its first forward
+            if embedder is not None:  # None: the index's channels need no LLM
+                embedder.embed(["warm up the document encoder"])  # a runtime compiles on its first forward
             for encoder in encoders.values():
                 encoder.encode(["warm up the document encoder"])
         except Exception as exc:  # noqa: BLE001 - the first write loads them again and answers the error
