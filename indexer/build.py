@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from embedder.encoder import Embedder
+from indexer.calibration_channels import record_calibration
 from indexer.channels import (
     CHANNEL_SPECS,
     LLM_EMBEDDINGS,
@@ -263,6 +264,9 @@ def build(
             encode = _encode_all(spec, store, embedder, encoders, plan.shards, plan.progress, executor.workers, executor.embedder_spec, executor.ray)
             with staging_dir(target, "building") as tmp:  # also sweeps what killed builds left behind
                 manifest = _merge_into(spec, tmp, store, encode, embedder, plan)
+                # the fusion the index's BM25 + encoder pairs earn on this corpus, read off its own documents
+                manifest = record_calibration(tmp, manifest, {s.mode: plan.channels[s.mode] for s in plan.specs if SENTENCE_ENCODER in s.build_needs},
+                                              getattr(embedder, "tokenizer", None))
                 generation = stage(tmp, target)
             # the staging lock is let go first: readers of the new index never wait on the cleanup
             publish_staged(generation, target, overwrite)

@@ -26,18 +26,19 @@ from typing import Protocol
 import numpy as np
 
 CALIBRATION_VERSION = 1
-DEFAULT_QUERIES = 256  # pseudo-queries drawn (fewer where the corpus has fewer usable documents)
+DEFAULT_QUERIES = 512  # pseudo-queries drawn (fewer where the corpus has fewer usable documents)
 DEFAULT_SEED = 0
 DEPTH = 100  # each channel's list depth, as the hybrid search fuses (retriever/hybrid.py FUSION_DEPTH)
 METHODS = ("minmax", "max")
 GRID_STEP = 0.1
 # the selection rule (:func:`select`), chosen by benchmarks/studies/calibration.py leaving each collection out
-METHOD = "minmax"
+METHOD: str | None = None  # None: the best of either method
 SHIFT = 0.1
 MIN_QUERIES = 20  # below this the estimate is noise: the caller keeps its fixed setting
 # a held-out sentence is a query of this many words; the rest of its document keeps at least REST_WORDS
 QUERY_WORDS = (4, 48)
 REST_WORDS = 12
+SPAN_WORDS = 16  # the longest span held out of a text without sentences (a third of its words, at least QUERY_WORDS[0])
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -70,22 +71,38 @@ def sentences(text: str) -> list[str]:
 
 def pseudo_queries(texts: Sequence[str], n: int = DEFAULT_QUERIES, seed: int = DEFAULT_SEED) -> list[PseudoQuery]:
     """Up to ``n`` pseudo-queries, one per sampled document (reproducible from ``seed``): a
-    sentence of QUERY_WORDS words held out of a document that keeps at least REST_WORDS words."""
+    sentence of QUERY_WORDS words held out of a document that keeps at least REST_WORDS words
+    (:func:`_hold_out`)."""
     rng = np.random.default_rng(seed)
     out: list[PseudoQuery] = []
     for d in rng.permutation(len(texts)).tolist():
-        parts = sentences(texts[d])
-        usable = [i for i, s in enumerate(parts) if QUERY_WORDS[0] <= len(s.split()) <= QUERY_WORDS[1]]
-        if len(parts) < 2 or not usable:
-            continue
-        i = usable[int(rng.integers(len(usable)))]
-        rest = " ".join(parts[:i] + parts[i + 1:])
-        if len(rest.split()) < REST_WORDS:
-            continue
-        out.append(PseudoQuery(d, parts[i], rest))
-        if len(out) == n:
-            break
+        held = _hold_out(texts[d], rng)
+        if held is not None:
+            out.append(PseudoQuery(d, *held))
+            if len(out) == n:
+                break
     return out
+
+
+def _hold_out(text: str, rng: np.random.Generator) -> tuple[str, str] | None:
+    """(a sentence of ``text``, the rest), or None where it has no usable sentence. A text without
+    sentence ends (some collections strip punctuation) gives a third of its words as the query (at
+    most SPAN_WORDS), a contiguous span at a random place."""
+    parts = sentences(text)
+    if len(parts) >= 2:
+        usable = [i for i, s in enumerate(parts) if QUERY_WORDS[0] <= len(s.split()) <= QUERY_WORDS[1]]
+        if not usable:
+            return None
+        i = usable[int(rng.integers(len(usable)))]
+        query, rest = parts[i], " ".join(parts[:i] + parts[i + 1:])
+    else:
+        words = text.split()
+        span = min(max(len(words) // 3, QUERY_WORDS[0]), SPAN_WORDS)
+        if len(words) < span + REST_WORDS:
+            return None
+        at = int(rng.integers(len(words) - span + 1))
+        query, rest = " ".join(words[at:at + span]), " ".join(words[:at] + words[at + span:])
+    return (query, rest) if len(rest.split()) >= REST_WORDS else None
 
 
 def held_out_lists(channel: CalibrationChannel, pqs: Sequence[PseudoQuery], depth: int = DEPTH) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -205,9 +222,9 @@ def label(setting: Setting, channels: Sequence[str]) -> str:
     return f"{setting.method}({used})"
 
 
-def select(scores: np.ndarray, settings: Sequence[Setting], method: str = METHOD, shift: float = SHIFT) -> int:
+def select(scores: np.ndarray, settings: Sequence[Setting], method: str | None = METHOD, shift: float = SHIFT) -> int:
     """The index in ``settings`` of the corpus's fusion, from each setting's pseudo-query nDCG@10
-    ``scores``: the best of ``method``'s settings (among equals the first), its first channel's
+    ``scores``: the best of ``method``'s settings (None: of every setting; among equals the first), its first channel's
     (BM25's) weight then moved ``shift`` to the second (the encoder), where the grid has that setting.
 
     Why the shift: a held-out sentence shares its document's exact words (its morphology, its
@@ -215,13 +232,13 @@ def select(scores: np.ndarray, settings: Sequence[Setting], method: str = METHOD
     against the encoder by about one grid step: measured over 5 collections x 3 encoders x 2 BM25
     analysers (benchmarks/studies/calibration.py), the pseudo-best weight is BM25-heavier than the
     qrels' best by a roughly constant amount, whatever the encoder."""
-    candidates = [i for i, s in enumerate(settings) if s.method == method] or list(range(len(settings)))
+    candidates = [i for i, s in enumerate(settings) if method is None or s.method == method] or list(range(len(settings)))
     best = max(candidates, key=lambda i: (scores[i], -i))
     weights = list(settings[best].weights)
     if len(weights) >= 2 and shift:
         moved = min(shift, weights[0])
         weights[0], weights[1] = round(weights[0] - moved, 10), round(weights[1] + moved, 10)
-        target = [i for i in candidates if np.allclose(settings[i].weights, weights)]
+        target = [i for i in candidates if settings[i].method == settings[best].method and np.allclose(settings[i].weights, weights)]
         if target:
             return target[0]
     return best

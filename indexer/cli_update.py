@@ -35,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--id-field", help="JSONL id field (default _id, then id)")
     p.add_argument("--text-field", help="JSONL text field (default text, then contents)")
     p.add_argument("--title-field", default="title", help="JSONL title field ('' for none)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="read the fusion calibration again off the corpus (by default an update does so once a tenth of the "
+                        "documents it was read off have changed; indexer/calibration.py)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         delete = list(args.delete) + (read_delete_ids(args.delete_file) if args.delete_file else [])
         add = list(CorpusSpec(args.add, args.format, args.id_field, args.text_field, args.title_field or None)) if args.add else []
-        report = update_index(args.index, add=add, delete=delete, progress=not args.quiet, max_document_bytes=args.max_document_bytes)
+        report = update_index(args.index, add=add, delete=delete, progress=not args.quiet, max_document_bytes=args.max_document_bytes,
+                              recalibrate=args.recalibrate)
     except (CorpusError, UpdateError, IndexFormatError, ModelNotAvailable, BuildInProgress, OSError, ValueError) as exc:
         print(f"update-index: error: {exc}", file=sys.stderr)
         return 2

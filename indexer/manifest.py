@@ -88,6 +88,9 @@ class Manifest:
     documents: dict | None = None
     # how the documents were encoded: {"name": runtime, "dtype", "reason", "capability"} (embedder/hardware.py)
     runtime: dict | None = None
+    # the fusion each BM25 + encoder pair earned on this corpus (indexer/calibration_channels.py
+    # calibrate_index): {"version", "pairs": {"bm25+encoder": {"fusion", "pseudo_ndcg10", ...}}}; None: not calibrated
+    calibration: dict | None = None
     build: dict = field(default_factory=dict)  # timings and throughput
     created: str = ""
     format_version: int = FORMAT_VERSION
@@ -195,7 +198,7 @@ def _field_problem(data: dict) -> str | None:
     if all(data.get(s.manifest_key) is None for s in CHANNEL_SPECS):
         return f"no channel: every channel's record ({', '.join(s.manifest_key for s in CHANNEL_SPECS)}) is null"
     optional = tuple(s.manifest_key for s in CHANNEL_SPECS if not s.required)
-    for key in ("adapter", *optional, "documents", "files"):
+    for key in ("adapter", *optional, "documents", "files", "calibration"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f"field {key!r}: neither an object nor null"
     problem = _embedding_problem(data["embedding"])

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
+from indexer.calibration_channels import calibrate_index, carried, stale
 from indexer.channels import (
     CHANNEL_SPECS,
     LLM_EMBEDDINGS,
@@ -129,6 +130,8 @@ class PreparedUpdate:
     encode_seconds: float
     start: float
     verified: str | None = None  # the generation whose checksums were read before encoding (not read again under the lock)
+    # the fusion calibration read again before the lock (indexer/calibration_channels.py); None: the last one carried forward
+    calibration: dict | None = None
 
 
 def update_index(
@@ -140,6 +143,7 @@ def update_index(
     progress: bool = True,
     encoder2: SentenceEncoder | None = None,
     max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    recalibrate: bool = False,
 ) -> UpdateReport:
     """Add (or replace) ``add`` and remove ``delete`` from the index at ``index_dir``; publish
     the result as its next generation and return what was done.
@@ -154,7 +158,7 @@ def update_index(
     refused by name, publishing nothing; an update that changes nothing (only ids that are not indexed to
     delete) publishes nothing either (``UpdateReport.published`` False).
     """
-    return publish_update(prepare_update(index_dir, add, delete, embedder, encoder, progress, encoder2, max_document_bytes))
+    return publish_update(prepare_update(index_dir, add, delete, embedder, encoder, progress, encoder2, max_document_bytes, recalibrate))
 
 
 def prepare_update(
@@ -166,9 +170,11 @@ def prepare_update(
     progress: bool = True,
     encoder2: SentenceEncoder | None = None,
     max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    recalibrate: bool = False,
 ) -> PreparedUpdate:
     """The first half of :func:`update_index`: the added documents checked and encoded with the
-    models the index's current manifest names; no lock is taken and nothing is written."""
+    models the index's current manifest names, and the fusion calibration read again where it is
+    stale or ``recalibrate`` asks; no lock is taken and nothing is written."""
     start = time.perf_counter()
     target = Path(index_dir)
     added = check_added(add, max_document_bytes)
@@ -189,7 +195,26 @@ def prepare_update(
         new = _encode(added, manifest, embedder, {"encoder": encoder, "encoder2": encoder2}, progress)
         encode_seconds = time.perf_counter() - t0
         key = _encoding_key(manifest)
-    return PreparedUpdate(target, added, deleted, new, key, embedder, round(encode_seconds, 3), start, verified)
+    given = {mode: e for mode, e in (("encoder", encoder), ("encoder2", encoder2)) if e is not None}
+    calibration = _recalibrated(target, len(added) + len(deleted), recalibrate, given, getattr(embedder, "tokenizer", None))
+    return PreparedUpdate(target, added, deleted, new, key, embedder, round(encode_seconds, 3), start, verified, calibration)
+
+
+def _recalibrated(target: Path, changed: int, force: bool, encoders: dict, tokenizer) -> dict | None:
+    """The index's fusion calibration read again off the generation the update starts from, where
+    ``force`` or where the last one is stale (:func:`indexer.calibration_channels.stale`: the
+    documents changed since pass a tenth of those it was read off); None: the last one is carried
+    forward. Computed here, before the write lock: it encodes a few hundred sentences."""
+    opened = open_index(target)
+    try:
+        if not (force or stale(opened.manifest, changed)):
+            return None
+        try:
+            return calibrate_index(opened.path, opened.manifest, encoders, tokenizer)
+        except ValueError:  # a "tokens" analyser and no tokenizer at hand: the last calibration stays
+            return None
+    finally:
+        opened.close()
 
 
 def publish_update(prepared: PreparedUpdate) -> UpdateReport:
@@ -233,6 +258,9 @@ def publish_update(prepared: PreparedUpdate) -> UpdateReport:
                     "encode_seconds": prepared.encode_seconds, "based_on": generation_path.name,
                     "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 }, "updates": int(manifest.build.get("updates", 0)) + 1}
+                changed = len(added) + len(removed)
+                out.calibration = ({**prepared.calibration, "changed_since": changed} if prepared.calibration is not None
+                                   else carried(manifest, changed))
                 out.files = record_files(tmp)
                 out.write(tmp)  # last: a directory without a manifest is not an index
                 gen = stage(tmp, target)

@@ -2,34 +2,29 @@
 builds the channels of one (``fast``, the default, or ``best``) or of both in one index
 (``both``: either chosen at load time, no rebuild); indexer/build_profiles.py.
 
-- ``fast`` (the default): no LLM forward per query. The sparse channel searches the query's own
-  tokens (``query_encoder="none"``: the LLM's tokenizer alone is loaded), beside BM25 and the
-  MiniLM encoder channel. Measured: the distilled student's expansion adds nothing held out
-  beside BM25 and MiniLM (BENCHMARKS.md, "expansion-depth"), and costs a model load and ~7 ms
-  a query.
-- ``best``: the same fusion over the stronger, ~5x costlier all-mpnet-base-v2 in the second
-  encoder channel ("encoder2", which ``build-index --profile best`` or ``both`` builds where
-  mpnet is installed), still with no LLM forward per query. Held out, it beat BM25 + mpnet fused (the
-  higher anchor a user would pick) by +0.014 (0.5707 vs 0.5571; 4 of 5 collections, npl -0.008;
-  every fold chose this setting), while adding the LLM's query expansion and dense channel to it
-  gave 0.5689: beside mpnet, the LLM reading the query added nothing on these collections
-  (benchmarks/results/operating-points-mpnet-channel.json).
-  On an index without the second encoder (built before it, or where mpnet is not installed),
-  ``best`` is what it was before: the LLM encodes the query, and the hybrid adds its aligned
-  tokens and its dense channel to BM25 and MiniLM (held out +0.002 over ``fast``).
+- ``fast`` (the default): BM25 + MiniLM, no LLM at all, neither to index nor to search.
+- ``best``: BM25 + the stronger, ~5x costlier all-mpnet-base-v2 (the second encoder channel,
+  "encoder2"), plus the query's own tokens in the aligned-token index at a fixed 0.1 (the LLM
+  reads the documents at build time, never a query). On an index without mpnet, ``best`` is what
+  it was before: the LLM encodes the query, and the hybrid adds its aligned tokens and its dense
+  channel to BM25 and MiniLM.
 
-Each point's fusion is what the ``mean`` rule of benchmarks/studies/operating_points.py picks
-from the five shared collections over min-max and max-normalised weights (retriever/fusion.py):
-the setting best on the mean. Judged leaving each collection out (the rule applied to four, the
-fifth scored), ``fast`` took the same setting in every fold for each of three adapters
-(contrastive-v2, chunk-0019, v4) and scored +0.011 over BM25 + MiniLM fused (B+M) for each,
-above it on 4 or 5 of 5 collections; min-max weights under the ``margin`` rule that chose the
-previous ``fast`` gave -0.001 to +0.006 (benchmarks/results/operating-points-max.json;
-BENCHMARKS.md, "Operating points"). Dividing each list by its top score instead of stretching it
-to [0, 1] lets a channel whose top documents stand out weigh more on that query. ``fast`` pays
-in deep recall: its Recall@100 is MiniLM's (0.762 against B+M's 0.780 over the five), since
-nearly every document the encoder retrieved outscores one it did not once the lists are divided
-by their tops.
+Each point weighs its BM25 + encoder pair as that index's own corpus says (issue 71): at build
+time, and again when an update has changed a tenth of the documents, indexer/calibration.py holds
+a sentence out of a few hundred documents, asks each channel to find the document it came from,
+and keeps the min-max or max-normalised weights that find them best (then a tenth more to the
+encoder: held-out sentences share their document's exact words, so they overrate BM25). The
+manifest records the choice and the evidence; :func:`profile_fusion` reads it, and
+``search-index`` and ``/info`` say which fusion was used and why. A corpus too small to
+calibrate (fewer than 20 sentences to hold out) or an index built before calibration is searched
+with the profile's fixed setting.
+
+Why: a fixed setting chosen on the five shared collections leant on the encoder (max-normalised,
+encoder 0.6), since MiniLM scores 0.99-1.18x BM25 there; on collections where it scores
+0.82-0.95x BM25 the same setting lost to plain BM25 + MiniLM by up to 0.038 nDCG@10. Measured over
+5 collections x 3 encoders x 2 BM25 analysers (benchmarks/results/calibration), the calibrated
+weights move toward BM25 where the encoder is weak and toward the encoder where it is strong;
+see docs/calibration.md for what they gain and where they still miss.
 """
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ from retriever.filters import MetadataFilters
 from retriever.fusion import DEFAULT_FUSION, DEFAULT_FUSION_WITH_ENCODER, Fusion, default_fusion
 from retriever.hit import Hit
 from retriever.hybrid import FUSION_DEPTH, HybridSearch
-from retriever.profiles import Profile, auto_profile, fit_profile, get_profile
+from retriever.profiles import Profile, auto_profile, fit_profile, get_profile, profile_fusion
 from retriever.pruning import SparsePruning
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
@@ -339,11 +339,27 @@ class Retriever:
     def _fusion_setting(self, fusion: dict | Fusion | None) -> Fusion:
         """The hybrid setting for a ``fusion`` argument (``__init__``, :meth:`with_fusion`): checked,
         or where None the profile's, else the default for the index's channels."""
-        if fusion is None and self.profile is not None:
-            fusion = self.profile.fusion
+        return self._fusion_and_source(fusion)[0]
+
+    def _fusion_and_source(self, fusion: dict | Fusion | None) -> tuple[Fusion, str]:
+        """:meth:`_fusion_setting` and where it came from (the caller, the profile's calibration
+        on this corpus or its fixed setting, the channels' default), as :attr:`fusion_source` says."""
         if fusion is not None:
-            return Fusion.of(fusion)
-        return default_fusion(bool(self.manifest.encoder))
+            return Fusion.of(fusion), "given by the caller"
+        if self.profile is not None:
+            setting, why = profile_fusion(self.profile, self.manifest.calibration)
+            try:
+                return Fusion.of(setting), why
+            except ValueError as exc:  # a calibration record damaged by hand: say where, rather than fail later
+                raise IndexFormatError(f"{self.index_dir / MANIFEST}: field 'calibration': {exc}") from None
+        return default_fusion(bool(self.manifest.encoder)), "the default for the index's channels (no profile)"
+
+    @property
+    def fusion_source(self) -> str:
+        """Why the hybrid fuses as it does: given by the caller, calibrated on this corpus when
+        the index was built (its profile's pair), the profile's fixed setting, or the default."""
+        fusion, why = self._fusion_and_source(None)
+        return why if fusion == self.fusion else "given by the caller"
 
     def _check_query_side(self) -> None:
         """Refuse, when the Retriever is made, what a search would fail on later: a fusion that

@@ -171,3 +171,30 @@ def test_a_corpus_too_small_to_calibrate_keeps_the_fixed_setting_and_says_why(tm
     r = Retriever.load(index, embedder=tiny_embedder, warm=False, profile="fast")
     assert r.fusion == PROFILES["fast"].fusion and "fixed setting" in r.fusion_source and "pseudo-queries drawn" in r.fusion_source
     assert Retriever.load(index, embedder=tiny_embedder, warm=False, profile="fast", fusion={"weights": {"bm25": 1.0}}).fusion_source == "given by the caller"
+
+
+def test_updates_carry_the_calibration_and_read_it_again_once_a_tenth_has_changed(tmp_path, tiny_embedder, st_dir, monkeypatch):
+    from embedder.sentence_encoder import SentenceEncoder
+    from indexer import calibration_channels
+    from indexer.build import build_index
+    from indexer.corpus import Document
+    from indexer.manifest import Manifest
+    from indexer.updates import update_index
+
+    encoder = SentenceEncoder.load(st_dir)
+    index = tmp_path / "index"
+    build_index(_corpus(tmp_path, 60), index, tiny_embedder, top_k=16, progress=False, lexical="words", encoder=encoder)
+    first = Manifest.read(index).calibration
+    assert first["n_docs"] == 60 and first["pairs"]
+    calls = []
+    real = calibration_channels.calibrate_index
+    monkeypatch.setattr("indexer.updates.calibrate_index", lambda *a, **k: calls.append(1) or real(*a, **k))
+    new = [Document(f"n{i}", t) for i, t in enumerate(sentences_corpus(8, seed=5))]
+    update_index(index, add=new[:3], embedder=tiny_embedder, encoder=encoder, progress=False)  # 3 of 60: carried
+    m = Manifest.read(index)
+    assert not calls and m.calibration["pairs"] == first["pairs"] and m.calibration["changed_since"] == 3
+    update_index(index, add=new[3:8], embedder=tiny_embedder, encoder=encoder, progress=False)  # 8 of 60 > a tenth: read again
+    m = Manifest.read(index)
+    assert calls == [1] and m.calibration["changed_since"] == 5 and m.calibration["pairs"]["bm25+encoder"]["n_queries"] >= cal.MIN_QUERIES
+    update_index(index, delete=["d0"], embedder=tiny_embedder, encoder=encoder, progress=False, recalibrate=True)
+    assert calls == [1, 1] and Manifest.read(index).calibration["changed_since"] == 1

@@ -1,7 +1,7 @@
 """Self-calibrating fusion (issue 71): do the weights read off each corpus track the best fixed ones?
 
     python -m benchmarks.studies.calibration --data shared --encoders minilm,minilm-64,potion,mpnet \\
-        --analyzers words,plain --pyserini benchmarks/results/anchors-mpnet \\
+        --analyzers words,plain --pyserini RUNS/anchors-mpnet --pyserini RUNS/encoder-hybrid \\
         --out benchmarks/results/calibration/calibration.json
 
 For each collection, each encoder (all-MiniLM-L6-v2; MiniLM cut to its first 64 dimensions; the
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", action="append", required=True, help="collections (benchmarks.datasets.resolve); repeatable")
     p.add_argument("--encoders", default="minilm,minilm-64,potion,mpnet")
     p.add_argument("--analyzers", default="words,plain")
-    p.add_argument("--pyserini", type=Path, default=None, help="a beir-eval results folder holding runs/<collection>/bm25-pyserini.trec[.gz]")
+    p.add_argument("--pyserini", type=Path, action="append", default=[],
+                   help="a beir-eval results folder holding runs/<collection>/bm25-pyserini.trec[.gz] (repeatable: the first that has it)")
     p.add_argument("--queries", type=int, default=cal.DEFAULT_QUERIES, help="pseudo-queries per corpus")
     p.add_argument("--seeds", default="0", help="pseudo-query seeds, comma-separated (each calibrates apart)")
     p.add_argument("--cache", type=Path, default=Path(".cache/calibration"))
@@ -120,11 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         qtexts = [ds.queries[q] for q in qids]
         qrels = {q: ds.qrels[q] for q in qids}
         pyserini = None
-        if args.pyserini is not None:
+        for folder in args.pyserini:
             for suffix in (".trec", ".trec.gz"):
-                path = args.pyserini / "runs" / ds.name / f"bm25-pyserini{suffix}"
-                if path.exists():
+                path = folder / "runs" / ds.name / f"bm25-pyserini{suffix}"
+                if pyserini is None and path.exists():
                     pyserini = dict(read_trec(path))
+        details.setdefault("pyserini_runs", {})[ds.name] = pyserini is not None
         pqs_by_seed = {s: cal.pseudo_queries(texts, args.queries, s) for s in seeds}
         lexical = {}
         for a in chosen_analyzers:
