@@ -4,10 +4,9 @@ and the compact layout that suits it (issue 53).
 An index holds what its operating point (retriever/profiles.py) reads, in the smallest layout
 that keeps that point's nDCG@10 within 0.003 of the float32 reference:
 
-- ``fast`` (the default): aligned tokens + BM25 + MiniLM, 4-bit aligned-token impacts and
-  bit-packed doc numbers (format 7): 1.22-1.35 KB a document of postings and vectors on the five
-  shared collections, with ``fast`` within 0.0009 nDCG@10 of the index that held both
-  profiles (benchmarks/results/compact-index/compact-index-profiles.json). The
+- ``fast`` (the default): BM25 + MiniLM, no LLM (issue 71; until then aligned tokens too, with
+  4-bit impacts: 1.22-1.35 KB a document of postings and vectors on the five shared collections,
+  benchmarks/results/compact-index/compact-index-profiles.json), bit-packed doc numbers. The
   price is the scan: bit-packed doc numbers decode at about twice int32's cost a posting (a
   million real-shaped documents: 6.64 ms on 2 cores against 3.94 for int32 doc numbers, which
   range16 scans 1.4x faster still; docs/backends-and-scale.md). ``--doc-ids range16`` buys it
@@ -46,8 +45,8 @@ class BuildProfile:
 
 BUILD_PROFILES: dict[str, BuildProfile] = {
     "fast": BuildProfile("fast", "bitpacked", 4,
-                         "what search's fast profile reads (BM25 + MiniLM + aligned tokens), as small as measured: "
-                         "4-bit impacts, bit-packed doc numbers"),
+                         "what search's fast profile reads (BM25 + MiniLM, no LLM), as small as measured: "
+                         "8-bit BM25 impacts, bit-packed doc numbers"),
     "best": BuildProfile("best", "range16", 8,
                          "what search's best profile reads (BM25 + mpnet + aligned tokens): 8-bit impacts, range16 doc numbers"),
     "both": BuildProfile("both", "range16", 8,

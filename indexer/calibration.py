@@ -225,7 +225,7 @@ def label(setting: Setting, channels: Sequence[str]) -> str:
 def select(scores: np.ndarray, settings: Sequence[Setting], method: str | None = METHOD, shift: float = SHIFT) -> int:
     """The index in ``settings`` of the corpus's fusion, from each setting's pseudo-query nDCG@10
     ``scores``: the best of ``method``'s settings (None: of every setting; among equals the first), its first channel's
-    (BM25's) weight then moved ``shift`` to the second (the encoder), where the grid has that setting.
+    (BM25's) weight then moved ``shift`` to the second (the encoder), each kept at least one grid step.
 
     Why the shift: a held-out sentence shares its document's exact words (its morphology, its
     names), which a query written by someone else does not, so pseudo-queries overrate BM25
@@ -235,9 +235,10 @@ def select(scores: np.ndarray, settings: Sequence[Setting], method: str | None =
     candidates = [i for i, s in enumerate(settings) if method is None or s.method == method] or list(range(len(settings)))
     best = max(candidates, key=lambda i: (scores[i], -i))
     weights = list(settings[best].weights)
-    if len(weights) >= 2 and shift:
-        moved = min(shift, weights[0])
-        weights[0], weights[1] = round(weights[0] - moved, 10), round(weights[1] + moved, 10)
+    if len(weights) == 2:
+        # a hybrid keeps both channels: one alone is never the answer (no oracle of the study was one)
+        weights[0] = float(np.clip(round(weights[0] - shift, 10), GRID_STEP, 1 - GRID_STEP))
+        weights[1] = round(1 - weights[0], 10)
         target = [i for i in candidates if settings[i].method == settings[best].method and np.allclose(settings[i].weights, weights)]
         if target:
             return target[0]

@@ -115,13 +115,15 @@ class Manifest:
 
     @property
     def packed(self) -> bool:
-        """Bit-packed doc numbers in the aligned-token postings (formats 4 and 7, indexer/packed_docs.py)."""
-        return (self.sparse or {}).get("doc_ids") in PACKED_DOC_IDS
+        """Bit-packed doc numbers in the aligned-token postings (formats 4 and 7, indexer/packed_docs.py); in an index
+        without them, BM25's."""
+        return (self.sparse if self.sparse is not None else self.lexical or {}).get("doc_ids") in PACKED_DOC_IDS
 
     @property
     def ranged(self) -> bool:
-        """Range-blocked doc numbers in the aligned-token postings (format 5, indexer/range_docs.py)."""
-        return (self.sparse or {}).get("doc_ids") == RANGE_DOC_IDS
+        """Range-blocked doc numbers in the aligned-token postings (format 5, indexer/range_docs.py); in an index
+        without them, BM25's."""
+        return (self.sparse if self.sparse is not None else self.lexical or {}).get("doc_ids") == RANGE_DOC_IDS
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:

@@ -196,18 +196,21 @@ def prepare_update(
         encode_seconds = time.perf_counter() - t0
         key = _encoding_key(manifest)
     given = {mode: e for mode, e in (("encoder", encoder), ("encoder2", encoder2)) if e is not None}
-    calibration = _recalibrated(target, len(added) + len(deleted), recalibrate, given, getattr(embedder, "tokenizer", None))
+    calibration = _recalibrated(target, len(added), deleted, recalibrate, given, getattr(embedder, "tokenizer", None))
     return PreparedUpdate(target, added, deleted, new, key, embedder, round(encode_seconds, 3), start, verified, calibration)
 
 
-def _recalibrated(target: Path, changed: int, force: bool, encoders: dict, tokenizer) -> dict | None:
+def _recalibrated(target: Path, added: int, deleted: list[str], force: bool, encoders: dict, tokenizer) -> dict | None:
     """The index's fusion calibration read again off the generation the update starts from, where
     ``force`` or where the last one is stale (:func:`indexer.calibration_channels.stale`: the
-    documents changed since pass a tenth of those it was read off); None: the last one is carried
-    forward. Computed here, before the write lock: it encodes a few hundred sentences."""
+    documents changed since, ``added`` and those of ``deleted`` it holds, pass a tenth of those it
+    was read off); None: the last one is carried forward (an update that changes nothing never
+    calibrates). Computed here, before the write lock: it encodes a few hundred sentences."""
     opened = open_index(target)
     try:
-        if not (force or stale(opened.manifest, changed)):
+        held = set(opened.doc_ids)
+        changed = added + sum(d in held for d in deleted)
+        if not (force or (changed and stale(opened.manifest, changed))):
             return None
         try:
             return calibrate_index(opened.path, opened.manifest, encoders, tokenizer)

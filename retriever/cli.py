@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             mode = args.mode or retriever.default_mode
             if args.mode is None and mode != "hybrid":  # an index without channels to fuse: say what was chosen
                 print(f"search-index: {retriever.describe_mode(mode)}", file=sys.stderr)
-            elif mode == "hybrid":  # which weights, and why these (calibrated on this corpus, or fixed)
+            elif mode == "hybrid" and not args.json:  # which weights, and why these (calibrated on this corpus, or fixed)
                 print(f"search-index: {retriever.describe_mode(mode)}; fusion: {retriever.fusion_source}", file=sys.stderr)
             results = retriever.batch_search(queries, k=args.k, mode=mode, where=where)
     except (IndexFormatError, ModelNotAvailable, ValueError, OSError) as exc:

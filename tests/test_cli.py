@@ -34,13 +34,13 @@ def json_lines(text: str) -> list[dict]:
 def test_build_index_reports_what_it_did(toy_corpus, tiny_model_dir, tmp_path, capsys):
     from indexer.channel_set import default_channels
 
-    assert build(toy_corpus, tmp_path / "index", tiny_model_dir, "--pooling", "mean", "--max-length", "32", "--batch-size", "8") == 0
+    # the LLM's settings are recorded where a channel reads it (the default, fast, reads none: issue 71)
+    assert build(toy_corpus, tmp_path / "index", tiny_model_dir, "--pooling", "mean", "--max-length", "32", "--batch-size", "8",
+                 "--channels", "sparse,bm25") == 0
     out = capsys.readouterr().out
     assert f"indexed 40 documents into {tmp_path / 'index'}" in out and "skipped 0 empty" in out
     m = Manifest.read(tmp_path / "index")
-    assert m.n_docs == 40 and m.sparse["top_k"] == 16
-    # the LLM dense channel is a default only where best falls back to it (no mpnet)
-    assert (m.dense is not None) == ("dense" in default_channels())
+    assert m.n_docs == 40 and m.sparse["top_k"] == 16 and m.dense is None and "sparse" not in default_channels("fast")
     assert m.model["name"] == str(tiny_model_dir.resolve())
     assert (m.embedding["pooling"], m.embedding["max_length"], m.embedding["batch_size"]) == ("mean", 32, 8)
     assert m.embedding["fold_all_caps"] is True
@@ -60,9 +60,9 @@ def test_build_index_without_flags_builds_the_fast_profiles_index(toy_corpus, ti
     assert build_cli.main(["--corpus", str(toy_corpus), "--index", str(tmp_path / "i"), "--model", str(tiny_model_dir), "--adapter", "none",
                            "--top-k", "16"]) == 0
     out = capsys.readouterr().out
-    want = default_channels()  # fast's: aligned tokens, BM25, MiniLM where it is installed (make installs it)
+    want = default_channels()  # fast's: BM25 and MiniLM where it is installed (make installs it), no LLM
     assert want == default_channels("fast") and "encoder2" not in want
-    assert out.startswith("channels: sparse, ") and "(--profile fast's" in out
+    assert out.startswith(f"channels: {want[0]}") and "(--profile fast's" in out
     r = Retriever.load(tmp_path / "i", profile=None, query_encoder="llm")  # the LLM encodes queries: every channel can be searched
     assert [m for m in r.modes if m != "hybrid"] == list(want)
     r = Retriever.load(tmp_path / "i")
@@ -85,7 +85,8 @@ def test_build_index_without_flags_builds_the_fast_profiles_index(toy_corpus, ti
     from indexer.manifest import STREAM_FORMAT_VERSION
 
     m = Manifest.read(tmp_path / "i")
-    assert m.format_version == STREAM_FORMAT_VERSION and m.packed and m.sparse["impacts"] == UINT4_IMPACTS
+    # no aligned tokens in fast since issue 71: BM25's 8-bit postings carry the layout
+    assert m.format_version == STREAM_FORMAT_VERSION and m.packed and m.sparse is None and m.lexical["impacts"] != UINT4_IMPACTS
     for mode in ("dense", "encoder", "encoder2"):
         assert (getattr(m, mode) or {}).get("kind") == (compact_dense_kind("Flat", True, mode) if mode in want else None), mode
 

@@ -85,8 +85,11 @@ def _params_summary(name: str, p: dict) -> str:
             bits.append(f"EmbedFilter τ={p.get('embedfilter_tau')}")
         if mode == "hybrid":
             f = p.get("fusion") or {}
-            used = ", ".join(f"{c} {w:g}" for c, w in (f.get("weights") or {}).items() if w)
-            bits.append(f"fusion {f.get('method')} ({used})" + (f", k={f['rrf_k']}" if f.get("rrf_k") else ""))
+            if isinstance(f, str):  # a fusion each collection calibrates for itself: the run's per-collection details name it
+                bits.append(f"fusion {f}")
+            else:
+                used = ", ".join(f"{c} {w:g}" for c, w in (f.get("weights") or {}).items() if w)
+                bits.append(f"fusion {f.get('method')} ({used})" + (f", k={f['rrf_k']}" if f.get("rrf_k") else ""))
         return "; ".join(bits)
     if "k1" in p:
         return f"Pyserini {p.get('pyserini')} on Java {p.get('java')}; BM25 k1={p.get('k1')}, b={p.get('b')}; {p.get('analyzer')}"

@@ -480,6 +480,14 @@ class UserDefault(AlignedTokensSystem):
         r = self.engine.retriever
         return r.default_mode if r is not None else "hybrid"
 
+    def index(self, ds: Dataset) -> IndexStats:
+        stats = super().index(ds)
+        r = self.retriever
+        if r is not None:  # the fusion this collection's index gave the profile, and why
+            stats.details.update({"fusion": r.fusion.as_dict(), "fusion_source": self.fusion_why,
+                                  "calibration_seconds": self.engine.build_stats.get("manifest_build", {}).get("calibration_seconds")})
+        return stats
+
     @property
     def retriever(self):
         """The index searched as search-index searches it at this profile: with the fusion its
@@ -500,7 +508,9 @@ class UserDefault(AlignedTokensSystem):
         p["definition"] = f"{build} + {search}" + (" (no flags)" if self.build_profile.name == self.profile.name == "fast" else "")
         p["profile"] = self.profile.name
         p["build_profile"] = self.build_profile.name
-        p["fusion_source"] = getattr(self, "fusion_why", f"retriever.profiles.PROFILES[{self.profile.name!r}]")
+        if self.profile.calibrated is not None:  # each collection's own: its index's details say which (index())
+            p["fusion"] = f"calibrated per collection on the {self.profile.calibrated} pair (retriever.profiles.profile_fusion)"
+        p["fusion_source"] = f"retriever.profiles.PROFILES[{self.profile.name!r}] and the index's calibration"
         r = self.retriever
         if r is not None:
             p["query_encoder"] = r.query_encoder
