@@ -12,7 +12,7 @@ that keeps that point's nDCG@10 within 0.003 of the float32 reference:
   range16 scans 1.4x faster still; docs/backends-and-scale.md). ``--doc-ids range16`` buys it
   back for about a byte a posting; ten million documents want it (format 5: 39.6 ms p50 at
   recall@10 0.994 on ten million synthetic documents, 2 cores).
-- ``best``: aligned tokens + BM25 + mpnet, 8-bit impacts (4 bits cost ``best`` up to 0.0039),
+- ``best``: BM25 + mpnet, no LLM (issue 71; until then aligned tokens too), 8-bit impacts,
   16-bit range-blocked doc numbers (format 5).
 - ``both``: the channels of both points in one index (``--profile`` chosen at search time, no
   rebuild), laid out as ``best``: 2.6-2.8 KB a document.
@@ -48,7 +48,7 @@ BUILD_PROFILES: dict[str, BuildProfile] = {
                          "what search's fast profile reads (BM25 + MiniLM, no LLM), as small as measured: "
                          "8-bit BM25 impacts, bit-packed doc numbers"),
     "best": BuildProfile("best", "range16", 8,
-                         "what search's best profile reads (BM25 + mpnet + aligned tokens): 8-bit impacts, range16 doc numbers"),
+                         "what search's best profile reads (BM25 + mpnet, no LLM): 8-bit impacts, range16 doc numbers"),
     "both": BuildProfile("both", "range16", 8,
                          "both profiles' channels in one index (the profile chosen at search time): 8-bit impacts, range16 doc numbers"),
 }

@@ -4,10 +4,10 @@ builds the channels of one (``fast``, the default, or ``best``) or of both in on
 
 - ``fast`` (the default): BM25 + MiniLM, no LLM at all, neither to index nor to search.
 - ``best``: BM25 + the stronger, ~5x costlier all-mpnet-base-v2 (the second encoder channel,
-  "encoder2"), plus the query's own tokens in the aligned-token index at a fixed 0.1 (the LLM
-  reads the documents at build time, never a query). On an index without mpnet, ``best`` is what
-  it was before: the LLM encodes the query, and the hybrid adds its aligned tokens and its dense
-  channel to BM25 and MiniLM.
+  "encoder2"), no LLM either. The query's own tokens in the aligned-token index (0.1 beside them
+  until issue 71) added +0.024 to -0.010 nDCG@10, losing on npl, for the LLM's pass over every
+  document. On an index without mpnet, ``best`` is what it was before: the LLM encodes the
+  query, and the hybrid adds its aligned tokens and its dense channel to BM25 and MiniLM.
 
 Each point weighs its BM25 + encoder pair as that index's own corpus says (issue 71): at build
 time, and again when an update has changed a tenth of the documents, indexer/calibration.py holds
@@ -64,9 +64,8 @@ PROFILES: dict[str, Profile] = {
     ),
     "best": Profile(
         "best", "none",
-        {"method": "max", "weights": {"bm25": 0.3, "encoder2": 0.6, "sparse": 0.1}},
-        "no LLM forward per query: BM25 + mpnet (the second encoder channel), weighed as calibrated on the corpus, "
-        "+ the query's own tokens in the aligned-token index",
+        {"method": "minmax", "weights": {"bm25": 0.5, "encoder2": 0.5}},
+        "no LLM at all: BM25 + mpnet (the second encoder channel), weighed as calibrated on the corpus",
         fallback=Profile(
             "best", "llm",
             {"method": "minmax", "weights": {"bm25": 0.3, "encoder": 0.4, "sparse": 0.2, "dense": 0.1}},
@@ -121,8 +120,7 @@ def profile_fusion(profile: Profile, calibration: dict | None) -> tuple[dict, st
     """The fusion ``profile`` searches an index with, and why: where the index's manifest records
     a calibration of the profile's pair (build-index and update-index write it,
     indexer/calibration.py), the pair weighed as calibrated on the index's own corpus and any other
-    channel of the profile kept at its fixed weight (``best``'s aligned tokens, 0.1); else the
-    profile's fixed setting."""
+    channel of the profile kept at its fixed weight (none today); else the profile's fixed setting."""
     if profile.calibrated is None:
         return profile.fusion, f"the {profile.name} profile's fixed setting"
     record = ((calibration or {}).get("pairs") or {}).get(profile.calibrated)

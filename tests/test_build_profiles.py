@@ -26,8 +26,8 @@ def test_each_build_profile_holds_its_search_profiles_channels():
 
 @pytest.mark.parametrize("installed, profile, want", [
     ({None, "mpnet"}, "fast", ("bm25", "encoder")),  # no LLM (issue 71)
-    ({None, "mpnet"}, "best", ("sparse", "bm25", "encoder2")),
-    ({None, "mpnet"}, "both", ("sparse", "bm25", "encoder", "encoder2")),
+    ({None, "mpnet"}, "best", ("bm25", "encoder2")),
+    ({None, "mpnet"}, "both", ("bm25", "encoder", "encoder2")),
     ({None}, "fast", ("bm25", "encoder")),
     ({None}, "best", channel_set.WITH_ENCODER),  # best's fallback reads the LLM's dense channel and MiniLM
     ({None}, "both", channel_set.WITH_ENCODER),

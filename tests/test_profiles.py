@@ -75,7 +75,7 @@ def test_the_default_index_is_searched_fast_without_the_llm(full_index, tiny_emb
 def test_best_fuses_the_second_encoder_without_the_llm(full_index, tiny_embedder, monkeypatch):
     r = Retriever.load(full_index, embedder=tiny_embedder, warm=False, profile="best")
     assert r.profile is PROFILES["best"] and r.query_encoder == "none"
-    assert r.channels_of("hybrid") == ["sparse", "bm25", "encoder2"]
+    assert r.channels_of("hybrid") == ["bm25", "encoder2"]
 
     def no_llm(*args, **kwargs):
         raise AssertionError("the best profile ran the LLM on a query")
@@ -86,7 +86,7 @@ def test_best_fuses_the_second_encoder_without_the_llm(full_index, tiny_embedder
     np.testing.assert_allclose(q.encoder_embeddings["encoder2"], r.encoder2.encode(["cat and dog near the river"])[0], atol=1e-6)
     hits = r.search("cat and dog near the river", k=5)
     assert len(hits) == 5 and "encoder2" in set().union(*(h.channels for h in hits))
-    assert set().union(*(h.channels for h in hits)) <= {"sparse", "bm25", "encoder2"}
+    assert set().union(*(h.channels for h in hits)) <= {"bm25", "encoder2"}
     # each encoder channel is searched with its own model's query: the two differ
     docs2, _ = r.search_channel(q, "encoder2", 5)
     (q1,) = r.encode(["cat and dog near the river"], mode="encoder")
@@ -176,10 +176,10 @@ def test_search_index_cli_profile(toy_corpus, tiny_model_dir, st_dir, st2_dir, t
                            "--encoder2", str(st2_dir)]) == 0  # fmt: skip
     assert Manifest.read(index).encoder2["name"] != Manifest.read(index).encoder["name"]
     capsys.readouterr()
-    for profile, channels in (("fast", {"bm25", "encoder"}), ("best", {"sparse", "bm25", "encoder2"})):
+    for profile, channels in (("fast", {"bm25", "encoder"}), ("best", {"bm25", "encoder2"})):
         assert search_cli.main(["--index", str(index), "--profile", profile, "--json", "-k", "3", "cat and dog"]) == 0
         (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-        assert len(row["hits"]) == 3 and {h["query_encoder"] for h in row["hits"]} == {"" if profile == "fast" else "none"}
+        assert len(row["hits"]) == 3 and {h["query_encoder"] for h in row["hits"]} == {""}
         assert set().union(*(h["channels"] for h in row["hits"])) <= channels
     with pytest.raises(SystemExit):
         search_cli.main(["--index", str(index), "--profile", "fastest", "cat"])
@@ -208,7 +208,7 @@ def test_beir_eval_default_and_default_best_build_their_profiles_indexes(tmp_pat
     (entry,) = results["datasets"]
     assert len({res["index"]["bytes"] for res in entry["results"].values()}) == 2  # one index each: build-index --profile
     channels = {name: set(params[name]["params"]["channels"]) for name in ("default", "default-best")}
-    assert channels == {"default": {"bm25", "encoder"}, "default-best": {"sparse", "bm25", "encoder2"}}
+    assert channels == {"default": {"bm25", "encoder"}, "default-best": {"bm25", "encoder2"}}
 
 
 def test_the_server_serves_either_point_of_one_index(full_index, tiny_embedder):
@@ -219,7 +219,7 @@ def test_the_server_serves_either_point_of_one_index(full_index, tiny_embedder):
     from retriever.server.documents import Documents
 
     m = Manifest.read(full_index)
-    for profile, channels in (("fast", {"bm25", "encoder"}), ("best", {"sparse", "bm25", "encoder2"})):
+    for profile, channels in (("fast", {"bm25", "encoder"}), ("best", {"bm25", "encoder2"})):
         r = Retriever.load(full_index, embedder=tiny_embedder, profile=profile)
         documents, note = Documents.for_index(full_index, r.manifest, r.doc_ids)
         with TestClient(create_app(r, ServerConfig(), documents, note)) as client:

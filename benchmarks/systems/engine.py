@@ -517,9 +517,9 @@ class UserDefault(AlignedTokensSystem):
         return p
 
 
-@register("default-best", "this project at its best operating point: build-index --profile best + search-index --profile best (BM25 + mpnet + own tokens)")
+@register("default-best", "this project at its best operating point: build-index --profile best + search-index --profile best (BM25 + mpnet, calibrated)")
 class UserDefaultBest(UserDefault):
-    """``build-index --profile best`` (its own index: aligned tokens, BM25, mpnet; 8-bit impacts,
+    """``build-index --profile best`` (its own index: BM25, mpnet; 8-bit impacts,
     range16 doc numbers), searched at the ``best`` operating point."""
 
     profile_name = "best"
