@@ -472,8 +472,8 @@ class UserDefault(AlignedTokensSystem):
         self.build_profile = built
         # the index build-index writes with no flags but --profile: compact as it is (its profile's
         # impact bits and doc-number encoding, each dense channel's compact kind), not the float32 reference
-        self.engine.require(**options, compact=DEFAULT_COMPACT, doc_ids=doc_id_encoding(built.doc_ids, DEFAULT_COMPACT),
-                            impact_bits=built.impact_bits)
+        self.engine.require(**options, sparse="sparse" in default_channels, compact=DEFAULT_COMPACT,
+                            doc_ids=doc_id_encoding(built.doc_ids, DEFAULT_COMPACT), impact_bits=built.impact_bits)
 
     @property
     def mode(self) -> str:  # the Retriever's default for the index built (hybrid, unless one channel)
