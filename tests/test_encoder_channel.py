@@ -21,7 +21,7 @@ from conftest import save_tiny_sentence_encoder
 from indexer.build import build_index
 from indexer.checksums import json_checksum
 from indexer.manifest import MANIFEST, IndexFormatError, Manifest
-from retriever.profiles import get_profile
+from retriever.profiles import get_profile, profile_fusion
 from retriever.retriever import DEFAULT_FUSION, Retriever
 
 pytest.importorskip("sentence_transformers")
@@ -139,9 +139,10 @@ def test_encoder_mode_needs_an_encoder_index(toy_corpus, tiny_embedder, tmp_path
 
 def test_hybrid_of_bm25_and_encoder_never_runs_the_llm(encoder_index, tiny_embedder, monkeypatch):
     default = Retriever.load(encoder_index, embedder=tiny_embedder)
-    # the index holds the fast profile's channels, so it is searched at that point: its fusion adds the aligned tokens
-    assert default.profile.name == "fast" and default.fusion == get_profile("fast").fusion
-    assert default.channels_of("hybrid") == ["sparse", "bm25", "encoder"]
+    # the index holds the fast profile's channels, so it is searched at that point: BM25 + the encoder, weighed as
+    # the index's calibration says (issue 71), never the aligned tokens
+    assert default.profile.name == "fast" and default.fusion == profile_fusion(get_profile("fast"), default.manifest.calibration)[0]
+    assert default.channels_of("hybrid") == ["bm25", "encoder"]
     # the LLM encodes the sparse query here (the fast profile would give it the query's own tokens, with no LLM at all)
     r = Retriever.load(encoder_index, embedder=tiny_embedder, fusion={"method": "minmax", "weights": {"bm25": 0.6, "encoder": 0.4}}, query_encoder="llm")
     assert r.channels_of("hybrid") == ["bm25", "encoder"]
