@@ -132,7 +132,8 @@ def test_build_index_query_prompt_is_recorded_and_reloaded(toy_corpus, tiny_mode
     from indexer.manifest import Manifest
     from retriever.retriever import Retriever
 
-    args = ["--corpus", str(toy_corpus), "--model", str(tiny_model_dir), "--adapter", "none", "--top-k", "16", "--quiet"]
+    # with the aligned tokens: the default (fast) index reads no LLM since issue 71
+    args = ["--corpus", str(toy_corpus), "--model", str(tiny_model_dir), "--adapter", "none", "--top-k", "16", "--quiet", "--channels", "sparse,bm25"]
     assert build_cli.main([*args, "--index", str(tmp_path / "a"), "--query-prompt", QUERY_PROMPT]) == 0
     assert Manifest.read(tmp_path / "a").embedding["query_prompt"] == QUERY_PROMPT
     r = Retriever.load(tmp_path / "a", warm=False, query_encoder="llm")  # the fast profile loads no LLM
