@@ -106,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
 
             encoder = SentenceEncoder.load(options["encoder"])
         print(channel_set.describe(channels, options) + " (build-index's default, without mpnet)")
-        m = build_index(corpus, index_dir, embedder, dense=options["dense"], lexical=options.get("lexical"), encoder=encoder, overwrite=True)
-        print(f"index: built {index_dir}: {m.n_docs} docs, {m.build['docs_per_s']:.1f} docs/s, {m.build['tokens_per_s']:.0f} tokens/s")
+        m = build_index(corpus, index_dir, embedder, dense=options["dense"], lexical=options.get("lexical"), encoder=encoder, overwrite=True,
+                        sparse="sparse" in channels)
+        print(f"index: built {index_dir}: {m.n_docs} docs in {m.build['seconds']:.1f} s ({m.n_docs / max(m.build['seconds'], 1e-9):.1f} docs/s)")
         with quiet_libraries():
             retriever = Retriever.load(index_dir, embedder=embedder, encoder=encoder)
-    print(f"search: {retriever.describe_mode()}")
+    print(f"search: {retriever.describe_mode()}; fusion: {retriever.fusion_source}")
     with quiet_libraries():
         results = retriever.batch_search(queries, k=3)
     for q, hits in zip(queries, results):
