@@ -494,7 +494,8 @@ def test_default_system_is_build_index_and_search_index_without_flags(tmp_path: 
 
     built = Manifest.read(r.index_dir)  # what build-index writes with no flags: compact, laid out as --profile fast says
     fast = BUILD_PROFILES["fast"]
-    assert built.compact and built.packed == (fast.doc_ids == "bitpacked") and (built.sparse["impacts"] == "uint4") == (fast.impact_bits == 4)
+    assert built.compact and built.packed == (fast.doc_ids == "bitpacked")
+    assert built.sparse is None or (built.sparse["impacts"] == "uint4") == (fast.impact_bits == 4)  # fast holds no aligned tokens (issue 71)
     texts = list(ds.queries.values())
     reference = Retriever.load(r.index_dir, embedder=tiny_embedder)
     encoded, _ = default.encode(texts)
@@ -575,8 +576,9 @@ def test_embedder_table_training_cost_of_an_llm2comp_stage_snapshot_counts_its_o
 
 
 def test_the_default_system_takes_the_query_encoder_and_feedback_it_is_given(tmp_path: Path, make_corpus, tiny_embedder):
-    """beir-eval --query-encoder none --feedback D,T,W: the "default" system searches as the Retriever
-    loaded with them does, and its results record both."""
+    """beir-eval --query-encoder none --feedback D,T,W: the "default" system is loaded with both and records them;
+    since issue 71 its index (fast's: BM25 + MiniLM) holds no aligned tokens to feed back, and a Retriever loaded
+    on it with feedback says so in one line rather than silently ignoring it."""
     from retriever.feedback import Feedback
     from retriever.retriever import Retriever
 
@@ -592,12 +594,5 @@ def test_the_default_system_takes_the_query_encoder_and_feedback_it_is_given(tmp
     assert r.query_encoder == "none" and r.feedback == fb
     params = engine.params()
     assert params["query_encoder"] == "none" and params["feedback"] == {"docs": 2, "tokens": 4, "weight": 0.5}
-    texts = list(ds.queries.values())
-    reference = Retriever.load(r.index_dir, embedder=tiny_embedder, query_encoder="none", feedback=fb)
-    encoded, _ = default.encode(texts)
-    got, _ = default.search_all(encoded, 10)
-    want = reference.batch_search(texts, k=10)
-    assert [[d for d, _ in hits] for hits in got] == [[h.doc_id for h in hits] for hits in want]
-    assert [s for hits in got for _, s in hits] == pytest.approx([h.score for hits in want for h in hits], rel=1e-5)
-    plain = Retriever.load(r.index_dir, embedder=tiny_embedder, query_encoder="none").batch_search(texts, k=10)
-    assert [[h.score for h in hits] for hits in plain] != [[h.score for h in hits] for hits in want]  # the feedback was searched
+    with pytest.raises(ValueError, match="no aligned tokens"):
+        Retriever.load(r.index_dir, embedder=tiny_embedder, query_encoder="none", feedback=fb)
