@@ -100,7 +100,8 @@ def test_build_index_profile_best_or_both(toy_corpus, tiny_model_dir, tmp_path, 
     assert build(toy_corpus, tmp_path / "i", tiny_model_dir, "--profile", profile) == 0
     want = default_channels(profile)
     m = Manifest.read(tmp_path / "i")
-    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.sparse["impacts"] == "uint8"  # best's layout: 8 bits, range16
+    # best's layout: 8 bits, range16 (on BM25's postings: no aligned tokens in best or both since issue 71)
+    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.sparse is None and m.lexical["impacts"] == "uint8"
     from indexer.channels import CHANNEL_SPECS
 
     assert [c.mode for c in CHANNEL_SPECS if getattr(m, c.manifest_key, None)] == list(want)

@@ -54,7 +54,7 @@ def test_manifest_fields(toy_corpus, tiny_embedder):
     assert datetime.fromisoformat(m.created).tzinfo is not None
     names = {p.name for p in index_dir.iterdir()}
     assert names == {MANIFEST, DOC_IDS, *POSTINGS, DOCUMENTS_FILE, OFFSETS_FILE}
-    assert m.documents == {"file": DOCUMENTS_FILE, "n_docs": 40, "metadata_fields": []}
+    assert m.documents == {"file": DOCUMENTS_FILE, "n_docs": 40, "metadata_fields": [], "metadata_types": {}}
     # nothing but the index is left beside it: its one generation (the link's target)
     assert sorted(p.name for p in index_dir.parent.iterdir() if p.name.startswith(".")) == [".index.gen-000001"]
     assert os.readlink(index_dir) == ".index.gen-000001"
