@@ -191,7 +191,8 @@ def test_manifest_records_runtime_and_capability(toy_corpus, tiny_model_dir, tmp
     from indexer import cli as build_cli
     from indexer.manifest import Manifest
 
-    args = ["--corpus", str(toy_corpus), "--model", str(tiny_model_dir), "--adapter", "none", "--top-k", "16"]
+    # a channel the LLM encodes (the default index reads none since issue 71)
+    args = ["--corpus", str(toy_corpus), "--model", str(tiny_model_dir), "--adapter", "none", "--top-k", "16", "--channels", "sparse,bm25"]
     assert build_cli.main([*args, "--index", str(tmp_path / "a"), "--dtype", "fp32", "--runtime", "torch"]) == 0
     out = capsys.readouterr().out
     assert "encoder: torch fp32 (requested)" in out and "native bf16:" in out
