@@ -476,8 +476,8 @@ class UserDefault(AlignedTokensSystem):
                             doc_ids=doc_id_encoding(built.doc_ids, DEFAULT_COMPACT), impact_bits=built.impact_bits)
 
     @property
-    def mode(self) -> str:  # the Retriever's default for the index built (hybrid, unless one channel)
-        r = self.engine.retriever
+    def mode(self) -> str:  # the Retriever's default for the index built, at this profile's fusion (hybrid, unless one channel)
+        r = self.retriever
         return r.default_mode if r is not None else "hybrid"
 
     def index(self, ds: Dataset) -> IndexStats:
