@@ -47,12 +47,13 @@ def _free_port() -> int:
 
 @pytest.fixture
 def server(toy_corpus, tiny_model_dir, tmp_path):
-    """``serve INDEX`` on a free loopback port, over a default-channel index of the toy corpus."""
+    """``serve INDEX`` on a free loopback port, over an index of the toy corpus holding the aligned tokens
+    beside BM25 and the encoder (the default holds no aligned tokens; the page must explain all three)."""
     from indexer import cli as build_cli
 
     index = tmp_path / "index"
     assert build_cli.main(["--corpus", str(toy_corpus), "--index", str(index), "--model", str(tiny_model_dir), "--adapter", "none",
-                           "--top-k", "16", "--quiet"]) == 0
+                           "--top-k", "16", "--channels", "sparse,bm25,encoder", "--quiet"]) == 0
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     log_path = tmp_path / "serve.log"
