@@ -25,10 +25,12 @@ from typing import Protocol
 
 import numpy as np
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: the fusion completes its candidates' scores (retriever/fusion.py "complete")
 DEFAULT_QUERIES = 512  # pseudo-queries drawn (fewer where the corpus has fewer usable documents)
 DEFAULT_SEED = 0
 DEPTH = 100  # each channel's list depth, as the hybrid search fuses (retriever/hybrid.py FUSION_DEPTH)
+COMPLETION_DEPTH = 1000  # how deep each list is read for the candidates' scores (retriever/fusion.py)
+COMPLETE = True  # calibrated fusions complete their candidates' scores
 METHODS = ("minmax", "max")
 GRID_STEP = 0.1
 # the selection rule (:func:`select`), chosen by benchmarks/studies/calibration.py leaving each collection out
@@ -108,7 +110,7 @@ def _hold_out(text: str, rng: np.random.Generator) -> tuple[str, str] | None:
 def held_out_lists(channel: CalibrationChannel, pqs: Sequence[PseudoQuery], depth: int = DEPTH) -> list[tuple[np.ndarray, np.ndarray]]:
     """``channel``'s list for each pseudo-query, with its source document scored as the rest of
     its text: taken out where the full document was found, put back where the rest scores into
-    the top ``depth``."""
+    the top ``depth`` (COMPLETION_DEPTH for a completed fusion, which reads the first DEPTH)."""
     lists = channel.search([p.query for p in pqs], depth + 1)
     own = np.asarray(channel.score([p.query for p in pqs], [p.rest for p in pqs]), np.float64)
     out = []
@@ -131,9 +133,11 @@ class Setting:
     method: str
     weights: tuple[float, ...]
 
-    def as_fusion(self, channels: Sequence[str]) -> dict:
-        """The setting as a Retriever fusion dict (retriever/fusion.py: ``{"method", "weights"}``)."""
-        return {"method": self.method, "weights": {c: w for c, w in zip(channels, self.weights) if w > 0}}
+    def as_fusion(self, channels: Sequence[str], complete: bool = COMPLETE) -> dict:
+        """The setting as a Retriever fusion dict (retriever/fusion.py: ``{"method", "weights"}``,
+        and ``"complete": true`` where it completes its candidates' scores)."""
+        fusion = {"method": self.method, "weights": {c: w for c, w in zip(channels, self.weights) if w > 0}}
+        return {**fusion, "complete": True} if complete else fusion
 
 
 def grid(n_channels: int, step: float = GRID_STEP, methods: Sequence[str] = METHODS) -> list[Setting]:
@@ -153,28 +157,27 @@ def _normalised(scores: np.ndarray, method: str) -> np.ndarray:
     return (scores - lo) / (hi - lo) if hi > lo else np.ones_like(scores)
 
 
-def source_ranks(lists: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]], pqs: Sequence[PseudoQuery], settings: Sequence[Setting]) -> np.ndarray:
+def source_ranks(lists: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]], pqs: Sequence[PseudoQuery], settings: Sequence[Setting],
+                 depth: int | None = DEPTH) -> np.ndarray:
     """(settings, queries) rank (1 = first) of each pseudo-query's source document in the fused
-    list, as retriever/fusion.py fuses (a document missing from a list gets 0 from it; ties go to
-    the smaller doc number); 0 where no channel found it."""
+    list, as retriever/fusion.py fuses (ties go to the smaller doc number); 0 where no channel
+    found it. ``depth``: the candidates are each list's first ``depth`` documents, scored by every
+    channel from its whole (deeper) list, as a completed fusion does; None: every listed document,
+    0 from a list that lacks it."""
     ranks = np.zeros((len(settings), len(pqs)), np.int64)
+    methods = {s.method for s in settings}
     for j, p in enumerate(pqs):
-        union = np.unique(np.concatenate([np.asarray(ch[j][0]) for ch in lists]))
-        union = union[union >= 0]
+        per_channel = [(np.asarray(ch[j][0]), np.asarray(ch[j][1], np.float64)) for ch in lists]
+        per_channel = [(d[d >= 0], s[d >= 0], bool((d >= 0).all())) for d, s in per_channel]
+        tops = [d if depth is None else d[:depth] for d, _, _ in per_channel]
+        union = np.unique(np.concatenate(tops)) if tops else np.zeros(0, np.int64)
         if p.doc not in union:
             continue
         src = int(np.searchsorted(union, p.doc))
-        by_method = {}
-        listed = np.zeros((len(lists), union.size), bool)  # which channel's list holds each document
-        for method in {s.method for s in settings}:
-            table = np.zeros((len(lists), union.size))
-            for c, ch in enumerate(lists):
-                docs, scores = np.asarray(ch[j][0]), np.asarray(ch[j][1], np.float64)
-                ok = docs >= 0
-                at = np.searchsorted(union, docs[ok])
-                table[c, at] = _normalised(scores[ok], method)
-                listed[c, at] = True
-            by_method[method] = table
+        listed = np.zeros((len(lists), union.size), bool)  # which channel's fused part holds each document
+        for c, top in enumerate(tops):
+            listed[c, np.searchsorted(union, top)] = True
+        by_method = {m: np.vstack([_values(d, s, full, union, m, depth) for d, s, full in per_channel]) for m in methods}
         for i, s in enumerate(settings):
             weights = np.asarray(s.weights)
             fused = weights @ by_method[s.method]
@@ -184,6 +187,27 @@ def source_ranks(lists: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]], pqs: 
             ahead = (present & (fused > fused[src])).sum() + (present & (fused == fused[src]) & (union < p.doc)).sum()
             ranks[i, j] = 1 + ahead
     return ranks
+
+
+def _values(docs: np.ndarray, scores: np.ndarray, full: bool, union: np.ndarray, method: str, depth: int | None) -> np.ndarray:
+    """One channel's normalised value for each document of ``union``, as retriever/fusion.py
+    gives it: normalised over the list's first ``depth`` (all of it for None); a document below
+    that gets its own score from the rest of the list where ``depth`` is given, else 0."""
+    out = np.zeros(union.size)
+    if docs.size == 0:
+        return out
+    top = scores if depth is None else scores[:depth]
+    if depth is None:
+        out[np.searchsorted(union, docs)] = _normalised(top, method)
+        return out
+    hi, lo = float(top.max()), float(top.min())
+    order = np.argsort(docs, kind="stable")
+    at = np.minimum(np.searchsorted(docs[order], union), docs.size - 1)
+    found = docs[order][at] == union
+    raw = np.where(found, scores[order][at], float(scores[-1]) if full else 0.0)
+    if method == "max" and hi > 0:
+        return raw / hi
+    return (raw - lo) / (hi - lo) if hi > lo else np.where(raw >= hi, 1.0, 0.0)
 
 
 def ndcg_at_10(ranks: np.ndarray) -> np.ndarray:
@@ -246,22 +270,22 @@ def select(scores: np.ndarray, settings: Sequence[Setting], method: str | None =
 
 
 def choose(channels: Sequence[CalibrationChannel], pqs: Sequence[PseudoQuery], settings: Sequence[Setting] | None = None,
-           depth: int = DEPTH, seed: int = DEFAULT_SEED, with_ranks: bool = False) -> Calibration | tuple[Calibration, np.ndarray]:
+           depth: int = DEPTH, seed: int = DEFAULT_SEED, with_ranks: bool = False, complete: bool = COMPLETE) -> Calibration | tuple[Calibration, np.ndarray]:
     """The corpus's fusion over ``channels`` (the lexical one first): every setting of ``settings``
     (default :func:`grid`) scored by where it ranks the pseudo-queries' sources (mean nDCG@10),
     one chosen by :func:`select`. ``with_ranks``: also the (settings, pseudo-queries) ranks
     (:func:`source_ranks`), for a study judging other rules."""
     names = tuple(c.name for c in channels)
     settings = list(settings) if settings is not None else grid(len(channels))
-    lists = [held_out_lists(c, pqs, depth) for c in channels]
-    ranks = source_ranks(lists, pqs, settings)
+    lists = [held_out_lists(c, pqs, max(COMPLETION_DEPTH, depth) if complete else depth) for c in channels]
+    ranks = source_ranks(lists, pqs, settings, depth if complete else None)
     scores = ndcg_at_10(ranks).mean(axis=1)
     picked = select(scores, settings)
     order = np.argsort(-scores, kind="stable")
     single = [Setting("minmax", tuple(1.0 if i == c else 0.0 for i in range(len(names)))) for c in range(len(names))]
-    alone = ndcg_at_10(source_ranks(lists, pqs, single)).mean(axis=1)
+    alone = ndcg_at_10(source_ranks(lists, pqs, single, depth if complete else None)).mean(axis=1)
     chosen = Calibration(
-        names, settings[picked].as_fusion(names), len(pqs), seed,
+        names, settings[picked].as_fusion(names, complete), len(pqs), seed,
         {label(settings[i], names): round(float(scores[i]), 4) for i in [picked, *[j for j in order[:4].tolist() if j != picked]]},
         {n: round(float(v), 4) for n, v in zip(names, alone)},
     )  # fmt: skip

@@ -11,7 +11,7 @@ import numpy as np
 from indexer.channels import spec
 from retriever.channel_search import ChannelSearch
 from retriever.feedback import Feedback, FeedbackExpander
-from retriever.fusion import FusedDoc, Fusion
+from retriever.fusion import COMPLETION_DEPTH, FusedDoc, Fusion
 from retriever.query import EncodedQuery
 
 FUSION_DEPTH = 100  # hits taken from each channel before fusing
@@ -34,13 +34,15 @@ class HybridSearch:
         and no ``feedback``: the Retriever refuses both before asking."""
         if fusion.in_engine:
             return q, self._in_engine(q, fusion, used, k)
+        # a completed fusion reads deeper lists for the scores of the candidates (retriever/fusion.py)
+        deep = max(COMPLETION_DEPTH, FUSION_DEPTH) if fusion.complete else FUSION_DEPTH
         if feedback is not None and "sparse" in used and q.tokens.size:
-            lists = {m: self.channels.search(q, m, FUSION_DEPTH, mask) for m in used if m != "sparse"}
+            lists = {m: self.channels.search(q, m, deep, mask) for m in used if m != "sparse"}
             q = self.with_feedback(q, lists, fusion, feedback)
-            lists["sparse"] = self.channels.search(q, "sparse", FUSION_DEPTH, mask)
+            lists["sparse"] = self.channels.search(q, "sparse", deep, mask)
         else:
-            lists = {m: self.channels.search(q, m, FUSION_DEPTH, mask) for m in used}
-        return q, fusion.fuse(lists, k)
+            lists = {m: self.channels.search(q, m, deep, mask) for m in used}
+        return q, fusion.fuse(lists, k, FUSION_DEPTH)
 
     def with_feedback(
         self, q: EncodedQuery, first_pass: dict[str, tuple[np.ndarray, np.ndarray]], fusion: Fusion, feedback: Feedback
@@ -49,7 +51,7 @@ class HybridSearch:
         ``first_pass`` ({channel: (doc numbers, scores)}, fused by ``fusion``; where it is
         empty, the sparse channel's own top documents)."""
         if first_pass:
-            docs = np.array([f.doc for f in fusion.fuse(first_pass, feedback.docs)], np.int64)
+            docs = np.array([f.doc for f in fusion.fuse(first_pass, feedback.docs, FUSION_DEPTH)], np.int64)
         else:
             docs, _ = self.channels.search(q, "sparse", feedback.docs)
             docs = docs[docs >= 0]

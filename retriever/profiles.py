@@ -132,8 +132,9 @@ def profile_fusion(profile: Profile, calibration: dict | None) -> tuple[dict, st
         fusion = {**record["fusion"], "weights": {**weights, **extra}}
         alone = ", ".join(f"{c} {v:.3f}" for c, v in (record.get("alone") or {}).items())
         kept = f"; {', '.join(f'{c} {w:g}' for c, w in extra.items())} fixed" if extra else ""
+        completed = "; each candidate scored by every channel (completed)" if fusion.get("complete") else ""
         return fusion, (f"calibrated on this corpus when indexed: {record.get('n_queries')} sentences held out of its documents, "
-                        f"found by each channel alone at nDCG@10 {alone}{kept}")
+                        f"found by each channel alone at nDCG@10 {alone}{kept}{completed}")
     why = (calibration or {}).get("skipped") or "the index records no calibration (built before it)"
     return profile.fusion, f"the {profile.name} profile's fixed setting: {why}"
 

@@ -86,8 +86,11 @@ def test_held_out_lists_score_the_source_by_its_rest():
     assert docs.tolist() == [1, 2, 3]  # its rest scores below the list: not found
 
 
+@pytest.mark.parametrize("depth", [None, 10])
 @pytest.mark.parametrize("method", ["minmax", "max"])
-def test_source_ranks_agree_with_the_retrievers_fusion(method):
+def test_source_ranks_agree_with_the_retrievers_fusion(method, depth):
+    """Calibration ranks the sources as the Retriever fuses: listed documents only (depth None),
+    or each list's first ``depth`` with scores completed from the rest (a "complete" fusion)."""
     rng = np.random.default_rng(0)
     pqs, lists = [], [[], []]
     for j in range(25):
@@ -98,10 +101,10 @@ def test_source_ranks_agree_with_the_retrievers_fusion(method):
             scores = np.sort(rng.random(20) * (3 if c else 1))[::-1]
             lists[c].append((docs, scores))
     settings = cal.grid(2, methods=(method,))
-    ranks = cal.source_ranks(lists, pqs, settings)
+    ranks = cal.source_ranks(lists, pqs, settings, depth)
     for i, s in enumerate(settings):
         for j, p in enumerate(pqs):
-            fused = fuse({"a": lists[0][j], "b": lists[1][j]}, {"a": s.weights[0], "b": s.weights[1]}, k=100, method=method)
+            fused = fuse({"a": lists[0][j], "b": lists[1][j]}, {"a": s.weights[0], "b": s.weights[1]}, k=100, method=method, depth=depth)
             order = [f.doc for f in fused]
             want = order.index(p.doc) + 1 if p.doc in order else 0
             assert ranks[i, j] == want, (s, j)

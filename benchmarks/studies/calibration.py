@@ -82,6 +82,20 @@ def fused(runs: list[dict], setting: cal.Setting) -> dict:
     return fuse(runs=[r for r, _ in used], norm=norm, method="wsum", params={"weights": [w for _, w in used]})
 
 
+def completed(lists: list, qids: list[str], doc_ids: list[str], setting: cal.Setting, k: int = DEPTH) -> dict:
+    """The engine's completed fusion (retriever/fusion.py ``depth``) of per-channel deep lists
+    (one per query, as the channels answered them) under ``setting``, as a run."""
+    from retriever.fusion import fuse
+
+    names = [str(i) for i in range(len(lists))]
+    weights = dict(zip(names, setting.weights))
+    run = {}
+    for j, q in enumerate(qids):
+        found = fuse({n: lst[j] for n, lst in zip(names, lists)}, weights, k, setting.method, depth=DEPTH)
+        run[q] = {doc_ids[f.doc]: f.score for f in found}
+    return run
+
+
 def as_run(lists, qids: list[str], doc_ids: list[str]) -> dict:
     return {q: {doc_ids[d]: float(s) for d, s in zip(docs, scores) if d >= 0} for q, (docs, scores) in zip(qids, lists)}
 
@@ -99,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matrices", type=Path, default=None,
                    help="also write every variant's (settings, queries) matrices here (.npz): the real queries' nDCG@10 and the "
                         "pseudo-queries' source ranks, for judging other selection rules without recomputing")
+    p.add_argument("--plain", action="store_true",
+                   help="fuse listed documents only, 0 where a list lacks one (calibration version 1); default: completed scores")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     store: dict[str, np.ndarray] = {}
@@ -153,11 +169,17 @@ def main(argv: list[str] | None = None) -> int:
                 cache.with_suffix(".tmp.npy").replace(cache)
                 print(f"{ds.name}: {e} encoded {len(texts)} documents in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             dense = EmbeddingChannel(e, encode, exact_search(vectors))
-            dense_run = as_run(dense.search(qtexts, DEPTH), qids, doc_ids)
+            dense_deep = dense.search(qtexts, cal.COMPLETION_DEPTH)
+            dense_run = as_run([(d[:DEPTH], s[:DEPTH]) for d, s in dense_deep], qids, doc_ids)
             for a in chosen_analyzers:
                 lex = lexical[a]
-                runs = [as_run(lex.search(qtexts, DEPTH), qids, doc_ids), dense_run]
-                real_matrix = np.stack([per_query(qrels, fused(runs, s), qids) for s in settings])
+                lex_deep = lex.search(qtexts, cal.COMPLETION_DEPTH)
+                runs = [as_run([(d[:DEPTH], s[:DEPTH]) for d, s in lex_deep], qids, doc_ids), dense_run]
+                if args.plain:
+                    ours = {i: fused(runs, s) for i, s in enumerate(settings)}
+                else:
+                    ours = {i: completed([lex_deep, dense_deep], qids, doc_ids, s) for i, s in enumerate(settings)}
+                real_matrix = np.stack([per_query(qrels, ours[i], qids) for i in range(len(settings))])
                 real = real_matrix.mean(axis=1)
                 store[f"{ds.name}|{e}|{a}|real"] = real_matrix
                 ref_bm25 = pyserini if (a == "words" and pyserini is not None) else runs[0]
@@ -168,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
                 oracle = int(np.argmax(real))
                 for seed in seeds:
                     t0 = time.perf_counter()
-                    c, ranks = cal.choose([lex, dense], pqs_by_seed[seed], settings, seed=seed, with_ranks=True)
+                    c, ranks = cal.choose([lex, dense], pqs_by_seed[seed], settings, seed=seed, with_ranks=True, complete=not args.plain)
                     took = time.perf_counter() - t0
                     store[f"{ds.name}|{e}|{a}|pseudo|{seed}"] = ranks
-                    pick = next(i for i, s in enumerate(settings) if s.as_fusion([lex.name, dense.name]) == c.fusion)
-                    recall = float(per_query(qrels, fused(runs, settings[pick]), qids, "recall@100").mean())
+                    pick = next(i for i, s in enumerate(settings) if s.as_fusion([lex.name, dense.name], not args.plain) == c.fusion)
+                    recall = float(per_query(qrels, ours[pick], qids, "recall@100").mean())
                     row = [
                         ds.name, e, a, seed, round(alone[0], 4), round(alone[1], 4), round(alone[1] / max(alone[0], 1e-9), 3),
                         round(float(real[oracle]), 4), cal.label(settings[oracle], ["bm25", "enc"]),

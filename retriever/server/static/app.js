@@ -27,7 +27,9 @@ function highlight(text, words) {
 }
 
 // one bar per hit, as long as its score relative to the top hit's, split by each channel's share
-function bar(channels, score, top) {
+function bar(given, score, top) {
+  // a completed fusion can give a channel a share below 0 (ranked below that channel's list): no bar for it
+  const channels = Object.fromEntries(Object.entries(given).map(([c, v]) => [c, Math.max(v, 0)]));
   const total = Object.values(channels).reduce((a, b) => a + b, 0) || score || 1;
   const width = top > 0 ? Math.max(4, 100 * score / top) : 100;
   return '<div class="bar-box"><div class="bar" style="width:' + width.toFixed(1) + '%" title="' + escapeHtml(Object.entries(channels).map(([c, v]) => c + " " + (100 * v / total).toFixed(0) + "%").join(", ")) + '">'
