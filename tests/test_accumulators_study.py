@@ -1,9 +1,9 @@
-"""benchmarks.studies.accumulators: the index it tiles and the sparse queries it draws."""
+"""experiments.accumulators: the index it tiles and the sparse queries it draws."""
 from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.studies.accumulators import search_before, sparse_queries, tiled
+from experiments.accumulators import search_before, sparse_queries, tiled
 from indexer import kernels
 from indexer.inverted_index import InvertedIndex
 

@@ -1,4 +1,4 @@
-"""benchmarks.studies.compute_ceiling: the FLOPs it counts for a document and what it reads."""
+"""experiments.compute_ceiling: the FLOPs it counts for a document and what it reads."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.studies.compute_ceiling import decoder_shapes, document_flops, naive_and_best
+from experiments.compute_ceiling import decoder_shapes, document_flops, naive_and_best
 
 SMOLLM2_135M = SimpleNamespace(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                                num_key_value_heads=3, vocab_size=49152)

@@ -1,4 +1,4 @@
-"""benchmarks.studies.int8_recipes: the texts it measures and calibrates on (the study itself needs the
+"""experiments.int8_recipes: the texts it measures and calibrates on (the study itself needs the
 real model and OpenVINO; its numbers are in benchmarks/results/int8-recipes.json)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from benchmarks.studies.int8_recipes import PAIR_FILES, draw_texts
+from experiments.int8_recipes import PAIR_FILES, draw_texts
 
 
 def _pairs(folder, n=10):

@@ -165,7 +165,7 @@ def test_the_scan_knows_the_retrievers_privates_and_finds_a_use():
     planted = "r = Retriever.load(p)\n# r._search_one in a comment\nr._search_one(q, 'sparse', 10)\nx = getattr(r.queries, '_encode_uncached')\nself._search_one = 1\n"
     assert private_uses(planted, names) == [(3, "_search_one"), (4, "_encode_uncached")]
     scanned = {str(p.relative_to(ROOT)) for p in scanned_files()}
-    assert {"benchmarks/systems/engine.py", "benchmarks/studies/query_stages.py", "retriever/server/app.py", "retriever/cli.py"} <= scanned
+    assert {"benchmarks/systems/engine.py", "experiments/query_stages.py", "retriever/server/app.py", "retriever/cli.py"} <= scanned
 
 
 def test_no_code_outside_the_retriever_touches_its_privates():
