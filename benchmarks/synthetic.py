@@ -4,7 +4,7 @@ Each document gets K distinct token ids drawn from a Zipfian distribution over t
 has probability ~ 1 / r**s; draws are repeated until K distinct tokens are found, so frequent tokens
 saturate at "in nearly every document" as real aligned tokens do) and logits uniform in the range the
 default model gives its top 512 tokens. Queries: distinct Zipfian tokens with IDF weights, as the
-Retriever weights them. Used by experiments.scale and experiments.split_search.
+Retriever weights them. Used by experiments.scale (and the split-search study, deleted since).
 :func:`zipf_documents` draws the same documents (the same distribution, another random stream) in
 Numba, ~30x faster, for the ten-million-document run (experiments.ten_million).
 :func:`fitted_shard` draws documents like a real index instead (its tokens' document frequencies and

@@ -144,7 +144,8 @@ def render_index(results_dir: Path, runs, tables, classification, table_plots: d
          "The headline tables are in [BENCHMARKS.md](../../BENCHMARKS.md). TREC runs are not tracked: "
          "[README.md](README.md) says how to get them back from git history or regenerate them. "
          f"Regenerate this file with `{REGENERATE}`. Commands recorded before the studies moved to "
-         "`experiments/` are shown under their module's current name.\n"),
+         "`experiments/` are shown under their module's current name; a deleted study's under the name it ran under "
+         "([README.md](README.md), \"Deleted studies\", says where its code is).\n"),
     ]
     rows = []
     for path, res in runs:
