@@ -9,11 +9,20 @@ or ``{"kind": "per-query-diff", "title": str}``: ``details["per_query_diff"]`` =
 """
 from __future__ import annotations
 
+import shlex
+import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from embedder.util import write_json_atomic
+
+
+def study_command(module: str, argv: Sequence[str] | None = None) -> str:
+    """The command a table records: ``python -m MODULE`` and the arguments it was given (``argv``,
+    or the process's own when ``None``), shell-quoted so that it can be run again as it stands."""
+    return f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else list(argv))
 
 
 def write_table(

@@ -21,7 +21,6 @@ Document embeddings are cached under ``--cache`` (one .npy per encoder and colle
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations first)
 from benchmarks.fusion_grid import per_query
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 from indexer import calibration as cal
 from indexer.calibration_channels import EmbeddingChannel, LexicalChannel, exact_search
 from indexer.lexical import LUCENE_STOPWORDS, BM25Index, WordAnalyzer  # noqa: F401
@@ -196,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title="Self-calibrating fusion: weights read off each corpus against the per-collection oracle",
-        command="python -m experiments.calibration " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command=study_command("experiments.calibration", argv),
         description=(
             "nDCG@10 of BM25 fused with one encoder. *oracle*: the grid setting best on the collection's qrels; *calibrated*: the "
             "setting indexer.calibration picks from held-out sentences of the corpus (no qrels); *fixed*: max-normalised BM25 0.33 / "

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -41,6 +40,7 @@ from benchmarks.datasets import load_beir_folder
 from benchmarks.metrics import evaluate_run
 from benchmarks.provenance import git_commit, load_avg, machine_info
 from benchmarks.results_file import TABLE_KIND
+from benchmarks.tables import study_command
 from indexer.build import build_index
 from indexer.channel_set import CHANNELS, build_options, default_channels
 from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     table = {
         "kind": TABLE_KIND, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(), "machine": machine_info(),
         "title": "Compact indexes: bytes per document and nDCG@10 against today's default",
-        "command": "python -m experiments.compact_index " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": study_command("experiments.compact_index", argv),
         "description": (
             f"Each collection's default index built as float32 (channels {', '.join(base_channels())}, smollm2-135m with its default "
             "adapter) and compact copies of it (indexer.compact.compact_copy: 8-bit impacts per posting list or global; the dense channels "

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import shutil
 import sys
 import tempfile
@@ -57,7 +56,7 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmarks.provenance import git_commit, machine_info
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 from embedder.encoder import Embedder
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, BuildPlan, build_index
@@ -599,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     dev = device_info(device)
-    command = "python -m experiments.cuda_encode " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = study_command("experiments.cuda_encode", argv)
     commit = git_commit()
     if args.commit:
         commit = {**commit, "sha": args.commit, "given": True}

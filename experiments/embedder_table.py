@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -275,12 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         fmt = [round(x, 4) if x is not None else "–" for x in cells + means]
         acc = [accuracy.get(name, "–")] if accuracy else []
         rows.append([name, adapter, sts if sts is not None else "–"] + acc + fmt + [cost.get("steps", "–"), cost.get("seen", "–"), cost.get("seconds", "–")])
-    from benchmarks.tables import write_table
+    from benchmarks.tables import study_command, write_table
 
     write_table(
         args.out,
         title=args.title,
-        command="python -m experiments.embedder_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command=study_command("experiments.embedder_table", argv),
         description=(
             f"Backbone {args.model}. STS-B: Spearman correlation of cosine similarity with the gold scores on {args.pairs} "
             f"({len(pairs.scores)} pairs). nDCG@10 from the beir-eval runs named in the command: sparse = aligned tokens, "

@@ -13,14 +13,13 @@ Writes a ``{"kind": "table"}`` results file that ``beir-eval report`` renders.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
 import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations first)
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 
 
 def dense_run(docs: np.ndarray, queries: np.ndarray, doc_ids: list[str], query_ids: list[str], depth: int = 100) -> dict:
@@ -91,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title="EmbedFilter: filtering ratio τ (STS-B and dense retrieval)",
-        command="python -m experiments.embedfilter_sweep " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command=study_command("experiments.embedfilter_sweep", argv),
         description=(
             f"Dense channel with EmbedFilter (embedfilter paper §4): keep d/τ right singular vectors of the LM head "
             f"from the middle of its spectrum. STS-B: Spearman ρ of cosine vs gold on {args.pairs.name} "

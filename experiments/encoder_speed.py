@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 from benchmarks.timing import latency_stats
 from embedder.encoder import Embedder
 from embedder.hardware import cpu_capability, openvino_available
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime", "dtype", "prefix cache", "docs/s", "tokens/s", "docs speed-up", "query p50 ms", "query p95 ms",
         "query speed-up", "cos min", "cos mean", f"top-{TOP_TOKENS} overlap min", f"top-{TOP_TOKENS} overlap mean", "warm-up s",
     ]
-    command = "python -m experiments.encoder_speed " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    command = study_command("experiments.encoder_speed", argv)
     write_table(
         args.out,
         f"Encoder runtimes on {cap.name} ({' '.join(cap.flags) or 'no AVX2'}; native bf16: {'yes' if cap.native_bf16 else 'no'})",

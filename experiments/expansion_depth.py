@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations before ranx / numba load)
-from benchmarks.datasets import resolve
+from benchmarks.loco import default_indexes, index_study_arguments, leave_one_out
 from benchmarks.metrics import per_query_ndcg, quantiles
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 from embedder.util import set_threads
 from retriever.retriever import Retriever
 
@@ -61,26 +61,12 @@ def agreement(student: np.ndarray, llm: np.ndarray, embedder, ms: list[int]) -> 
     return out
 
 
-def leave_one_out(means: dict[str, dict[int, float]]) -> dict[str, tuple[int, float]]:
-    """{collection: (M chosen on the other collections, its score on this one)} from
-    ``means`` = {collection: {M: mean nDCG@10}}; ties go to the smaller M (fewer tokens to search)."""
-    out = {}
-    for held, scores in means.items():
-        others = [c for c in means if c != held]
-        best = max(sorted(scores), key=lambda m: (np.mean([means[c][m] for c in others]), -m))
-        out[held] = (best, scores[best])
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--index-dir", type=Path, required=True, help="beir-eval's --index-dir (its default/NAME/aligned-tokens indexes)")
-    p.add_argument("--data", default="shared", help="collections, as beir-eval --data takes them (default: the shared ones)")
+    index_study_arguments(p)
     p.add_argument("--m", default="0,16,32,64,96,128", help="expansion depths M to score (comma-separated)")
     p.add_argument("--query-encoders", default="llm,distilled",
                    help="comma-separated: llm, distilled (the student beside the adapter), or a student's folder (default llm,distilled)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.threads:
         set_threads(args.threads)
@@ -91,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     label = {c: c if c in ("llm", "distilled") else Path(c).name for c in choices}
     per_query: dict[str, dict[str, dict]] = {label[c]: {} for c in choices}
     embedder, names, encoders, states = None, [], {}, {label[c]: [] for c in choices}
-    for ds in resolve(args.data):
-        index = args.index_dir / "default" / ds.name / "aligned-tokens"
-        if not index.exists():
-            raise SystemExit(f"{index}: no default index for {ds.name} (run beir-eval --systems default --index-dir {args.index_dir} first)")
+    for ds, index in default_indexes(args.index_dir, args.data):
         names.append(ds.name)
         queries = ds.queries
         for choice in choices:
@@ -130,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title="Query expansion depth M per query encoder (LLM queries against the distilled student), default indexes",
-        command="python -m experiments.expansion_depth " + " ".join(sys.argv[1:] if argv is None else argv),
+        command=study_command("experiments.expansion_depth", argv),
         description=(
             "nDCG@10 of the sparse channel alone and of the default hybrid (the Retriever's default fusion) with the query "
             "expanded by its top-M aligned tokens, M by M, on the default indexes beir-eval built; 'held out' rows: for each "

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations before ranx / numba load)
-from benchmarks.datasets import resolve
+from benchmarks.loco import default_indexes, index_study_arguments, leave_one_out, paired_p
 from benchmarks.metrics import per_query_ndcg
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 from embedder.util import set_threads
 from retriever.feedback import Feedback
 from retriever.retriever import Retriever
@@ -55,35 +55,13 @@ def scores_by_setting(r: Retriever, queries: dict[str, str], qrels: dict, settin
     return out
 
 
-def leave_one_out(means: dict[str, dict[str, float]], order: list[str]) -> dict[str, tuple[str, float]]:
-    """{collection: (setting best on the other collections, its score on this one)} from
-    ``means`` = {collection: {setting: mean nDCG@10}}; ties go to the setting first in ``order``
-    (the grid lists no feedback first, then fewer documents and tokens first)."""
-    out = {}
-    for held, scores in means.items():
-        others = [c for c in means if c != held]
-        best = max(order, key=lambda s: (np.mean([means[c][s] for c in others]), -order.index(s)))
-        out[held] = (best, scores[best])
-    return out
-
-
-def paired_p(a: list[float], b: list[float]) -> float:
-    """Two-sided paired t-test p-value of a against b (the same queries)."""
-    from scipy.stats import ttest_rel
-
-    return float(ttest_rel(a, b).pvalue) if len(a) > 1 and np.any(np.asarray(a) != np.asarray(b)) else 1.0
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--index-dir", type=Path, required=True, help="beir-eval's --index-dir (its default/NAME/aligned-tokens indexes)")
-    p.add_argument("--data", default="shared", help="collections, as beir-eval --data takes them (default: the shared ones)")
+    index_study_arguments(p)
     p.add_argument("--query-encoders", default="llm,distilled,none", help="comma-separated: llm, distilled, none, or a student's folder")
     p.add_argument("--docs", default="1,2,3,5,10", help="documents read (comma-separated)")
     p.add_argument("--tokens", default="32,64,128", help="tokens taken (comma-separated)")
     p.add_argument("--weights", default="0.25,0.5,1", help="their weight, times their IDF (comma-separated)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.threads:
         set_threads(args.threads)
@@ -93,10 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     per_query: dict[str, dict[str, dict]] = {label[c]: {} for c in choices}
     encoders: dict[str, str] = {}
     embedder, names = None, []
-    for ds in resolve(args.data):
-        index = args.index_dir / "default" / ds.name / "aligned-tokens"
-        if not index.exists():
-            raise SystemExit(f"{index}: no default index for {ds.name} (run beir-eval --systems default --index-dir {args.index_dir} first)")
+    for ds, index in default_indexes(args.index_dir, args.data):
         names.append(ds.name)
         for choice in choices:
             t0 = time.perf_counter()
@@ -131,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title="Feedback from the first pass per query encoder (default hybrid, default indexes), settings chosen leaving one collection out",
-        command="python -m experiments.feedback " + " ".join(sys.argv[1:] if argv is None else argv),
+        command=study_command("experiments.feedback", argv),
         description=(
             "nDCG@10 of the default hybrid (the Retriever's default fusion) with the sparse query expanded from the first "
             "pass's top documents (retriever/feedback.py), setting DOCS/TOKENS/WEIGHT; 'best on all': the grid's setting "

@@ -44,7 +44,6 @@ default``: what ``beir-eval --fusion-from`` reads), and a plot of the per-query 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +52,8 @@ import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations first)
 from benchmarks.fusion_grid import METRIC, RECALL, RRF_KS, Setting, fused_run, per_query, settings_grid
-from benchmarks.tables import write_table
+from benchmarks.loco import loco_choices, mean_row
+from benchmarks.tables import study_command, write_table
 
 __all__ = ["METRIC", "RECALL", "RRF_KS", "Setting", "fused_run", "per_query", "settings_grid"]  # moved to benchmarks.fusion_grid
 
@@ -127,10 +127,7 @@ def subset_study(collections: list[Collection], grid: list[Setting], channels: l
         if not mask.any():
             raise SystemExit(f"--subsets: {sub!r}: no setting of the grid fuses two or more of its channels")
         masked = np.where(mask[:, None], means, -np.inf)
-        chosen[sub] = {}
-        for j, name in enumerate(names):
-            others = [i for i in range(len(names)) if i != j]
-            chosen[sub][name] = int(np.argmax(masked[:, others].mean(1)))
+        chosen[sub] = dict(zip(names, loco_choices(masked)))
         default = int(np.argmax(masked.mean(1)))
         details["subsets"][sub] = {"default": grid[default].to_dict(channels), "default_label": grid[default].label(channels), "per_collection": {}}
 
@@ -265,11 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     table, details = [], {"grid_size": len(grid), "per_collection": {}}
     if len(names) < 2:
         raise SystemExit("leave-one-collection-out needs runs on two collections or more")
-    for j, name in enumerate(names):
+    for name, loco in zip(names, loco_choices(means)):
         m = matrices[name]
         kf, kf_chosen = kfold_scores(m, folds_of(m.shape[1], min(args.folds, m.shape[1]), args.seed))
-        others = [i for i in range(len(names)) if i != j]
-        loco = int(np.argmax(means[:, others].mean(1)))
         single = {c: float(v.mean()) for c, v in singles[name].items()}
         best_single = max(single, key=single.get)
         row = [name, query_counts[name]]
@@ -291,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             "oracle_best_setting": grid[int(np.argmax(m.mean(1)))].label(channels),
             "oracle_best": float(m.mean(1).max()),
         }
-    mean_row = ["mean", sum(query_counts.values())] + [round(float(np.mean([r[i] for r in table])), 4) for i in range(2, len(table[0]))]
-    table.append(mean_row)
+    table.append(mean_row(["mean", sum(query_counts.values())], table))
     details["default"] = grid[default].to_dict(channels)
     details["default_label"] = grid[default].label(channels)
     details["channel_runs"] = dict(sources)
@@ -301,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title=args.title,
-        command="python -m experiments.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command=study_command("experiments.fusion_cv", argv),
         description=(
             f"nDCG@10. Channels fused: {_describe_sources(sources)}; runs of depth 100 from {', '.join(f'`{r}`' for r in args.runs)}. Settings searched: "
             f"{len(grid)} (min-max weighted sums on a {args.step:g} simplex grid; RRF with k in {list(RRF_KS)} over every "
@@ -328,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         write_table(
             args.subsets_out,
             title=args.subsets_title,
-            command="python -m experiments.fusion_cv " + shlex.join(argv if argv is not None else sys.argv[1:]),
+            command=study_command("experiments.fusion_cv", argv),
             description=(
                 f"Channels: {_describe_sources(sources)}; runs of depth 100 from {', '.join(f'`{r}`' for r in args.runs)}. "
                 "Each subset is fused with the setting best (mean nDCG@10) on the *other* collections among the grid's settings "

@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks.local_server import HOST, free_port, start_server
 from benchmarks.provenance import machine_info
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 
 DEFAULT_QUERIES = (
     "compress a file with gzip", "parse command line options", "read rows from a spreadsheet in comma separated format",
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if not levels or min(levels) < 1 or max(levels) > 64:
         p.error("--clients: counts between 1 and 64")
     queries = read_queries(args.queries, args.max_queries)
-    command = "python -m experiments.load_test " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = study_command("experiments.load_test", argv)
     log = Path(tempfile.gettempdir()) / f"load_test-serve-{os.getpid()}.log"  # the server's output, for a failure's diagnosis
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results = run(args.index, queries, levels, args.seconds, args.max_requests, args.k, args.mode, args.serve_arg, log)

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="table results file to write")
     args = p.parse_args(argv)
     from benchmarks.runs import read_trec
-    from benchmarks.tables import write_table
+    from benchmarks.tables import study_command, write_table
 
     rows = []
     for folder in sorted((args.runs / "runs").iterdir()):
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         f"`{args.runs}`. A spread near 0 means the channel adds almost the same amount to every document it returned: "
         "inside Milvus's weighted fusion it then only votes for *which* documents enter the list, not their order."
     )
-    command = "python -m experiments.milvus_rankers " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = study_command("experiments.milvus_rankers", argv)
     write_table(args.out, "Milvus WeightedRanker vs min-max: what arctan normalisation leaves of each channel", command, description, columns, rows)
     print(f"wrote {args.out}")
     return 0

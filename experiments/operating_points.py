@@ -29,7 +29,6 @@ of the held-back collections are never seen by any rule.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,8 @@ import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations first)
 from benchmarks.fusion_grid import Setting, fused_run, per_query, settings_grid
-from benchmarks.tables import write_table
+from benchmarks.loco import loco_choices
+from benchmarks.tables import study_command, write_table
 
 RULES = ("mean", "regret", "rank", "margin")
 GRID_WORDS = {
@@ -74,12 +74,8 @@ def choose(means: np.ndarray, rule: str, reference: np.ndarray | None = None) ->
 
 def loco(means: np.ndarray, rule: str, reference: np.ndarray | None = None) -> list[int]:
     """For each collection (column), the setting ``rule`` picks from the other collections."""
-    n = means.shape[1]
-    out = []
-    for j in range(n):
-        others = [i for i in range(n) if i != j]
-        out.append(choose(means[:, others], rule, None if reference is None else np.asarray(reference)[others]))
-    return out
+    ref = None if reference is None else np.asarray(reference)
+    return loco_choices(means, lambda sub, others: choose(sub, rule, None if ref is None else ref[others]))
 
 
 @dataclass(frozen=True)
@@ -214,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title=args.title,
-        command="python -m experiments.operating_points " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command=study_command("experiments.operating_points", argv),
         description=(
             "nDCG@10, every number held out: each collection is scored with the setting its rule picks from the other four "
             "(leave one collection out). Rules: `mean` (best mean nDCG@10: the rule behind today's default), `regret` "

@@ -19,13 +19,12 @@ that adapter, on every collection of the reference), the outcome is also written
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.results_file import load_results
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 from embedder.speed_probe import NDCG_TOLERANCE
 
 TOLERANCE = NDCG_TOLERANCE  # issue 28's bar: nDCG@10 within 0.005 of fp32 on every collection
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([ds["name"], system, round(a, 4), round(b, 4), round(diff, 4), None if pv is None else round(pv, 3),
                          "yes" if abs(diff) <= TOLERANCE else "NO"])
     ref_rt, cand_rt = _runtime(ref, systems[0]), _runtime(cand, systems[0])
-    command = "python -m experiments.precision_table " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = study_command("experiments.precision_table", argv)
     write_table(
         args.out,
         f"Faithfulness of the fast encoder: nDCG@10, {cand_rt} vs {ref_rt}",

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +41,7 @@ from tqdm.auto import tqdm
 from benchmarks.datasets import load_beir_folder
 from benchmarks.metrics import evaluate_run
 from benchmarks.provenance import load_avg, machine_info
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 from indexer.inverted_index import InvertedIndex
 from indexer.query_pruning import kept_positions, list_max_weights, rescore, token_values
 
@@ -330,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if 1.0 not in args.keep_mass:
         args.keep_mass = (1.0, *args.keep_mass)
-    command = "python -m experiments.query_pruning " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = study_command("experiments.query_pruning", argv)
     load_start = load_avg()
     real: dict = {}
     borrowed: list[dict] = []

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import benchmarks
 from benchmarks.provenance import machine_info
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 from indexer.ray_workers import LOOPBACK_ENV, local_head
 
 COLUMNS = ["executor", "workers", "documents", "shards", "wall s", "docs/s (wall)", "encode s (sum over shards)",
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
     if not workers or min(workers) < 1:
         p.error("--workers: positive counts")
-    command = "python -m experiments.ray_build " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = study_command("experiments.ray_build", argv)
     with tempfile.TemporaryDirectory(prefix="ray-build-") as work:
         model_args = [*(["--model", args.model] if args.model else []), *(["--adapter", args.adapter] if args.adapter else [])]
         results = run(args.corpus, args.docs, args.shard_size, workers, Path(work), model_args)

@@ -31,6 +31,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from benchmarks.synthetic import VOCAB, make_queries, synthetic_shard, zipf_cdf
+from benchmarks.tables import study_command
 
 
 def peak_rss_bytes() -> int:
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out / stale, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     cdf, perm = zipf_cdf(VOCAB, args.zipf_s, args.seed)
-    result: dict = {"command": "python -m experiments.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result: dict = {"command": study_command("experiments.scale", argv),
                     "queries": args.queries, "query_tokens": args.query_tokens, "k": args.k, "docs": args.docs, "top_k": args.top_k, "vocab": VOCAB, "zipf_s": args.zipf_s, "cpu_count": os.cpu_count(),
                     "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
     n_shards, made, seconds = write_shards(out / "shards", args.docs, args.shard_size, args.top_k, cdf, perm, args.seed)

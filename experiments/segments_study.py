@@ -15,7 +15,6 @@ a build's seconds are mostly the windows that are new (the column says how many 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import tempfile
 import time
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(args, argv, emb, rows: list[dict]) -> None:
-    from benchmarks.tables import write_table
+    from benchmarks.tables import study_command, write_table
 
     cols = ["collection", "variant", "docs", "vectors", "docs_split", "sparse_ndcg", "dense_ndcg", "hybrid_ndcg", "bytes", "build_s", "encoded", "sparse_ms", "dense_ms", "hybrid_ms"]
     header = ["Collection", "Documents", "Vectors", "Docs split", "sparse nDCG@10", "dense nDCG@10", "hybrid nDCG@10",
@@ -123,7 +122,7 @@ def _write(args, argv, emb, rows: list[dict]) -> None:
     write_table(
         args.out,
         "Multi-vector documents (whole documents as 256-token windows) against single-vector (truncated at 256)",
-        "python -m experiments.segments_study " + shlex.join(argv),
+        study_command("experiments.segments_study", argv),
         (
             "Same embedder (" + emb.runtime_summary() + "), same queries (encoded once), sparse/dense/hybrid as the Retriever "
             "runs them (hybrid: the default minmax fusion with BM25). *multi*: a document longer than 256 tokens is read whole "

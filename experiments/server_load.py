@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks.local_server import HOST, free_port, start_server
 from benchmarks.provenance import machine_info
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 
 COLUMNS = ["max-concurrency", "clients", "requests", "seconds", "QPS", "p50 ms", "p99 ms", "errors", "requests per forward"]
 DEFAULT_QUERIES = [Path("../shared/data/cisi/queries.jsonl")]
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if not levels or min(levels) < 1 or max(levels) > 64 or not settings or min(settings) < 1:
         p.error("--clients: counts between 1 and 64; --concurrency: positive")
     texts = read_queries(args.queries or DEFAULT_QUERIES)
-    command = "python -m experiments.server_load " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = study_command("experiments.server_load", argv)
     index, extra = args.index, list(args.serve_arg)
     if args.updates:  # the updates change an index: a copy of it, never the one given
         index = Path(tempfile.mkdtemp(prefix="server_load-")) / "index"

@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import benchmarks  # noqa: F401  (cache locations before ranx / numba load)
-from benchmarks.datasets import resolve
+from benchmarks.loco import default_indexes, index_study_arguments
 from benchmarks.metrics import per_query_ndcg, quantiles
-from benchmarks.tables import write_table
+from benchmarks.tables import study_command, write_table
 from embedder.util import set_threads
 from retriever.retriever import Retriever
 
@@ -52,12 +51,9 @@ def _overlap(r: Retriever, a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="state_faithfulness", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--index-dir", type=Path, required=True, help="beir-eval's --index-dir (its default/NAME/aligned-tokens indexes)")
-    p.add_argument("--data", default="shared", help="collections, as beir-eval --data takes them (default: the shared ones)")
+    index_study_arguments(p)
     p.add_argument("--student", default="distilled", help="the student: distilled (beside the adapter) or a student's folder")
     p.add_argument("--alphas", default="0,0.25,0.5,0.75,0.9,1", help="weights a of the LLM's state in the mix (comma-separated)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.threads:
         set_threads(args.threads)
@@ -70,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     overlaps: dict[float, list[np.ndarray]] = {a: [] for a in alphas}
     embedder, student_name, m = None, "", 0
     baseline: list[np.ndarray] = []  # cos(h_l, the mean h_l of the other queries)
-    for ds in resolve(args.data):
-        index = args.index_dir / "default" / ds.name / "aligned-tokens"
-        if not index.exists():
-            raise SystemExit(f"{index}: no default index for {ds.name} (run beir-eval --systems default --index-dir {args.index_dir} first)")
+    for ds, index in default_indexes(args.index_dir, args.data):
         names.append(ds.name)
         t0 = time.perf_counter()
         qids = [q for q in ds.queries if q in ds.qrels and ds.queries[q].strip()]
@@ -126,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(
         args.out,
         title=f"What a query state's faithfulness is worth: the default hybrid with {student_name}'s states moved towards the LLM's",
-        command="python -m experiments.state_faithfulness " + " ".join(sys.argv[1:] if argv is None else argv),
+        command=study_command("experiments.state_faithfulness", argv),
         description=(
             "h: the direction (1 - a) h_student / |h_student| + a h_LLM / |h_LLM| at h_LLM's norm, per query, built into a query as a distilled query is (literal tokens, top-M of W_lm h, "
             f"M = {m}, IDF weights; h the dense query; MiniLM the encoder channel), scored by the default hybrid's nDCG@10. cosine: "

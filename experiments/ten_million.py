@@ -33,6 +33,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from benchmarks.synthetic import VOCAB, make_queries, zipf_cdf, zipf_documents, zipf_table
+from benchmarks.tables import study_command
 from embedder.util import write_json_atomic
 from indexer.range_docs import RANGE
 
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         info = build(args.out, args.docs, args.top_k, args.zipf_s, args.seed)
         print(json.dumps(info, indent=1))
         return 0
-    command = "python -m experiments.ten_million " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = study_command("experiments.ten_million", argv)
     measure(args.out, args.results, args.queries, args.query_tokens, args.rounds, [float(x) for x in args.keep_mass.split(",")],
             [int(x) for x in args.depth.split(",")], [int(x) for x in args.threads.split(",")], command, args.format_3, args.four_bit)
     print(f"wrote {args.results}", file=sys.stderr)

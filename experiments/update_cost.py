@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from benchmarks.provenance import git_commit, load_avg, machine_info
 from benchmarks.results_file import TABLE_KIND
+from benchmarks.tables import study_command
 from indexer.build import build_index
 from indexer.channel_set import build_options, default_channels
 from indexer.corpus import CorpusSpec, Document, join_title, read_queries
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     table = {
         "kind": TABLE_KIND, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(), "machine": machine_info(),
         "title": "Updating an index in place: cost, and equality with a rebuild",
-        "command": "python -m experiments.update_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": study_command("experiments.update_cost", argv),
         "description": (
             f"Each collection: the default index (channels {', '.join(channels)}; {embedder.runtime_summary()}) of all but its last "
             f"{args.add_fraction:.0%} of documents, then one `update_index` adding them, replacing {args.replace} documents by their words "
