@@ -13,11 +13,11 @@ computed here. Writes a ``{"kind": "table"}`` file that ``beir-eval report`` ren
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.loco import rounded
 from benchmarks.results_file import LLM_CHANNELS as CHANNELS
 from benchmarks.results_file import ndcg_by_dataset, parse_variant
 
@@ -47,14 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, adapter, sts, nd in per_variant:
         cells = [nd.get(d, {}).get(c) for d in datasets for c in CHANNELS]
-        means = [sum(nd[d][c] for d in datasets) / len(datasets) if all(c in nd.get(d, {}) for d in datasets) else None for c in CHANNELS]
-        rows.append([name, adapter, round(sts, 4)] + [round(x, 4) if x is not None else "–" for x in cells + means])
-    from benchmarks.tables import write_table
+        # a mean needs every collection (and one at least: a run of STS-B alone has none)
+        means = [sum(nd[d][c] for d in datasets) / len(datasets) if datasets and all(c in nd.get(d, {}) for d in datasets) else None for c in CHANNELS]
+        rows.append([name, adapter, round(sts, 4), *rounded(cells + means)])
+    from benchmarks.tables import study_command, write_table
 
     write_table(
         args.out,
         title="Text2Token: the embedder before and after training (STS-B test Spearman, nDCG@10)",
-        command="python -m experiments.text2token_table " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command=study_command("experiments.text2token_table", argv),
         description=(
             f"Backbone {args.model}. STS-B: Spearman correlation of cosine similarity with the gold scores on "
             f"{args.pairs} ({len(pairs.scores)} pairs). nDCG@10 from the beir-eval runs named in the command (sparse = "
