@@ -139,3 +139,119 @@ def test_server_load_serves_unique_queries_without_errors(toy_corpus, tiny_model
     assert [(row[0], row[1]) for row in data["rows"]] == [(1, 1), (1, 2)]  # a row per (max concurrency, clients)
     for _conc, _clients, requests, seconds, qps, p50, p99, errors, _per_forward in data["rows"]:
         assert requests > 0 and errors == 0 and _finite(seconds, qps, p50, p99) and p50 <= p99
+
+
+# ------------------------------------------------------------------ fusion studies over stored runs
+@pytest.fixture
+def stored_runs(tmp_path, monkeypatch) -> Path:
+    """Three judged toy collections (the shared-collection names resolve to them through
+    ALIGNED_TOKENS_DATA) and a beir-eval output folder with a TREC run of each channel on each:
+    bm25 and sparse find the judged documents at different ranks, dense is noise."""
+    import numpy as np
+    from conftest import toy_docs
+
+    data = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(("adi", "cisi", "medline")):
+        docs = toy_docs(20, seed=c)
+        queries = {f"q{i}": f"query {i}" for i in range(6)}
+        qrels = {q: {docs[(3 * i + j) % 20]["_id"]: 1 for j in range(2)} for i, q in enumerate(queries)}
+        _write_beir(data / name, docs, queries, qrels)
+        folder = tmp_path / "run" / "runs" / name
+        folder.mkdir(parents=True)
+        for system, hit_rank in (("bm25", 0), ("sparse", 3), ("dense", None)):
+            lines = []
+            for q, rel in qrels.items():
+                ids = [d["_id"] for d in docs if d["_id"] not in rel]
+                rng.shuffle(ids)
+                if hit_rank is not None:
+                    ids[hit_rank:hit_rank] = list(rel)
+                else:
+                    ids += list(rel)
+                lines += [f"{q} Q0 {d} {r + 1} {20 - r + rng.random():.4f} {system}" for r, d in enumerate(ids)]
+            (folder / f"{system}.trec").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setenv("ALIGNED_TOKENS_DATA", str(data))
+    return tmp_path / "run"
+
+
+def test_fusion_cv_scores_every_collection_held_out(stored_runs, tmp_path):
+    from experiments import fusion_cv
+
+    out, subsets_out = tmp_path / "cv.json", tmp_path / "subsets.json"
+    assert fusion_cv.main(["--runs", str(stored_runs), "--channels", "sparse,dense,bm25", "--baseline-runs", str(stored_runs),
+                           "--baseline", "bm25", "--folds", "2", "--step", "0.5", "--subsets", "bm25+sparse,bm25+dense",
+                           "--subsets-out", str(subsets_out), "--out", str(out)]) == 0  # fmt: skip
+    data = _table(out)
+    assert [row[0] for row in data["rows"]] == ["adi", "cisi", "medline", "mean"]
+    assert all(_finite(*row[1:]) for row in data["rows"])
+    loco = data["columns"].index("hybrid LOCO")
+    assert all(0 <= row[loco] <= 1 for row in data["rows"])
+    # the judged documents top bm25: fused or alone, nothing held out beats 1.0, and bm25 alone is perfect
+    assert data["rows"][-1][data["columns"].index("bm25")] == 1.0
+    subsets = _table(subsets_out)
+    assert {row[0] for row in subsets["rows"]} == {"bm25+sparse", "bm25+dense"}
+    assert all(_finite(row[3]) for row in subsets["rows"])  # nDCG@10 of each subset, per collection and mean
+
+
+def test_operating_points_judges_each_rule_leaving_one_collection_out(stored_runs, tmp_path):
+    from experiments import operating_points
+
+    out = tmp_path / "points.json"
+    results = stored_runs.parent
+    assert operating_points.main(["--results", str(results), "--collections", "adi,cisi,medline", "--step", "0.5",
+                                  "--point", "p=bm25@run/bm25,sparse@run/sparse,dense@run/dense", "--baseline", "bm25@run/bm25",
+                                  "--out", str(out)]) == 0  # fmt: skip
+    data = _table(out)
+    rules = [row[1] for row in data["rows"]]
+    assert rules == ["baseline", *operating_points.RULES]  # a row per rule, after the baseline's
+    for row in data["rows"]:
+        assert _finite(*row[2:6]) and all(0 <= v <= 1 for v in row[2:6])  # adi, cisi, medline, mean
+
+
+# ------------------------------------------------------------------ studies over beir-eval's default indexes
+@pytest.fixture
+def default_indexes(tmp_path, tiny_model_dir) -> tuple[Path, Path]:
+    """(a folder of two judged toy collections, an --index-dir holding each one's default index
+    where ``beir-eval --index-dir`` puts it: default/NAME/aligned-tokens)."""
+    from conftest import toy_docs
+
+    from indexer import cli as build_cli
+
+    data, index_dir = tmp_path / "data", tmp_path / "indexes"
+    for c, name in enumerate(("adi", "cisi")):
+        docs = toy_docs(16, seed=c)
+        queries = {"q1": "cat dog pet", "q2": "computer memory software", "q3": "snow mountain ski"}
+        qrels = {q: {docs[i]["_id"]: 1 for i in range(j, 16, 5)} for j, q in enumerate(queries)}
+        folder = _write_beir(data / name, docs, queries, qrels)
+        assert build_cli.main(["--corpus", str(folder), "--index", str(index_dir / "default" / name / "aligned-tokens"),
+                               "--model", str(tiny_model_dir), "--adapter", "none", "--top-k", "16", "--quiet",
+                               "--channels", "sparse,bm25"]) == 0  # fmt: skip (no dense: query encoder none gives it no query)
+    return data, index_dir
+
+
+def test_feedback_scores_its_grid_and_a_held_out_row_per_query_encoder(default_indexes, tmp_path):
+    from experiments import feedback
+
+    data, index_dir = default_indexes
+    out = tmp_path / "feedback.json"
+    assert feedback.main(["--index-dir", str(index_dir), "--data", str(data), "--query-encoders", "llm,none",
+                          "--docs", "1,2", "--tokens", "8", "--weights", "0.5", "--out", str(out)]) == 0  # fmt: skip
+    data_ = _table(out)
+    settings = [row[1].split(":")[0] for row in data_["rows"]]
+    assert settings == ["no feedback", "best on all", "held out"] * 2  # per query encoder: llm, none
+    for row in data_["rows"]:
+        assert _finite(*row[2:5]) and all(0 <= v <= 1 for v in row[2:5])  # adi, cisi, mean
+
+
+def test_expansion_depth_scores_each_m_and_holds_one_out(default_indexes, tmp_path):
+    from experiments import expansion_depth
+
+    data, index_dir = default_indexes
+    out = tmp_path / "depth.json"
+    assert expansion_depth.main(["--index-dir", str(index_dir), "--data", str(data), "--query-encoders", "llm",
+                                 "--m", "0,8", "--out", str(out)]) == 0  # fmt: skip
+    rows = _table(out)["rows"]
+    assert [(row[1], row[2]) for row in rows[:4]] == [(0, "hybrid"), (0, "sparse"), (8, "hybrid"), (8, "sparse")]
+    assert rows[4][1].startswith("held out: ") and len(rows) == 5
+    for row in rows:
+        assert _finite(*row[3:6]) and all(0 <= v <= 1 for v in row[3:6])  # adi, cisi, mean
