@@ -35,6 +35,14 @@ def _write_beir(root: Path, docs: list[dict], queries: dict[str, str], qrels: di
     return root
 
 
+def _sts_pairs(path: Path) -> Path:
+    """An STS-B style TSV file of four scored pairs over the toy words."""
+    rows = [("a cat and a dog", "a dog and a cat", 5.0), ("computer memory", "snow on the mountain", 0.0),
+            ("ski on snow", "snow for skiing", 4.0), ("software bug", "a pet cat", 0.5)]  # fmt: skip
+    path.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in rows), encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def toy_beir(tmp_path) -> Path:
     """A judged BEIR collection of the conftest's toy documents (three topics' words)."""
@@ -70,10 +78,7 @@ def test_milvus_rankers_reads_each_channels_runs_and_writes_a_row_per_collection
 def test_text2token_table_scores_sts_per_variant(tmp_path, tiny_model_dir):
     from experiments import text2token_table
 
-    pairs = tmp_path / "sts.tsv"
-    rows = [("a cat and a dog", "a dog and a cat", 5.0), ("computer memory", "snow on the mountain", 0.0),
-            ("ski on snow", "snow for skiing", 4.0), ("software bug", "a pet cat", 0.5)]  # fmt: skip
-    pairs.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in rows), encoding="utf-8")
+    pairs = _sts_pairs(tmp_path / "sts.tsv")
     out = tmp_path / "t2t.json"
     assert text2token_table.main(["--pairs", str(pairs), "--variant", "raw=none", "--model", str(tiny_model_dir), "--out", str(out)]) == 0
     data = _table(out)
@@ -255,3 +260,38 @@ def test_expansion_depth_scores_each_m_and_holds_one_out(default_indexes, tmp_pa
     assert rows[4][1].startswith("held out: ") and len(rows) == 5
     for row in rows:
         assert _finite(*row[3:6]) and all(0 <= v <= 1 for v in row[3:6])  # adi, cisi, mean
+
+
+# ------------------------------------------------------------------ embedfilter_sweep
+def test_embedfilter_sweep_writes_a_row_per_tau(toy_beir, tmp_path, tiny_model_dir):
+    from experiments import embedfilter_sweep
+
+    out = tmp_path / "embedfilter.json"
+    assert embedfilter_sweep.main(["--pairs", str(_sts_pairs(tmp_path / "sts.tsv")), "--data", str(toy_beir), "--variant", "raw=none",
+                                   "--taus", "1,2", "--model", str(tiny_model_dir), "--out", str(out)]) == 0  # fmt: skip
+    data = _table(out)
+    assert [(row[0], row[1]) for row in data["rows"]] == [("raw", 1), ("raw", 2)]
+    full, halved = data["rows"]
+    assert full[2] == 2 * halved[2]  # tau 2 keeps half the dimensions
+    for row in data["rows"]:
+        rho, ndcg, mean = row[4:7]
+        assert _finite(rho, ndcg, mean) and -1 <= rho <= 1 and 0 <= ndcg <= 1 and mean == ndcg  # one collection: its mean is itself
+
+
+# ------------------------------------------------------------------ query_pruning (its synthetic part: no index, no model)
+def test_query_pruning_synthetic_part_writes_a_row_per_setting_and_impacts(tmp_path):
+    from experiments import query_pruning
+
+    out = tmp_path / "pruning.json"
+    assert query_pruning.main(["--synthetic-docs", "3000", "--synthetic-queries", "5", "--rounds", "1", "--keep-mass", "0.9",
+                               "--query-tokens", "40", "--out", str(out)]) == 0  # fmt: skip
+    data = _table(out)
+    rows = data["rows"]
+    assert {row[1] for row in rows} == {"float32", "uint8"} and len(rows) == 10  # exact + 4 pruned settings, per impacts
+    cols = data["columns"]
+    for row in rows:
+        kept, recall, p50 = row[cols.index("postings kept")], row[cols.index("recall@10 vs exact")], row[cols.index("p50 ms")]
+        assert _finite(kept, recall, p50) and 0 < kept <= 1 and 0 <= recall <= 1
+        if row[2] == "exact":
+            assert kept == 1.0 and recall == 1.0
+
