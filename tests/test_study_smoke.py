@@ -295,3 +295,21 @@ def test_query_pruning_synthetic_part_writes_a_row_per_setting_and_impacts(tmp_p
         if row[2] == "exact":
             assert kept == 1.0 and recall == 1.0
 
+
+
+# ------------------------------------------------------------------ calibration
+def test_calibration_writes_a_row_per_collection_encoder_and_analyser(toy_beir, tmp_path, monkeypatch):
+    from embedder.sentence_encoder import SentenceEncoder
+    from experiments import calibration
+
+    tiny_encoder = SentenceEncoder.load(str(save_tiny_sentence_encoder(tmp_path / "encoder")))
+    monkeypatch.setattr(SentenceEncoder, "load", classmethod(lambda cls, *a, **kw: tiny_encoder))
+    out = tmp_path / "calibration.json"
+    assert calibration.main(["--data", str(toy_beir), "--encoders", "minilm,minilm-8", "--analyzers", "words,plain", "--queries", "8",
+                             "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 0  # fmt: skip
+    data = _table(out)
+    assert [tuple(row[:3]) for row in data["rows"]] == [("toy", e, a) for e in ("minilm", "minilm-8") for a in ("words", "plain")]
+    cols = data["columns"]
+    for row in data["rows"]:
+        oracle, calibrated = row[cols.index("oracle nDCG@10")], row[cols.index("calibrated nDCG@10")]
+        assert _finite(oracle, calibrated) and 0 <= calibrated <= oracle <= 1  # the oracle is the best the grid holds
