@@ -313,3 +313,24 @@ def test_calibration_writes_a_row_per_collection_encoder_and_analyser(toy_beir, 
     for row in data["rows"]:
         oracle, calibrated = row[cols.index("oracle nDCG@10")], row[cols.index("calibrated nDCG@10")]
         assert _finite(oracle, calibrated) and 0 <= calibrated <= oracle <= 1  # the oracle is the best the grid holds
+
+
+# ------------------------------------------------------------------ query_stages (the fast profile: no query model)
+def test_query_stages_times_each_stage_of_the_fast_profile(toy_corpus, tiny_model_dir, tmp_path):
+    from embedder.encoder import Embedder
+    from embedder.sentence_encoder import SentenceEncoder
+    from experiments import query_stages
+    from indexer.build import build_index
+
+    embedder = Embedder.load(tiny_model_dir, adapter="none", device="cpu")
+    encoder = SentenceEncoder.load(str(save_tiny_sentence_encoder(tmp_path / "encoder")))
+    build_index(toy_corpus, tmp_path / "index", embedder, top_k=16, lexical="words", encoder=encoder, progress=False)
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text("".join(json.dumps({"_id": f"q{i}", "text": t}) + "\n"
+                               for i, t in enumerate(["cat and dog", "computer memory", "snow on the mountain"] * 3)), encoding="utf-8")
+    out = tmp_path / "stages.json"
+    query_stages.main(["--index", str(tmp_path / "index"), "--queries", str(queries), "--profile", "fast", "--k", "10", "--out", str(out)])
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["profile"] == "fast" and result["n_queries"] == 9 and result["stages"]
+    for stats in [result["whole_query"], result["sum_of_stages"], *result["stages"].values()]:
+        assert _finite(stats["p50_ms"], stats["mean_ms"]) and stats["p50_ms"] >= 0
