@@ -334,3 +334,19 @@ def test_query_stages_times_each_stage_of_the_fast_profile(toy_corpus, tiny_mode
     assert result["profile"] == "fast" and result["n_queries"] == 9 and result["stages"]
     for stats in [result["whole_query"], result["sum_of_stages"], *result["stages"].values()]:
         assert _finite(stats["p50_ms"], stats["mean_ms"]) and stats["p50_ms"] >= 0
+
+
+# ------------------------------------------------------------------ encoder_speed (--auto-only: the naive loop and the engine's choice)
+def test_encoder_speed_times_the_naive_loop_and_the_engines_choice(toy_beir, tiny_model_dir, tmp_path, monkeypatch):
+    from experiments import encoder_speed
+
+    monkeypatch.setenv("ALIGNED_TOKENS_CACHE", str(tmp_path / "cache"))  # the speed probe's verdicts and exported runtimes
+    out = tmp_path / "speed.json"
+    assert encoder_speed.main(["--corpus", str(toy_beir), "--docs", "8", "--queries", "3", "--model", str(tiny_model_dir),
+                               "--adapter", "none", "--auto-only", "--threads", "1", "--out", str(out)]) == 0  # fmt: skip
+    data = _table(out)
+    assert [row[0].split(" ")[0] for row in data["rows"]] == ["naive", "engine:"]
+    cols = data["columns"]
+    for row in data["rows"]:
+        docs_s, p50, cos_min = row[cols.index("docs/s")], row[cols.index("query p50 ms")], row[cols.index("cos min")]
+        assert _finite(docs_s, p50, cos_min) and docs_s > 0 and p50 > 0 and cos_min > 0.99  # the engine's runtime is faithful
