@@ -350,3 +350,18 @@ def test_encoder_speed_times_the_naive_loop_and_the_engines_choice(toy_beir, tin
     for row in data["rows"]:
         docs_s, p50, cos_min = row[cols.index("docs/s")], row[cols.index("query p50 ms")], row[cols.index("cos min")]
         assert _finite(docs_s, p50, cos_min) and docs_s > 0 and p50 > 0 and cos_min > 0.99  # the engine's runtime is faithful
+
+
+# ------------------------------------------------------------------ ray_build (a Ray head on loopback, started by the study)
+def test_ray_build_builds_locally_and_on_ray_and_writes_a_row_each(toy_beir, tiny_model_dir, tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (make installs it)")
+    from experiments import ray_build
+
+    out = tmp_path / "ray.json"
+    assert ray_build.main(["--corpus", str(toy_beir), "--docs", "16", "--shard-size", "8", "--workers", "1",
+                           "--model", str(tiny_model_dir), "--adapter", "none", "--out", str(out)]) == 0  # fmt: skip
+    data = _table(out)
+    assert [(row[0], row[1], row[2], row[3]) for row in data["rows"]] == [("local", 1, 16, 2), ("ray (local head)", 1, 16, 2)]
+    for row in data["rows"]:
+        wall, docs_s = float(row[4]), float(row[5])  # the table's cells are formatted text
+        assert math.isfinite(wall) and wall > 0 and docs_s > 0
