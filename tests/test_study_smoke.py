@@ -365,3 +365,32 @@ def test_ray_build_builds_locally_and_on_ray_and_writes_a_row_each(toy_beir, tin
     for row in data["rows"]:
         wall, docs_s = float(row[4]), float(row[5])  # the table's cells are formatted text
         assert math.isfinite(wall) and wall > 0 and docs_s > 0
+
+
+# ------------------------------------------------------------------ state_faithfulness (a tiny distilled student)
+def test_state_faithfulness_scores_each_mix_of_student_and_llm_states(default_indexes, tiny_model_dir, tmp_path):
+    from conftest import toy_docs
+
+    from embedder.encoder import Embedder
+    from embedder.sentence_encoder import SentenceEncoder
+    from experiments import state_faithfulness
+    from training.query_encoder.recipe import DistillRecipe
+    from training.query_encoder.trainer import distill
+
+    embedder = Embedder.load(tiny_model_dir, adapter="none", device="cpu")  # the indexes' model, by its weights
+    encoder = SentenceEncoder.load(str(save_tiny_sentence_encoder(tmp_path / "encoder")))
+    recipe = DistillRecipe(kind="pooled", hidden=16, epochs=2, batch_size=32, kl_top=16, holdout=0.2)
+    texts = [d["text"] for d in toy_docs(80, seed=4)]
+    distill(embedder, encoder, texts, tmp_path / "cache", recipe, "toy", m=8, progress=False).save(tmp_path / "student")
+    data, index_dir = default_indexes
+    out = tmp_path / "faithfulness.json"
+    assert state_faithfulness.main(["--index-dir", str(index_dir), "--data", str(data), "--student", str(tmp_path / "student"),
+                                    "--alphas", "0,0.5,1", "--out", str(out)]) == 0  # fmt: skip
+    data_ = _table(out)
+    scored = [row for row in data_["rows"] if row[0] == "LLM queries" or row[0].startswith("mix a=")]
+    assert [row[0] for row in scored] == ["LLM queries", "mix a=0", "mix a=0.5", "mix a=1"]  # a row per weight of the LLM's state
+    cols = data_["columns"]
+    for row in scored:
+        ndcg = [row[cols.index(c)] for c in ("adi", "cisi", "mean")]
+        assert _finite(*ndcg) and all(0 <= v <= 1 for v in ndcg)
+    assert scored[-1][cols.index("mean")] == scored[0][cols.index("mean")]  # a = 1: the LLM's own states
