@@ -23,7 +23,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.local_server import HOST, free_port, start_server
+from benchmarks.local_server import HOST, free_port, start_server, stop_server
 from benchmarks.provenance import machine_info
 from benchmarks.tables import study_command, write_table
 
@@ -163,11 +162,7 @@ def run(index: Path, queries: list[str], levels: list[int], seconds: float, max_
         results["rss_after_mib"] = rss_mib(proc.pid)
         results["load_avg_end"] = list(os.getloadavg())  # other work on the machine competes for the same cores
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     return results
 
 

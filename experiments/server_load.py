@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.local_server import HOST, free_port, start_server
+from benchmarks.local_server import HOST, free_port, start_server, stop_server
 from benchmarks.provenance import machine_info
 from benchmarks.tables import study_command, write_table
 
@@ -160,11 +160,7 @@ def run(index: Path, texts: list[str], levels: list[int], settings: list[int], s
             out["settings"].append({"max_concurrency": concurrency, "levels": levels_out, "describe": info.get("describe"),
                                     "documents": info.get("documents"), "runtime": info.get("runtime")})
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
     out["load_avg_end"] = list(os.getloadavg())
     out["queries_sent"] = queries.i
     out["distinct_query_texts"] = len(queries.texts)
