@@ -15,6 +15,17 @@ import pytest
 from conftest import save_tiny_sentence_encoder
 
 
+def test_every_study_is_imported_by_a_test():
+    """A study no test imports may stop running against today's code unseen: each module of experiments/
+    is named by a test file (this one runs most of them end to end; the others have tests of their own)."""
+    from conftest import REPO
+
+    tests = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "tests").glob("test_*.py"))
+    studies = sorted(p.stem for p in (REPO / "experiments").glob("*.py") if p.name != "__init__.py")
+    untested = [s for s in studies if f"experiments.{s}" not in tests and f"experiments import {s}" not in tests]
+    assert len(studies) > 20 and untested == []
+
+
 def _table(path: Path) -> dict:
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["kind"] == "table" and data["command"].startswith("python -m experiments.")
