@@ -33,14 +33,12 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks.datasets import load_beir_folder
 from benchmarks.metrics import evaluate_run
-from benchmarks.provenance import git_commit, load_avg, machine_info
-from benchmarks.results_file import TABLE_KIND
-from benchmarks.tables import study_command
+from benchmarks.provenance import load_avg
+from benchmarks.tables import study_command, table_header
 from indexer.build import build_index
 from indexer.channel_set import CHANNELS, build_options, default_channels
 from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
@@ -298,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = {name: {m: min((against[c][name][m] for c in results if m in against[c][name]), default=None) for m in labels} for name in others}
     largest = {name: max(r["bytes_per_doc"][name]["total_without_per_vocabulary_files_and_text"] for r in results.values()) for name in names}
     table = {
-        "kind": TABLE_KIND, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(), "machine": machine_info(),
+        **table_header(),
         "title": "Compact indexes: bytes per document and nDCG@10 against today's default",
         "command": study_command("experiments.compact_index", argv),
         "description": (

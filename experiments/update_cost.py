@@ -21,12 +21,10 @@ import os
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.provenance import git_commit, load_avg, machine_info
-from benchmarks.results_file import TABLE_KIND
-from benchmarks.tables import study_command
+from benchmarks.provenance import load_avg
+from benchmarks.tables import study_command, table_header
 from indexer.build import build_index
 from indexer.channel_set import build_options, default_channels
 from indexer.corpus import CorpusSpec, Document, join_title, read_queries
@@ -164,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{max(v['max_rel_score_diff'] for v in same.values()):.1e}",
         ])
     table = {
-        "kind": TABLE_KIND, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(), "machine": machine_info(),
+        **table_header(),
         "title": "Updating an index in place: cost, and equality with a rebuild",
         "command": study_command("experiments.update_cost", argv),
         "description": (
