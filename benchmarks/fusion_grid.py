@@ -1,6 +1,6 @@
 """Fusion settings over stored channel runs: the grid, a fused run, per-query scores.
 
-Shared by the fusion studies (benchmarks/studies/fusion_cv.py, operating_points.py): fusion is per
+Shared by the fusion studies (experiments/fusion_cv.py, operating_points.py): fusion is per
 query (min-max normalisation and reciprocal ranks only look at the query's own lists), so a
 setting's per-query nDCG@10 is computed once from the channels' TREC runs, by ranx, and a
 protocol that chooses settings is a choice among rows of a (settings, queries) matrix.

@@ -39,3 +39,12 @@ def start_server(index: Path, port: int, extra: list[str], log: Path, timeout: f
         time.sleep(0.5)
     proc.kill()
     raise RuntimeError(f"serve did not answer /healthz within {timeout:.0f} s; its log: {log}")
+
+
+def stop_server(proc: subprocess.Popen, grace: float = 15) -> None:
+    """Stop a server ``start_server`` started: SIGTERM, then SIGKILL if it has not exited within ``grace`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()

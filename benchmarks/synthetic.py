@@ -4,11 +4,11 @@ Each document gets K distinct token ids drawn from a Zipfian distribution over t
 has probability ~ 1 / r**s; draws are repeated until K distinct tokens are found, so frequent tokens
 saturate at "in nearly every document" as real aligned tokens do) and logits uniform in the range the
 default model gives its top 512 tokens. Queries: distinct Zipfian tokens with IDF weights, as the
-Retriever weights them. Used by benchmarks.studies.scale and benchmarks.studies.split_search.
+Retriever weights them. Used by experiments.scale (and the split-search study, deleted since).
 :func:`zipf_documents` draws the same documents (the same distribution, another random stream) in
-Numba, ~30x faster, for the ten-million-document run (benchmarks.studies.ten_million).
+Numba, ~30x faster, for the ten-million-document run (experiments.ten_million).
 :func:`fitted_shard` draws documents like a real index instead (its tokens' document frequencies and
-its weights; benchmarks.studies.real_vectors).
+its weights; experiments.real_vectors).
 """
 from __future__ import annotations
 

@@ -9,11 +9,27 @@ or ``{"kind": "per-query-diff", "title": str}``: ``details["per_query_diff"]`` =
 """
 from __future__ import annotations
 
+import shlex
+import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from embedder.util import write_json_atomic
+
+
+def study_command(module: str, argv: Sequence[str] | None = None) -> str:
+    """The command a table records: ``python -m MODULE`` and the arguments it was given (``argv``,
+    or the process's own when ``None``), shell-quoted so that it can be run again as it stands."""
+    return f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+
+
+def table_header() -> dict[str, Any]:
+    """What every table file opens with: its kind, and when and where it was measured (UTC date, commit, machine)."""
+    from benchmarks.provenance import git_commit, machine_info
+
+    return {"kind": "table", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(), "machine": machine_info()}
 
 
 def write_table(
@@ -27,8 +43,6 @@ def write_table(
     plot: dict | None = None,
 ) -> Path:
     """Write a table results file atomically (temporary file, then rename)."""
-    from benchmarks.provenance import git_commit, machine_info
-
     for i, row in enumerate(rows):
         if len(row) != len(columns):
             raise ValueError(f"row {i} has {len(row)} cells for {len(columns)} columns")
@@ -40,10 +54,7 @@ def write_table(
         if missing or not plot.get("y"):
             raise ValueError(f"plot names unknown columns {missing} (columns: {columns})")
     data = {
-        "kind": "table",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "machine": machine_info(),
+        **table_header(),
         "title": title,
         "command": command,
         "description": description,

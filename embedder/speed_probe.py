@@ -294,7 +294,7 @@ def recorded_int8_verdict(adapter: dict | None) -> tuple[bool, str]:
     The check (nDCG@10 of int8 documents and queries within 0.005 of fp32 on every shared
     collection) needs the collections and minutes, so the probe cannot run it: a run of it records
     ``{"adapter_sha256", "passed", "max_ndcg_drop", "source"}`` as ``int8-quality.json`` in the
-    adapter's directory (:func:`write_int8_verdict`; ``python -m benchmarks.studies.precision_table
+    adapter's directory (:func:`write_int8_verdict`; ``python -m experiments.precision_table
     --int8-verdict DIR`` writes it from two beir-eval runs)."""
     path = Path((adapter or {}).get("path") or "") / INT8_VERDICT_FILE if adapter and adapter.get("path") else None
     if path is None or not path.is_file():

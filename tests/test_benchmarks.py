@@ -292,7 +292,7 @@ def test_report_is_idempotent_and_renders_tables(harness_results: Path, tmp_path
     table = {
         "kind": "table",
         "title": "Sweep of K",
-        "command": "python -m benchmarks.sweep_sparse --k 8 16",
+        "command": "python -m benchmarks.fusion_cv --k 8 16",
         "description": "A parameter sweep.",
         "columns": ["K", "nDCG@10"],
         "rows": [[8, 0.25], [16, 0.5]],
@@ -311,9 +311,20 @@ def test_report_is_idempotent_and_renders_tables(harness_results: Path, tmp_path
     # the index: every run (linked to its report.md) and every study table in full, a moved study under its name now
     text = index.read_text()
     assert "[toy-run](toy-run/report.md)" in text and "oracle 1.0000, nothing 0.0000" in text
-    assert "## Sweep of K" in text and "Command: `python -m benchmarks.studies.sweep_sparse --k 8 16`" in text
+    assert "## Sweep of K" in text and "Command: `python -m experiments.fusion_cv --k 8 16`" in text
     assert "| 16 | 0.5000 |" in text
     assert "| `oracle` | 1.0000 | 1.0000 | 1.0000 | 1.0000 |" in (harness_results / "report.md").read_text()
+
+
+def test_recorded_commands_name_the_studies_where_they_are_now():
+    from benchmarks.report.document import current_command
+
+    # recorded as benchmarks.NAME, then benchmarks.studies.NAME: now experiments.NAME
+    assert current_command("python -m benchmarks.fusion_cv --out x.json") == "python -m experiments.fusion_cv --out x.json"
+    assert current_command("Built by `python -m benchmarks.studies.ten_million build`") == "Built by `python -m experiments.ten_million build`"
+    # the product's own modules, and a study that was deleted, keep their names
+    assert current_command("python -m benchmarks.cli report") == "python -m benchmarks.cli report"
+    assert current_command("python -m benchmarks.studies.no_such_study --x 1") == "python -m benchmarks.studies.no_such_study --x 1"
 
 
 def _headline_run(out: Path, systems_: dict[str, tuple[float, float, float]], date: str = "2026-01-01T00:00:00+00:00", n: int = 2) -> None:
@@ -537,7 +548,7 @@ def test_text2token_table_reads_ndcg_and_refuses_a_run_of_another_adapter(tmp_pa
 
 
 def test_embedder_table_training_cost_sums_step_seconds_across_a_resume(tmp_path):
-    from benchmarks.studies.embedder_table import training_cost
+    from experiments.embedder_table import training_cost
 
     adapter = tmp_path / "run" / "adapter"
     adapter.mkdir(parents=True)
@@ -556,7 +567,7 @@ def test_embedder_table_training_cost_sums_step_seconds_across_a_resume(tmp_path
 
 
 def test_embedder_table_training_cost_of_an_llm2comp_stage_snapshot_counts_its_own_steps(tmp_path):
-    from benchmarks.studies.embedder_table import training_cost
+    from experiments.embedder_table import training_cost
 
     recipe = {"batch_size": 8, "contrastive_batch_size": 32,
               "stages": [{"kind": "ctkd", "steps": 2}, {"kind": "simcse", "steps": 1}, {"kind": "spans", "steps": 1}]}

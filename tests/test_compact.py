@@ -414,7 +414,7 @@ def test_each_dense_channel_has_its_compact_kind():
 
 
 def test_the_compact_study_reads_its_variants():
-    from benchmarks.studies.compact_index import Variant, parse_variants, variant_name
+    from experiments.compact_index import Variant, parse_variants, variant_name
 
     got = parse_variants("per-list:SQ8,per-list:SQ8:packed:k256,global:SQ4:k128,per-list:SQ8:range16:encoder2=SQ4:-dense,per-list:SQ8:l16:-encoder2,"
                          "per-list:SQ8:packed:b4:-encoder2")

@@ -1,4 +1,4 @@
-"""The CUDA encode study (benchmarks/studies/cuda_encode.py), on a CPU with the tiny model: the plain
+"""The CUDA encode study (experiments/cuda_encode.py), on a CPU with the tiny model: the plain
 loop and the engine's paths agree on the same model and precision, sizes are counted right, the
 results file has its fields. No timing is judged; the GPU run is marked and skipped without one."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.studies import cuda_encode as study
 from embedder.encoder import Embedder
+from experiments import cuda_encode as study
 from indexer.corpus import CorpusSpec, Document
 
 K = 16  # of a ~170-token vocabulary: a real cut, not the whole vocabulary
@@ -86,7 +86,7 @@ def test_main_writes_the_table_and_its_details(toy_corpus, tiny_model_dir, tmp_p
     assert [row[0] for row in data["rows"]] == list(study.SYSTEMS)
     assert all(row[5] == 1.0 for row in data["rows"])  # top-K equal: fp32 everywhere
     details = data["details"]
-    assert details["commit"]["sha"] == "abc123" and details["command"].startswith("python -m benchmarks.studies.cuda_encode --data")
+    assert details["commit"]["sha"] == "abc123" and details["command"].startswith("python -m experiments.cuda_encode --data")
     assert details["device"]["device"] == "cpu" and details["device"]["name"]
     assert details["n_docs"] == 24 and details["k"] == K and details["plain"]["dtype"] == "fp32"
     assert set(details["systems"]) == set(study.SYSTEMS) and set(details["ratio_to_plain"]) == set(study.SYSTEMS)

@@ -20,7 +20,7 @@ def _results(folder, ndcg: dict[str, tuple[float, float]]) -> None:
 
 
 def test_a_variant_on_fewer_collections_gets_means_over_the_common_ones(tmp_path):
-    from benchmarks.studies.embedder_table import main
+    from experiments.embedder_table import main
 
     _results(tmp_path / "full", {"adi": (0.2, 0.4), "cisi": (0.4, 0.6), "npl": (0.1, 0.1)})
     _results(tmp_path / "part", {"adi": (0.3, 0.5), "cisi": (0.5, 0.3)})
@@ -41,7 +41,7 @@ def test_a_variant_on_fewer_collections_gets_means_over_the_common_ones(tmp_path
 
 def test_a_lost_adapter_keeps_its_sts_and_cost_from_the_previous_table(tmp_path):
     # runs/ folders do not survive a machine; the measured runs do, and the table must still be rebuilt from them
-    from benchmarks.studies.embedder_table import main
+    from experiments.embedder_table import main
 
     _results(tmp_path / "lost", {"adi": (0.3, 0.5), "cisi": (0.5, 0.3)})
     run = json.loads((tmp_path / "lost" / "results.json").read_text())
@@ -76,7 +76,7 @@ def _cls_results(folder, accuracy: float, max_rows: int | None, tasks=("mr", "tr
 
 
 def test_classification_accuracy_joins_its_row_and_mixed_protocols_are_refused(tmp_path):
-    from benchmarks.studies.embedder_table import main
+    from experiments.embedder_table import main
 
     _results(tmp_path / "a", {"adi": (0.2, 0.4)})
     _results(tmp_path / "b", {"adi": (0.3, 0.5)})

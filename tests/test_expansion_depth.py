@@ -1,11 +1,11 @@
-"""The expansion-depth study's held-out choice of M and its per-query scores (benchmarks/studies/expansion_depth.py)."""
+"""The expansion-depth study's held-out choice of M and its per-query scores (experiments/expansion_depth.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from benchmarks.metrics import per_query_ndcg
-from benchmarks.studies.expansion_depth import agreement, leave_one_out
+from experiments.expansion_depth import agreement, leave_one_out
 
 
 def test_each_collection_gets_the_m_best_on_the_others_and_its_own_score_for_it():

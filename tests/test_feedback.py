@@ -122,7 +122,7 @@ def test_feedback_is_refused_where_milvus_fuses(encoder_index, tiny_embedder):
 
 
 def test_the_feedback_study_scores_every_setting_and_leaves_the_retriever_as_it_was(encoder_index, tiny_embedder):
-    from benchmarks.studies.feedback import NONE, grid, scores_by_setting, setting_name
+    from experiments.feedback import NONE, grid, scores_by_setting, setting_name
 
     path, encoder = encoder_index
     settings = grid([1, 2], [4], [0.5])
@@ -138,7 +138,7 @@ def test_the_feedback_study_scores_every_setting_and_leaves_the_retriever_as_it_
 
 
 def test_the_feedback_studys_held_out_choice_is_made_on_the_other_collections():
-    from benchmarks.studies.feedback import leave_one_out
+    from experiments.feedback import leave_one_out
 
     order = ["off", "1/4/0.5", "2/4/0.5"]
     means = {

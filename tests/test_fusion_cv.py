@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.studies.embedfilter_sweep import dense_run
-from benchmarks.studies.fusion_cv import RRF_KS, Setting, folds_of, fused_run, kfold_scores, settings_grid
+from experiments.embedfilter_sweep import dense_run
+from experiments.fusion_cv import RRF_KS, Setting, folds_of, fused_run, kfold_scores, settings_grid
 from retriever.fusion import fuse
 
 
@@ -89,7 +89,7 @@ def test_dense_run_is_exact_cosine_top_k():
 
 # ------------------------------------------------------------ channel subsets (issue 16)
 def test_channels_name_the_runs_they_read():
-    from benchmarks.studies.fusion_cv import parse_channels
+    from experiments.fusion_cv import parse_channels
 
     assert parse_channels("bm25=bm25-pyserini, encoder=minilm,sparse") == [("bm25", "bm25-pyserini"), ("encoder", "minilm"), ("sparse", "sparse")]
     with pytest.raises(SystemExit, match="named twice"):
@@ -97,7 +97,7 @@ def test_channels_name_the_runs_they_read():
 
 
 def test_subset_mask_keeps_settings_that_weigh_only_the_subset():
-    from benchmarks.studies.fusion_cv import subset_mask
+    from experiments.fusion_cv import subset_mask
 
     channels = ["bm25", "encoder", "sparse", "dense"]
     grid = settings_grid(4, 0.5)
@@ -111,7 +111,7 @@ def test_subset_mask_keeps_settings_that_weigh_only_the_subset():
 def _synthetic_collection(name, rng, channels, grid, n_queries=12, n_docs=30):
     from ranx import Qrels, Run
 
-    from benchmarks.studies.fusion_cv import Collection, per_query
+    from experiments.fusion_cv import Collection, per_query
 
     qids = [f"q{i}" for i in range(n_queries)]
     qrels = {q: {f"d{d}": 1 for d in rng.choice(n_docs, 3, replace=False)} for q in qids}
@@ -124,8 +124,8 @@ def _synthetic_collection(name, rng, channels, grid, n_queries=12, n_docs=30):
 
 def test_subset_study_scores_each_subset_held_out_against_the_reference(tmp_path):
     from benchmarks.report.tables import plot_table as _plot_table
-    from benchmarks.studies.fusion_cv import SUBSET_COLUMNS, subset_study
     from benchmarks.tables import write_table
+    from experiments.fusion_cv import SUBSET_COLUMNS, subset_study
 
     rng = np.random.default_rng(0)
     channels = ["bm25", "encoder", "sparse"]
@@ -166,7 +166,7 @@ def test_per_query_scores_follow_the_given_query_order():
     hand them out in the caller's order (numeric ids, as in cisi), nor mind a dict of qrels."""
     from ranx import Qrels, Run, evaluate
 
-    from benchmarks.studies.fusion_cv import per_query
+    from experiments.fusion_cv import per_query
 
     qids = [str(i) for i in range(1, 13)]
     qrels = {q: {f"d{q}": 1} for q in qids}

@@ -9,6 +9,8 @@
 * The benchmarks contracts name every module they are about: a contract that lists modules says
   nothing about a module it does not list, so a new study missing from ``studies-independent``
   (as ``state_faithfulness`` was) could import another study unseen.
+* The studies (experiments/) are not in the wheel, and nothing shipped imports them (the layers
+  contract puts experiments above benchmarks).
 """
 from __future__ import annotations
 
@@ -124,7 +126,7 @@ def describe(graph: dict[str, dict[str, int]], component: list[str], mods: dict[
 
 def test_no_import_circle_between_files():
     mods = modules(REPO, root_packages())
-    assert len(mods) > 100 and "embedder.encoder" in mods and "benchmarks.studies.expansion_depth" in mods
+    assert len(mods) > 100 and "embedder.encoder" in mods and "experiments.expansion_depth" in mods
     graph = import_graph(mods)
     found = circles(graph)
     assert not found, "import circles (every import counts: module level, in functions, under TYPE_CHECKING):\n" + "\n".join(
@@ -170,7 +172,7 @@ def test_studies_contract_names_every_study():
     contract = _config()["importlinter:contract:studies-independent"]
     assert contract["type"] == "independence"
     listed = _lines(contract["modules"])
-    studies = _benchmarks_children(REPO / "benchmarks" / "studies", "benchmarks.studies")
+    studies = _benchmarks_children(REPO / "experiments", "experiments")
     assert len(listed) == len(set(listed)), "a study listed twice"
     assert sorted(studies - set(listed)) == [], "studies missing from setup.cfg's studies-independent contract"
     assert sorted(set(listed) - studies) == [], "setup.cfg's studies-independent contract lists modules that are not studies"
@@ -178,9 +180,16 @@ def test_studies_contract_names_every_study():
 
 def test_product_contracts_name_every_module_of_benchmarks():
     config = _config()
-    product = _benchmarks_children(REPO / "benchmarks", "benchmarks") - {"benchmarks.studies"}
-    forbidden = config["importlinter:contract:product-without-studies"]
-    assert _lines(forbidden["forbidden_modules"]) == ["benchmarks.studies"]
-    assert sorted(set(_lines(forbidden["source_modules"])) ^ product) == [], "product-without-studies: not every product module"
+    product = _benchmarks_children(REPO / "benchmarks", "benchmarks")
+    assert not (REPO / "benchmarks" / "studies").exists(), "the studies live in experiments/, outside the wheel"
     layered = {f"benchmarks.{m.strip()}" for layer in _lines(config["importlinter:contract:benchmarks-layers"]["layers"]) for m in layer.split("|")}
-    assert sorted(layered ^ (product | {"benchmarks.studies"})) == [], "benchmarks-layers: not every module of benchmarks/"
+    assert sorted(layered ^ product) == [], "benchmarks-layers: not every module of benchmarks/"
+
+
+def test_experiments_sit_above_the_shipped_packages_and_outside_the_wheel():
+    config = _config()
+    layers = _lines(config["importlinter:contract:layers"]["layers"])
+    assert layers[:2] == ["experiments", "benchmarks"], "experiments/ above benchmarks: nothing shipped imports a study"
+    assert "experiments" in root_packages()
+    shipped = _lines(config["options.packages.find"]["include"])
+    assert "benchmarks*" in shipped and not any(p.startswith("experiments") for p in shipped)

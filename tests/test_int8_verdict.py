@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.studies import precision_table
 from embedder.runtime import int8_recipe_id
 from embedder.speed_probe import INT8_VERDICT_FILE, recorded_int8_verdict, write_int8_verdict
 from embedder.util import weights_sha256
+from experiments import precision_table
 
 
 def _adapter(tmp_path: Path, content: bytes = b"lora weights") -> Path:

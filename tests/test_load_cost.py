@@ -1,4 +1,4 @@
-"""The load_cost study (benchmarks/studies/load_cost.py): one row per query encoder it is asked to time."""
+"""The load_cost study (experiments/load_cost.py): one row per query encoder it is asked to time."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from indexer.build import build_index
 
 
 def test_load_cost_times_the_load_once_per_query_encoder(toy_corpus, tiny_model_dir, tmp_path, capsys):
-    from benchmarks.studies.load_cost import main
+    from experiments.load_cost import main
 
     index = tmp_path / "index"
     build_index(toy_corpus, index, Embedder.load(tiny_model_dir, adapter="none", device="cpu"), top_k=8, lexical="words", progress=False)

@@ -1,4 +1,4 @@
-"""benchmarks/studies/load_test.py: a bounded loopback load test of ``serve`` on a tiny index."""
+"""experiments/load_test.py: a bounded loopback load test of ``serve`` on a tiny index."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ pytest.importorskip("httpx", reason="httpx is not installed: pip install '.[serv
 
 def test_load_test_measures_without_errors_and_writes_a_table(toy_corpus, tiny_model_dir, tmp_path):
     from benchmarks.report import render_table_section
-    from benchmarks.studies import load_test
+    from experiments import load_test
     from indexer import cli as build_cli
 
     index = tmp_path / "index"
@@ -37,7 +37,7 @@ def test_load_test_measures_without_errors_and_writes_a_table(toy_corpus, tiny_m
 
 
 def test_load_test_is_bounded_and_loopback_only():
-    from benchmarks.studies import load_test
+    from experiments import load_test
 
     assert load_test.HOST == "127.0.0.1"
     for bad in (["--seconds", "0"], ["--seconds", "601"], ["--clients", "0"], ["--clients", "65"], ["--max-requests", "0"]):

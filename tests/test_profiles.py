@@ -5,7 +5,7 @@
   per query, and on an index without it encodes queries with the LLM and fuses the dense channel
   too; an explicit query encoder or fusion overrides the profile's;
 - search-index --profile, beir-eval systems default / default-best on one shared index;
-- the fusion rules of benchmarks/studies/operating_points.py on toy matrices.
+- the fusion rules of experiments/operating_points.py on toy matrices.
 """
 from __future__ import annotations
 
@@ -234,7 +234,7 @@ def test_the_server_serves_either_point_of_one_index(full_index, tiny_embedder):
 
 # ------------------------------------------------------------------ the fusion rules
 def test_rules_on_a_toy_matrix():
-    from benchmarks.studies.operating_points import choose, loco
+    from experiments.operating_points import choose, loco
 
     # settings x collections: s0 wins the mean on one collection's strength and is far off on
     # another; s2 is never far from each collection's best

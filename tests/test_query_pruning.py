@@ -1,6 +1,6 @@
 """Query pruning (indexer/query_pruning.py): which tokens are kept, the posting lists' maxima, and
 that the exact path (keep_mass 1, or every dropped token rescored) is the exact search. Correctness
-only; what pruning costs in recall and saves in time is measured by benchmarks.studies.query_pruning."""
+only; what pruning costs in recall and saves in time is measured by experiments.query_pruning."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""benchmarks.studies.real_vectors: the corpus it draws from the pairs, and the measures it reports."""
+"""experiments.real_vectors: the corpus it draws from the pairs, and the measures it reports."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.studies import real_vectors as rv
+from experiments import real_vectors as rv
 from indexer.inverted_index import InvertedIndex
 
 

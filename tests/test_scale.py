@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from benchmarks.studies import scale
+from experiments import scale
 
 
 def test_synthetic_documents_have_k_distinct_zipfian_tokens():

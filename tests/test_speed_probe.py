@@ -198,7 +198,7 @@ def test_auto_takes_the_measured_fastest_apart_and_a_second_load_reads_the_verdi
     monkeypatch.setattr("torch.get_num_threads", lambda: 3)
     make().resolve_runtime()
     assert len(calls) == 2 * n_calls
-    fresh = make()  # asked to measure again (benchmarks.studies.encoder_speed --reprobe)
+    fresh = make()  # asked to measure again (experiments.encoder_speed --reprobe)
     fresh.resolve_runtime(refresh=True)
     assert len(calls) == 3 * n_calls and not fresh.speed_verdict.cached
 

@@ -1,4 +1,4 @@
-"""benchmarks.studies.ten_million and the Numba corpus generator it draws from (benchmarks/synthetic.py)."""
+"""experiments.ten_million and the Numba corpus generator it draws from (benchmarks/synthetic.py)."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.studies import ten_million
 from benchmarks.synthetic import CHUNK, LOGIT_RANGE, alias_table, synthetic_shard, zipf_documents, zipf_table
+from experiments import ten_million
 from indexer.inverted_index import InvertedIndex
 
 
