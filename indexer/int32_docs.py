@@ -107,8 +107,13 @@ def _load(directory: Path, indptr: np.ndarray, n_docs: int, mmap: bool = True) -
     return Int32Docs(load_npy(Path(directory) / f"postings_{FILE}.npy", "int32", 1, mmap))
 
 
+def _int32(docs: np.ndarray) -> np.ndarray:
+    """``docs`` as they are where int32 (a memory map stays one), else converted."""
+    return docs if isinstance(docs, np.ndarray) and docs.dtype == np.int32 else np.asarray(docs, np.int32)
+
+
 LAYOUT = DocLayout(
-    name=NAME, files=(FILE,), load=_load, encode=lambda indptr, docs, n_docs: Int32Docs(np.asarray(docs, np.int32)),
+    name=NAME, files=(FILE,), load=_load, encode=lambda indptr, docs, n_docs: Int32Docs(_int32(docs)),
     encode_saved=lambda directory, n_docs: None, doc_ids=None, format_version=3, float_weights=True, csr=True, option="int32",
     summary="int32 doc numbers, 4 bytes a posting (postings_docs.npy)",
 )
