@@ -91,7 +91,7 @@ class Variant:
 
     def copy(self, base: Path, out: Path) -> None:
         compact_copy(base, out, dense_kind=dict(self.kinds) if self.kinds else self.dense_kind, quantisation=self.quantisation, overwrite=True,
-                     pack_doc_ids=self.doc_ids == "packed", range_doc_ids=self.doc_ids == "range16", top_k=self.top_k, drop=self.drop,
+                     doc_layout={"packed": "stream", "range16": "range16"}.get(self.doc_ids), top_k=self.top_k, drop=self.drop,
                      impact_levels=self.levels, impact_bits=self.bits)
 
 

@@ -292,14 +292,14 @@ def index_bytes(index_dir: Path) -> int:
 def measure(out: Path, results: Path, n_queries: int, rounds: int, n_postings: int, argv: list[str]) -> None:
     from benchmarks.provenance import load_avg
     from benchmarks.tables import write_table
+    from indexer.codec import PostingsCodec
     from indexer.inverted_index import InvertedIndex
-    from indexer.layout import doc_number_kwargs, impact_kwargs
     from indexer.manifest import Manifest
 
     index_dir = out / "index"
     manifest = Manifest.read(index_dir)
     index = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.sparse["vocab_size"]),
-                               **impact_kwargs(manifest.sparse), **doc_number_kwargs(manifest.sparse))
+                               codec=PostingsCodec.of_record(manifest.sparse, index_dir))
     with (out / "corpus" / "queries.jsonl").open(encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line in f if line.strip()][:n_queries]
     t0 = time.perf_counter()
@@ -381,12 +381,8 @@ def write_fitted_index(real, n_docs: int, directory: Path, seed: int = SEED) -> 
 
 
 def search_in_parts(index, tokens: np.ndarray, weights: np.ndarray, k: int, parts: int):
-    """The exact split search of an 8-bit-impact index (packed or not) into exactly ``parts`` document ranges."""
-    from indexer import kernels
-
-    if index.packed is not None:
-        return index.packed.search_split(index.indptr, index.weights, index.scale, index.offset, tokens, weights, index.n_docs, k, parts)
-    return kernels.search_one_u8_split(index.indptr, index.docs, index.weights, index.scale, index.offset, tokens, weights, index.n_docs, k, parts)
+    """The exact search of an 8-bit-impact index (in any doc layout) split into ``parts`` document ranges (1: not split)."""
+    return index.numbers.search(index.indptr, index.weights, index.scale, index.offset, tokens, weights, index.n_docs, k, parts)
 
 
 def time_search(index, queries, rounds: int, k: int, threads: int) -> tuple[list, list[float]]:
@@ -408,14 +404,14 @@ def measure_fitted(out: Path, results: Path, n_docs: int, n_queries: int, rounds
 
     from benchmarks.provenance import load_avg
     from benchmarks.tables import write_table
+    from indexer.codec import PostingsCodec
     from indexer.inverted_index import InvertedIndex
-    from indexer.layout import doc_number_kwargs, impact_kwargs
     from indexer.manifest import Manifest
 
     index_dir = out / "index"
     manifest = Manifest.read(index_dir)
     real = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.sparse["vocab_size"]),
-                              **impact_kwargs(manifest.sparse), **doc_number_kwargs(manifest.sparse))
+                              codec=PostingsCodec.of_record(manifest.sparse, index_dir))
     with (out / "corpus" / "queries.jsonl").open(encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line in f if line.strip()][:n_queries]
     queries = encode_queries(index_dir, texts)
@@ -427,8 +423,8 @@ def measure_fitted(out: Path, results: Path, n_docs: int, n_queries: int, rounds
     for layout in ("8-bit impacts (format 3)", "8-bit impacts, bit-packed doc numbers (format 4)"):
         packed = "format 4" in layout
         if packed:
-            InvertedIndex.pack_saved(fitted_dir)
-        index = InvertedIndex.load(fitted_dir, n_docs, mmap=True, n_lists=real.vocab_size, quantised=True, packed=packed)
+            InvertedIndex.encode_saved(fitted_dir, "stream", n_docs)
+        index = InvertedIndex.load(fitted_dir, n_docs, mmap=True, n_lists=real.vocab_size, codec=PostingsCodec.named("stream" if packed else "int32", 8))
         postings_bytes = sum(p.stat().st_size for p in fitted_dir.glob("postings_*"))
         df = np.diff(np.asarray(index.indptr))
         layouts[layout] = {"bytes_per_doc": round(postings_bytes / n_docs, 1),

@@ -118,13 +118,14 @@ def four_bit_copy(index):
     for s in range(0, codes.shape[0], 1 << 26):  # an even block size: each block starts on a byte
         block = np.rint(np.asarray(codes[s : s + (1 << 26)], np.float32) / 17).astype(np.uint8)
         packed[s // 2 : s // 2 + (block.shape[0] + 1) // 2] = kernels.pack_nibbles(block)
-    return InvertedIndex(index.indptr, index.docs, packed.view(kernels.NIBBLES), index.n_docs, (index.scale * 17).astype(np.float32),
-                         index.offset, index.packed, index.ranges)
+    return InvertedIndex(index.indptr, index.numbers, packed.view(kernels.NIBBLES), index.n_docs, (index.scale * 17).astype(np.float32),
+                         index.offset)
 
 
 def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds: int, keep_masses: list[float], depths: list[int],
             threads: list[int], command: str, format_3: bool = False, four_bit: bool = False) -> None:
     from benchmarks.tables import write_table
+    from indexer.codec import PostingsCodec
     from indexer.inverted_index import InvertedIndex
     from indexer.query_pruning import prune_query, pruned_search
 
@@ -132,7 +133,7 @@ def measure(out: Path, results: Path, n_queries: int, query_tokens: int, rounds:
     info = json.loads((index_dir / BUILD).read_text())
     n_docs = int(info["n_docs"])
     t0 = time.perf_counter()
-    index = InvertedIndex.load(index_dir, n_docs, mmap=True, quantised=True, ranged=True)
+    index = InvertedIndex.load(index_dir, n_docs, mmap=True, codec=PostingsCodec.named("range16", 8))
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     checksum = 0

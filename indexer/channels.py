@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from indexer.codec import FLOAT32, PostingsCodec
 from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER2_NAME, ENCODER_NAME, DenseIndex
 from indexer.errors import IndexFormatError
 from indexer.inverted_index import InvertedIndex
-from indexer.layout import MANIFEST, UINT8_IMPACTS, doc_number_kwargs, impact_kwargs
+from indexer.layout import MANIFEST
 from indexer.lexical import LEXICAL_DIR, BM25Builder, BM25Index, make_analyzer
 
 # ------------------------------------------------------------------ what a channel needs
@@ -102,7 +103,7 @@ class _SparseWriter(ChannelWriter):
     def finish(self) -> dict:
         ctx = self.ctx
         InvertedIndex.write_from_shards(ctx.arrays("tokens", "weights"), ctx.embedder.vocab_size, ctx.out)
-        impacts = ctx.quantise(ctx.out) if ctx.quantise is not None else {}
+        impacts = ctx.quantise(ctx.out) if ctx.quantise is not None else FLOAT32.record()
         return {"top_k": ctx.top_k, "vocab_size": ctx.embedder.vocab_size, "weight": "logit", **impacts}
 
 
@@ -151,8 +152,7 @@ class _BM25Writer(ChannelWriter):
         lex = self.builder.finish()
         lex.save(self.ctx.out / LEXICAL_DIR)
         info = {"analyzer": lex.analyzer, "k1": lex.k1, "b": lex.b, "n_terms": len(lex.vocab)}
-        if self.ctx.quantise is not None:
-            info |= self.ctx.quantise(self.ctx.out / LEXICAL_DIR)
+        info |= self.ctx.quantise(self.ctx.out / LEXICAL_DIR) if self.ctx.quantise is not None else FLOAT32.record()
         return info
 
 
@@ -164,7 +164,7 @@ ChannelReader = Callable[[Path, dict, int, bool], Any]
 
 
 def _read_sparse(d: Path, info: dict, n_docs: int, mmap: bool) -> InvertedIndex:
-    return InvertedIndex.load(d, n_docs, mmap=mmap, n_lists=int(info["vocab_size"]), **impact_kwargs(info), **doc_number_kwargs(info))
+    return InvertedIndex.load(d, n_docs, mmap=mmap, n_lists=int(info["vocab_size"]), codec=PostingsCodec.of_record(info, d, "sparse"))
 
 
 def _read_dense(name: str) -> ChannelReader:
@@ -180,8 +180,8 @@ ANALYZERS = ("words", "tokens")  # indexer.lexical.make_analyzer's names
 def _read_bm25(d: Path, info: dict, n_docs: int, mmap: bool) -> BM25Index:
     if info.get("analyzer") not in ANALYZERS:
         raise IndexFormatError(f"{d / MANIFEST}: field 'lexical.analyzer': {info.get('analyzer')!r} is not one of {ANALYZERS}")
-    return BM25Index.load(d / LEXICAL_DIR, n_docs, info.get("n_terms"), info.get("analyzer"), quantised=info.get("impacts") == UINT8_IMPACTS,
-                          **doc_number_kwargs(info))
+    return BM25Index.load(d / LEXICAL_DIR, n_docs, info.get("n_terms"), info.get("analyzer"),
+                          codec=PostingsCodec.of_record(info, d, "lexical"))
 
 
 def _default_tau() -> int:

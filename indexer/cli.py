@@ -56,8 +56,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--doc-ids", choices=sorted(DOC_ID_ENCODINGS), default=None,
-        help="how a compact index stores its postings' doc numbers (default: the profile's): bitpacked (fast's: deltas "
-        "bit-packed in blocks of 128 laid end to end, ~1 byte each, decoded at about twice int32's cost a posting, format 7), range16 (best's "
+        help="how a compact index stores its postings' doc numbers (default: the profile's; indexer/codec.py's doc layouts): stream, also "
+        "called bitpacked (fast's: deltas bit-packed in blocks of 128 laid end to end, ~1 byte each, decoded at about twice int32's cost a posting, format 7), range16 (best's "
         "and both's: 16-bit offsets within ranges of 65,536 documents, 2 bytes each, scanned 1.4x faster than int32, format 5: "
         "what ten million documents want; docs/backends-and-scale.md) or int32 (format 3)",
     )

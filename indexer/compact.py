@@ -64,6 +64,8 @@ import numpy as np
 
 from indexer.channels import CHANNEL_SPECS, ChannelSpec
 from indexer.channels import spec as channel_spec
+from indexer.codec import INT32, DocLayout, PostingsCodec, doc_layout, layout_options
+from indexer.codec import compact_format as codec_format
 from indexer.dense import DenseIndex
 from indexer.generations import build_lock, publish_staged, stage
 from indexer.generations import sweep as sweep_generations
@@ -71,15 +73,9 @@ from indexer.integrity import record_files
 from indexer.inverted_index import IMPACT_LEVELS, InvertedIndex, check_levels
 from indexer.lexical import LEXICAL_DIR
 from indexer.manifest import (
-    BITPACKED_DOC_IDS,
     BITSTREAM_DOC_IDS,
-    COMPACT_FORMAT_VERSION,
     MANIFEST,
-    NIBBLE_FORMAT_VERSION,
-    PACKED_FORMAT_VERSION,
     RANGE_DOC_IDS,
-    RANGE_FORMAT_VERSION,
-    STREAM_FORMAT_VERSION,
     UINT4_IMPACTS,
     UINT8_IMPACTS,
     Manifest,
@@ -154,23 +150,26 @@ def quantise_channel_files(directory: Path, quantisation: str = PER_LIST, levels
 def compact_channel_files(directory: Path, n_docs: int, quantisation: str = PER_LIST, doc_ids: str | None = None,
                           bits: int = DEFAULT_IMPACT_BITS, levels: int | None = None) -> dict:
     """Saved float32 postings in ``directory`` made compact in place, in this order: quantised
-    (``levels`` codes, by default all that ``bits`` hold), their doc numbers encoded as ``doc_ids``
-    names them, and, for 4-bit impacts, the codes packed two a byte (last: the doc-number encoders
-    read one code a posting). Returns what the channel's manifest record gains."""
+    (``levels`` codes, by default all that ``bits`` hold), their doc numbers encoded in the layout
+    ``doc_ids`` names (None: int32; any name indexer/codec.py's ``doc_layout`` takes), and, for
+    4-bit impacts, the codes packed two a byte (last: the doc-number encoders read one code a
+    posting). Returns what the channel's manifest record gains (with the codec's
+    ``doc_layout`` and ``impact_bits``)."""
     record = impacts_record(quantisation, levels, bits)
     quantise_channel_files(directory, quantisation, record_levels(record))
     record |= encode_doc_ids(directory, doc_ids, n_docs)
     if bits == 4:
         InvertedIndex.nibble_saved(Path(directory))
-    return record
+    return record | {"impact_bits": bits}
 
 
 def compact_as_recorded(directory: Path, n_docs: int, record: dict) -> None:
     """Saved float32 postings in ``directory`` made compact as the channel's manifest ``record``
-    says (its impacts' bits, levels and quantisation, its doc numbers' encoding): what an update
+    says (its impacts' bits, levels and quantisation, its doc numbers' layout): what an update
     writes again after reading the kept weights back dequantised. A record without impacts: left as they are."""
-    if record.get("impacts") is not None:
-        compact_channel_files(directory, n_docs, record.get("quantisation", PER_LIST), record.get("doc_ids"), record_bits(record),
+    codec = PostingsCodec.of_record(record)
+    if codec.quantised:
+        compact_channel_files(directory, n_docs, record.get("quantisation", PER_LIST), codec.doc_layout.name, codec.impact_bits,
                               record_levels(record))
 
 
@@ -179,20 +178,20 @@ def pack_channel_files(directory: Path, doc_ids: str = BITSTREAM_DOC_IDS) -> dic
     bit-packed in place, as ``doc_ids`` names the layout (the stream of format 7, or the blocks of
     format 4, which an update of such an index writes again); returns what the channel's manifest
     record gains."""
-    InvertedIndex.pack_saved(Path(directory), stream=doc_ids == BITSTREAM_DOC_IDS)
-    return {"doc_ids": doc_ids}
+    return encode_doc_ids(directory, doc_ids, 0)
 
 
 def range_channel_files(directory: Path, n_docs: int) -> dict:
     """Saved postings' doc numbers (8-bit impacts already) range-blocked in place
     (indexer/range_docs.py); returns what the channel's manifest record gains."""
-    InvertedIndex.split_saved(Path(directory), n_docs)
-    return {"doc_ids": RANGE_DOC_IDS}
+    return encode_doc_ids(directory, RANGE_DOC_IDS, n_docs)
 
 
-# build-index --doc-ids: "bitpacked" writes the stream layout (format 7); format 4's blocks are read,
-# and written again only where an update extends an index that has them
-DOC_ID_ENCODINGS = {"int32": None, "bitpacked": BITSTREAM_DOC_IDS, "range16": RANGE_DOC_IDS}
+# build-index --doc-ids: each buildable layout of the codec (indexer/codec.py) by its option names,
+# as the value build_index(doc_ids=...) takes: the "doc_ids" of formats 4-7 where the layout has one
+# (so "bitpacked" and "stream" both write the stream layout, format 7), None for int32, else its name;
+# format 4's blocks are read, and written again only where an update extends an index that has them
+DOC_ID_ENCODINGS = {opt: None if layout.name == INT32 else layout.doc_ids or layout.name for opt, layout in layout_options().items()}
 # a compact build's default where no layout is named (build_index, compact_copy; build-index takes
 # its --profile's, indexer/build_profiles.py): format 5 scans faster than format 3 (1.4x on a million
 # documents) in 3 bytes a posting instead of 5, ranking bit for bit as format 3; format 4 is smaller
@@ -204,30 +203,31 @@ def doc_id_encoding(name: str | None, compact: bool) -> str | None:
     """The manifest's ``doc_ids`` for ``--doc-ids NAME`` (None: the default, :data:`DEFAULT_DOC_IDS`
     for a compact build; a plain build encodes none)."""
     return DOC_ID_ENCODINGS[name or (DEFAULT_DOC_IDS if compact else "int32")]
-_FORMATS = {None: COMPACT_FORMAT_VERSION, BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION,
-            BITSTREAM_DOC_IDS: STREAM_FORMAT_VERSION}
+
+
+def _layout(doc_ids: str | None) -> DocLayout:
+    """The codec's layout of a ``doc_ids`` value (None: int32), or ValueError."""
+    return doc_layout(INT32 if doc_ids is None else doc_ids)
 
 
 def compact_format(doc_ids: str | None, bits: int = DEFAULT_IMPACT_BITS) -> int:
     """The format of a compact index whose doc numbers are stored as ``doc_ids`` names them (None:
     int32) and whose aligned-token impacts take ``bits`` bits (4: format 6, whatever the doc numbers
-    but the stream, which is format 7 with either width)."""
-    if doc_ids not in _FORMATS:
-        raise ValueError(f"doc_ids must be one of {sorted(k for k in _FORMATS if k)} or None (int32), not {doc_ids!r}")
+    but the stream, which is format 7 with either width; a layout formats 3-7 did not know: the codec's)."""
+    try:
+        layout = _layout(doc_ids)
+    except ValueError:
+        raise ValueError(f"doc_ids must be one of {sorted(n for n in DOC_ID_ENCODINGS.values() if n)} or None (int32), not {doc_ids!r}") from None
     full_levels(bits)
-    if doc_ids == BITSTREAM_DOC_IDS:
-        return STREAM_FORMAT_VERSION
-    return NIBBLE_FORMAT_VERSION if bits == 4 else _FORMATS[doc_ids]
+    return codec_format(layout, bits)
 
 
 def encode_doc_ids(directory: Path, doc_ids: str | None, n_docs: int) -> dict:
-    """Saved postings' doc numbers as a manifest record names them (``None``: int32, left as
-    they are); returns what the record gains."""
-    if doc_ids in (BITPACKED_DOC_IDS, BITSTREAM_DOC_IDS):
-        return pack_channel_files(directory, doc_ids)
-    if doc_ids == RANGE_DOC_IDS:
-        return range_channel_files(directory, n_docs)
-    return {}
+    """Saved postings' doc numbers in the layout a manifest record names (``None``: int32, left as
+    they are); returns what the record gains: its ``doc_layout`` (and its ``doc_ids`` of formats 4-7)."""
+    layout = _layout(doc_ids)
+    layout.encode_saved(Path(directory), n_docs)
+    return ({"doc_ids": layout.doc_ids} if layout.doc_ids else {}) | {"doc_layout": layout.name}
 
 
 def truncate_channel_files(directory: Path, n_docs: int, top_k: int) -> None:
@@ -304,6 +304,7 @@ def compact_copy(
     index_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dense_kind: str | Mapping[str, str] | None = None,
     quantisation: str = PER_LIST, lexical: bool = True, overwrite: bool = False, pack_doc_ids: bool = False, top_k: int | None = None,
     range_doc_ids: bool = False, drop: Iterable[str] = (), impact_levels: int | None = None, impact_bits: int = DEFAULT_IMPACT_BITS,
+    doc_layout: str | None = None,
 ) -> Manifest:
     """Write a compact copy of the plain index at ``index_dir`` to ``out_dir`` (published as a
     generation, as a build publishes) and return its manifest. No model runs: the postings'
@@ -315,7 +316,8 @@ def compact_copy(
     Everything else (documents, ids, projections) is copied as it is, but the channels named in
     ``drop`` (by any of their names; not the aligned tokens), which the copy leaves out.
     ``pack_doc_ids``: the postings' doc numbers bit-packed too (format 7; BM25's where it is quantised);
-    ``range_doc_ids``: range-blocked instead (format 5).
+    ``range_doc_ids``: range-blocked instead (format 5); ``doc_layout``: any layout of the codec by name
+    (indexer/codec.py; what the two flags say, more clearly).
     ``top_k``: keep only each document's ``top_k`` aligned tokens, fewer than the index holds
     (:func:`truncate_channel_files`: what a build with that top_k writes).
     ``impact_bits``: 4 stores the aligned-token impacts as 4-bit codes, two a byte (format 6; BM25's
@@ -324,9 +326,9 @@ def compact_copy(
     impacts_record(quantisation, impact_levels, impact_bits)  # checked before anything is written
     kinds = dense_kinds(dense_kind)
     dropped = dropped_channels(drop)
-    if pack_doc_ids and range_doc_ids:
+    if pack_doc_ids + range_doc_ids + (doc_layout is not None) > 1:
         raise ValueError("doc numbers are either bit-packed (format 7) or range-blocked (format 5), not both")
-    doc_ids = BITSTREAM_DOC_IDS if pack_doc_ids else RANGE_DOC_IDS if range_doc_ids else None
+    doc_ids = BITSTREAM_DOC_IDS if pack_doc_ids else RANGE_DOC_IDS if range_doc_ids else doc_layout
     version = compact_format(doc_ids, impact_bits)
     target = Path(out_dir)
     opened = open_index(index_dir)
@@ -429,9 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drop", action="append", default=[], metavar="CHANNEL",
                    help="leave this channel out of the copy (repeatable; e.g. dense, where no profile searches it)")
     p.add_argument("--quantisation", choices=QUANTISATIONS, default=PER_LIST, help="one 8-bit map per posting list (default) or one for all")
-    p.add_argument("--pack-doc-ids", action="store_true", help="doc numbers delta-coded and bit-packed in blocks of 128 (format 7; lossless)")
-    p.add_argument("--range-doc-ids", action="store_true",
-                   help="doc numbers as 16-bit offsets within ranges of 65,536 documents (format 5; lossless, scans faster than format 3)")
+    layouts = p.add_mutually_exclusive_group()  # the doc numbers' layout (indexer/codec.py)
+    layouts.add_argument("--pack-doc-ids", dest="doc_layout", action="store_const", const="stream",
+                         help="doc numbers delta-coded and bit-packed in blocks of 128 (format 7; lossless)")
+    layouts.add_argument("--range-doc-ids", dest="doc_layout", action="store_const", const="range16",
+                         help="doc numbers as 16-bit offsets within ranges of 65,536 documents (format 5; lossless, scans faster than format 3)")
     p.add_argument("--top-k", type=int, default=None, help="keep each document's TOP_K aligned tokens, fewer than the index holds (default: all)")
     p.add_argument("--impact-bits", type=int, choices=sorted(IMPACT_BITS), default=DEFAULT_IMPACT_BITS,
                    help="bits of each aligned-token impact: 8 (default) or 4, two a byte (format 6; BM25's stay 8)")
@@ -441,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     args = p.parse_args(argv)
     try:
-        m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite, pack_doc_ids=args.pack_doc_ids,
-                         top_k=args.top_k, range_doc_ids=args.range_doc_ids, drop=args.drop, impact_levels=args.impact_levels,
+        m = compact_copy(args.index, args.out, args.dense_kind, args.quantisation, overwrite=args.overwrite,
+                         doc_layout=args.doc_layout, top_k=args.top_k, drop=args.drop, impact_levels=args.impact_levels,
                          impact_bits=args.impact_bits)
     except (IndexFormatError, OSError, ValueError, RuntimeError) as exc:  # FAISS reports a bad kind as a RuntimeError
         print(f"compact: error: {str(exc).splitlines()[0]}", file=sys.stderr)

@@ -12,11 +12,14 @@ import numba
 import numpy as np
 
 from indexer import kernels
+from indexer.codec import FLOAT32, PostingsCodec, doc_layout
 from indexer.diskspace import allocate_npy, save_npy
-from indexer.errors import IndexFormatError
+from indexer.doc_numbers import DocNumbers
+from indexer.int32_docs import Int32Docs
 from indexer.integrity import check_csr, load_npy
-from indexer.packed_docs import PackedDocs, pack_saved
-from indexer.range_docs import RangeDocs, split_saved
+from indexer.packed_docs import BLOCKS, STREAM, PackedDocs
+from indexer.range_docs import NAME as RANGE16
+from indexer.range_docs import RangeDocs
 
 _FILES = ("indptr", "docs", "weights")
 # 8-bit impacts (indexer/compact.py): the weights file holds uint8 codes and these two float32
@@ -68,27 +71,53 @@ def _cache_bytes(size: str) -> int:
 
 @dataclass
 class InvertedIndex:
-    """Postings of token t: doc numbers ``docs[indptr[t]:indptr[t+1]]`` with ``weights``.
+    """Postings of token t: the doc numbers of postings ``indptr[t]:indptr[t+1]`` with ``weights``.
 
-    With 8-bit impacts (``scale`` and ``offset`` given), ``weights`` holds uint8 codes and the
-    weight of posting p of list t is ``offset[t] + scale[t] * weights[p]`` (:meth:`float_weights`);
-    with 4-bit impacts (format 6, :attr:`nibbles`) it holds two codes a byte, as an int8 view
-    (:data:`indexer.kernels.NIBBLES`; :func:`indexer.kernels.code_at` reads posting p's).
+    The doc numbers are :attr:`numbers`, a :class:`indexer.doc_numbers.DocNumbers` in one of the
+    codec's layouts (indexer/codec.py: int32, the bit-packed stream, 16-bit offsets within ranges,
+    ...); the index calls it for every search, lookup and save without knowing which. Given as an
+    int32 array, they are the int32 layout (:attr:`docs` gives that array back).
 
-    With packed doc numbers (``packed`` given, format 4: indexer/packed_docs.py; quantised impacts
-    only), ``docs`` is None: the kernels decode them block by block, and :meth:`doc_numbers`
-    gives them all back. With range-blocked doc numbers (``ranges`` given, format 5:
-    indexer/range_docs.py; quantised impacts only) ``docs`` is None too: 16-bit offsets within
-    ranges of 65,536 documents, searched range by range."""
+    The weights are the codec's impact width (:attr:`impact_bits`): float32 (32); with 8-bit
+    impacts (``scale`` and ``offset`` given), uint8 codes, posting p of list t weighing
+    ``offset[t] + scale[t] * weights[p]`` (:meth:`float_weights`); with 4-bit impacts two codes a
+    byte, as an int8 view (:data:`indexer.kernels.NIBBLES`; :func:`indexer.kernels.code_at` reads
+    posting p's). Every layout but int32 goes with quantised impacts only."""
 
     indptr: np.ndarray  # int64, (vocab_size + 1,)
-    docs: np.ndarray | None  # int32, (nnz,), ascending within each posting list; None when packed
+    numbers: DocNumbers  # the doc numbers, ascending within each posting list (an int32 array: the int32 layout)
     weights: np.ndarray  # float32, (nnz,); uint8 codes when quantised
     n_docs: int
     scale: np.ndarray | None = None  # float32, (vocab_size,): quantised impacts only
     offset: np.ndarray | None = None  # float32, (vocab_size,)
-    packed: PackedDocs | None = None  # the doc numbers delta-coded and bit-packed (docs None)
-    ranges: RangeDocs | None = None  # the doc numbers as 16-bit offsets within ranges (docs None)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.numbers, DocNumbers):
+            self.numbers = Int32Docs(self.numbers)
+
+    @property
+    def docs(self) -> np.ndarray | None:
+        """The int32 doc numbers where that is the layout, else None (:meth:`doc_numbers` decodes any)."""
+        return self.numbers.docs if isinstance(self.numbers, Int32Docs) else None
+
+    @property
+    def doc_layout(self) -> str:
+        """The codec's name of the doc numbers' layout (indexer/codec.py)."""
+        return self.numbers.layout
+
+    @property
+    def codec(self) -> PostingsCodec:
+        return PostingsCodec.named(self.doc_layout, self.impact_bits)
+
+    @property
+    def packed(self) -> PackedDocs | None:
+        """The doc numbers where bit-packed (indexer/packed_docs.py), else None."""
+        return self.numbers if isinstance(self.numbers, PackedDocs) else None
+
+    @property
+    def ranges(self) -> RangeDocs | None:
+        """The doc numbers where range-blocked (indexer/range_docs.py), else None."""
+        return self.numbers if isinstance(self.numbers, RangeDocs) else None
 
     @property
     def quantised(self) -> bool:
@@ -99,18 +128,32 @@ class InvertedIndex:
         """4-bit impacts: ``weights`` is a :data:`indexer.kernels.NIBBLES` view of two codes a byte."""
         return self.weights.dtype == kernels.NIBBLES
 
+    @property
+    def impact_bits(self) -> int:
+        """The codec's impact width: 32 (float32), 8 or 4."""
+        return 32 if not self.quantised else 4 if self.nibbles else 8
+
     def to_nibbles(self) -> InvertedIndex:
         """This index (impacts quantised to at most 16 levels) with its codes stored two a byte (format 6)."""
         if not self.quantised or self.nibbles:
             raise ValueError("4-bit impacts come from 8-bit codes of at most 16 levels")
         packed = kernels.pack_nibbles(self.weights).view(kernels.NIBBLES)
-        return InvertedIndex(self.indptr, self.docs, packed, self.n_docs, self.scale, self.offset, self.packed, self.ranges)
+        return InvertedIndex(self.indptr, self.numbers, packed, self.n_docs, self.scale, self.offset)
 
     def doc_numbers(self) -> np.ndarray:
-        """Every posting's doc number (int32; decoded whole where packed or range-blocked)."""
-        if self.packed is not None:
-            return self.packed.decode(self.indptr)
-        return self.docs if self.ranges is None else self.ranges.decode(self.indptr)
+        """Every posting's doc number (int32; decoded whole where the layout codes them)."""
+        return self.numbers.decode(self.indptr)
+
+    def with_layout(self, layout: str) -> InvertedIndex:
+        """This index with its doc numbers in ``layout`` (a name indexer/codec.py's ``doc_layout``
+        takes); every layout but int32 goes with quantised impacts."""
+        target = doc_layout(layout)
+        if target.name == self.doc_layout:
+            return self
+        if not self.quantised and not target.float_weights:
+            raise ValueError(f"doc layout {target.name!r} goes with quantised impacts (a compact index)")
+        return InvertedIndex(self.indptr, target.encode(self.indptr, self.doc_numbers(), self.n_docs), self.weights, self.n_docs,
+                             self.scale, self.offset)
 
     def pack(self, stream: bool = True) -> InvertedIndex:
         """This index (8-bit impacts) with its doc numbers bit-packed (indexer/packed_docs.py; ``stream``:
@@ -119,17 +162,13 @@ class InvertedIndex:
             raise ValueError("packed doc numbers go with 8-bit impacts (a compact index)")
         if self.packed is not None:
             return self
-        return InvertedIndex(self.indptr, None, self.weights, self.n_docs, self.scale, self.offset,
-                             PackedDocs.pack(self.indptr, self.doc_numbers(), stream))
+        return self.with_layout(STREAM if stream else BLOCKS)
 
     def split_ranges(self) -> InvertedIndex:
         """This index (8-bit impacts) with its doc numbers range-blocked (indexer/range_docs.py)."""
         if not self.quantised:
             raise ValueError("range-blocked doc numbers go with 8-bit impacts (a compact index)")
-        if self.ranges is not None:
-            return self
-        ranges = RangeDocs.split(self.indptr, self.doc_numbers(), self.n_docs)
-        return InvertedIndex(self.indptr, None, self.weights, self.n_docs, self.scale, self.offset, ranges=ranges)
+        return self.with_layout(RANGE16)
 
     def float_weights(self) -> np.ndarray:
         """Every posting's weight as float32 (dequantised where quantised)."""
@@ -141,7 +180,7 @@ class InvertedIndex:
         """This index with 8-bit impacts (see indexer/compact.py); ``per_list`` False: one scale for all lists;
         ``levels``: how many of the 256 codes a list's [min, max] is spread over (fewer: coarser weights, same bytes)."""
         codes, scale, offset = quantise_weights(self.indptr, np.asarray(self.float_weights(), np.float32), per_list, levels)
-        return InvertedIndex(self.indptr, self.docs, codes, self.n_docs, scale, offset, self.packed, self.ranges)
+        return InvertedIndex(self.indptr, self.numbers, codes, self.n_docs, scale, offset)
 
     @property
     def vocab_size(self) -> int:
@@ -150,8 +189,7 @@ class InvertedIndex:
     @property
     def nbytes(self) -> int:
         extra = self.scale.nbytes + self.offset.nbytes if self.quantised else 0
-        docs = next(a.nbytes for a in (self.packed, self.ranges, self.docs) if a is not None)
-        return int(self.indptr.nbytes + docs + self.weights.nbytes + extra)
+        return int(self.indptr.nbytes + self.numbers.nbytes + self.weights.nbytes + extra)
 
     @classmethod
     def from_forward(cls, token_ids: np.ndarray, weights: np.ndarray, vocab_size: int) -> InvertedIndex:
@@ -217,22 +255,16 @@ class InvertedIndex:
 
     def save(self, directory: Path) -> None:
         for name in _FILES + (_QUANTISED_FILES if self.quantised else ()):
-            if name == "docs" and (self.packed is not None or self.ranges is not None):
-                (self.packed or self.ranges).save(directory)
+            if name == "docs":
+                self.numbers.save(directory)
                 continue
             value = getattr(self, name)
             save_npy(directory / f"postings_{name}.npy", value.view(np.uint8) if name == "weights" and self.nibbles else value)
 
     @staticmethod
-    def pack_saved(directory: Path, stream: bool = True) -> None:
-        """Turn saved postings' ``postings_docs.npy`` into packed doc numbers in place (indexer/packed_docs.py;
-        ``stream``: format 7's layout, else format 4's)."""
-        pack_saved(Path(directory), stream)
-
-    @staticmethod
-    def split_saved(directory: Path, n_docs: int) -> None:
-        """Turn saved postings' ``postings_docs.npy`` into range-blocked doc numbers in place (indexer/range_docs.py)."""
-        split_saved(Path(directory), n_docs)
+    def encode_saved(directory: Path, layout: str, n_docs: int) -> None:
+        """Turn saved postings' ``postings_docs.npy`` into ``layout``'s files in place (indexer/codec.py)."""
+        doc_layout(layout).encode_saved(Path(directory), n_docs)
 
     @staticmethod
     def nibble_saved(directory: Path) -> None:
@@ -271,64 +303,35 @@ class InvertedIndex:
         save_npy(directory / "postings_offset.npy", offset)
 
     @classmethod
-    def load(
-        cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False,
-        quantised: bool = False, packed: bool = False, ranged: bool = False, nibbles: bool = False, stream: bool | None = None,
-    ) -> InvertedIndex:
-        """Open saved postings, checked (indexer/integrity.py) before any kernel can read them:
-        an out-of-range doc number or offset would make the kernels read or write out of bounds.
-        ``n_lists``: the number of posting lists expected (vocabulary size); ``positive``:
-        weights must be > 0 (BM25); ``quantised``: 8-bit impacts, ``packed``: bit-packed doc
-        numbers, ``ranged``: range-blocked doc numbers, ``nibbles``: 4-bit impacts, two a byte
-        (what the manifest records); ``stream``: where given, the layout the packed doc numbers
-        must be in (format 7's stream, else format 4's blocks; IndexFormatError otherwise)."""
-        if nibbles and not quantised:
-            raise ValueError("4-bit impacts are quantised impacts")
-        if (packed or ranged) and not quantised:
-            raise ValueError("packed or range-blocked doc numbers go with 8-bit impacts (a compact index)")
-        if packed and ranged:
-            raise ValueError("doc numbers are either bit-packed or range-blocked, not both")
+    def load(cls, directory: Path, n_docs: int, mmap: bool = True, n_lists: int | None = None, positive: bool = False,
+             codec: PostingsCodec = FLOAT32) -> InvertedIndex:
+        """Open saved postings stored as ``codec`` says (indexer/codec.py: what the channel's manifest
+        record names, :meth:`PostingsCodec.of_record`), checked (indexer/integrity.py and the
+        layout's own loader) before any kernel can read them: an out-of-range doc number or offset
+        would make the kernels read or write out of bounds. ``n_lists``: the number of posting
+        lists expected (vocabulary size); ``positive``: weights must be > 0 (BM25)."""
+        directory = Path(directory)
+        layout, quantised, nibbles = codec.doc_layout, codec.quantised, codec.nibbles
         dtypes = {"indptr": "int64", "docs": "int32", "weights": UINT8 if quantised else "float32", "scale": "float32", "offset": "float32"}
-        names = tuple(n for n in _FILES if not ((packed or ranged) and n == "docs")) + (_QUANTISED_FILES if quantised else ())
+        names = tuple(n for n in _FILES if layout.csr or n != "docs") + (_QUANTISED_FILES if quantised else ())
         # the small per-list arrays are read whole: every query reads them
-        arrays = {name: load_npy(Path(directory) / f"postings_{name}.npy", dtypes[name], 1, mmap and name not in _QUANTISED_FILES) for name in names}
-        check_csr(Path(directory), "postings_", arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, n_lists, positive,
+        arrays = {name: load_npy(directory / f"postings_{name}.npy", dtypes[name], 1, mmap and name not in _QUANTISED_FILES) for name in names}
+        check_csr(directory, "postings_", arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, n_lists, positive,
                   arrays.get("scale"), arrays.get("offset"), nibbles)
         if nibbles:
             arrays["weights"] = arrays["weights"].view(kernels.NIBBLES)
-        packed_docs = PackedDocs.load(Path(directory), arrays["indptr"], n_docs, mmap) if packed else None
-        if packed_docs is not None and stream is not None and packed_docs.stream != stream:
-            found, want = ("blockskip", "blockfirst") if packed_docs.stream else ("blockfirst", "blockskip")
-            raise IndexFormatError(f"{Path(directory)}: postings_{found}.npy found, but the manifest records doc numbers whose layout "
-                                   f"keeps postings_{want}.npy")
-        ranges = RangeDocs.load(Path(directory), arrays["indptr"], n_docs, mmap) if ranged else None
-        return cls(arrays["indptr"], arrays.get("docs"), arrays["weights"], n_docs, arrays.get("scale"), arrays.get("offset"), packed_docs, ranges)
+        numbers = layout.encode(arrays["indptr"], arrays["docs"], n_docs) if layout.csr else layout.load(directory, arrays["indptr"], n_docs, mmap)
+        return cls(arrays["indptr"], numbers, arrays["weights"], n_docs, arrays.get("scale"), arrays.get("offset"))
 
     def search(self, q_tokens: np.ndarray, q_weights: np.ndarray | None = None, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (doc numbers, scores) of one query, best first."""
         q_tokens = np.asarray(q_tokens, dtype=np.int64)
         q_weights = np.ones(len(q_tokens), np.float32) if q_weights is None else np.asarray(q_weights, np.float32)
         parts = self.search_parts(q_tokens)
-        if self.ranges is not None:  # split by its own ranges: in parallel where a split pays
-            if parts > 1:
-                with _PARALLEL_KERNEL:
-                    return self.ranges.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k, parallel=True)
-            return self.ranges.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
-        if self.packed is not None:
-            if parts > 1:
-                with _PARALLEL_KERNEL:
-                    return self.packed.search_split(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k, parts)
-            return self.packed.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
-        if parts > 1:
+        if parts > 1:  # split over Numba's threads: the same ranking, bit for bit
             with _PARALLEL_KERNEL:
-                if self.quantised:
-                    return kernels.search_one_u8_split(
-                        self.indptr, self.docs, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k, parts
-                    )
-                return kernels.search_one_split(self.indptr, self.docs, self.weights, q_tokens, q_weights, self.n_docs, k, parts)
-        if self.quantised:
-            return kernels.search_one_u8(self.indptr, self.docs, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
-        return kernels.search_one(self.indptr, self.docs, self.weights, q_tokens, q_weights, self.n_docs, k)
+                return self.numbers.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k, parts)
+        return self.numbers.search(self.indptr, self.weights, self.scale, self.offset, q_tokens, q_weights, self.n_docs, k)
 
     def search_parts(self, q_tokens: np.ndarray | None = None) -> int:
         """Document ranges a query's search is split into: 1 where it reads fewer than
@@ -346,29 +349,11 @@ class InvertedIndex:
         q_tokens = np.concatenate([np.asarray(t, np.int64) for t, _ in queries]) if queries else np.zeros(0, np.int64)
         q_weights = np.concatenate([np.asarray(w, np.float32) for _, w in queries]) if queries else np.zeros(0, np.float32)
         with _PARALLEL_KERNEL:
-            if self.ranges is not None:
-                return self.ranges.search_many(self.indptr, self.weights, self.scale, self.offset, q_indptr, q_tokens, q_weights, self.n_docs, k)
-            if self.packed is not None:
-                return self.packed.search_many(self.indptr, self.weights, self.scale, self.offset, q_indptr, q_tokens, q_weights, self.n_docs, k)
-            if self.quantised:
-                return kernels.search_many_u8(
-                    self.indptr, self.docs, self.weights, self.scale, self.offset, q_indptr, q_tokens, q_weights, self.n_docs, k
-                )
-            return kernels.search_many(self.indptr, self.docs, self.weights, q_indptr, q_tokens, q_weights, self.n_docs, k)
+            return self.numbers.search_many(self.indptr, self.weights, self.scale, self.offset, q_indptr, q_tokens, q_weights, self.n_docs, k)
 
     def contributions(self, q_tokens: np.ndarray, doc: int) -> np.ndarray:
         """The document's weight for each query token (0 where the document lacks it)."""
-        if self.packed is not None or self.ranges is not None:
-            coded = self.packed or self.ranges
-            out = np.zeros(len(q_tokens), np.float32)
-            for j, t in enumerate(np.asarray(q_tokens, np.int64)):
-                p = coded.find(self.indptr, int(t), int(doc)) if 0 <= t < self.vocab_size else -1
-                if p >= 0:
-                    out[j] = self.offset[t] + self.scale[t] * np.float32(kernels.code_at(self.weights, p))
-            return out
-        if self.quantised:
-            return kernels.contributions_u8(self.indptr, self.docs, self.weights, self.scale, self.offset, np.asarray(q_tokens, np.int64), doc)
-        return kernels.contributions(self.indptr, self.docs, self.weights, np.asarray(q_tokens, np.int64), doc)
+        return self.numbers.contributions(self.indptr, self.weights, self.scale, self.offset, np.asarray(q_tokens, np.int64), doc)
 
     def doc_vectors(self):
         """Documents x tokens sparse matrix (scipy CSR), e.g. for export."""

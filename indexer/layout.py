@@ -24,18 +24,8 @@ RANGE_DOC_IDS = "range16-65536"
 # number in the stream (indexer/packed_docs.py's stream layout, format 7)
 BITSTREAM_DOC_IDS = "bitstream-128"
 PACKED_DOC_IDS = (BITPACKED_DOC_IDS, BITSTREAM_DOC_IDS)  # either layout of packed_docs.py
-
-
-def doc_number_kwargs(record: dict) -> dict[str, bool]:
-    """How a channel's manifest record says its doc numbers are stored, as InvertedIndex.load's
-    keywords (``stream``: which layout of packed doc numbers the reader expects to find)."""
-    doc_ids = record.get("doc_ids")
-    return {"packed": doc_ids in PACKED_DOC_IDS, "ranged": doc_ids == RANGE_DOC_IDS, "stream": doc_ids == BITSTREAM_DOC_IDS}
-
-
-def impact_kwargs(record: dict) -> dict[str, bool]:
-    """How a channel's manifest record says its weights are stored, as InvertedIndex.load's keywords."""
-    return {"quantised": record.get("impacts") in IMPACTS, "nibbles": record.get("impacts") == UINT4_IMPACTS}
+# These are the names formats 4-7 record; how a channel's postings are stored is now read as the
+# postings codec (indexer/codec.py) from its record ("doc_layout", "impact_bits", or these).
 
 
 __all__ = [
@@ -48,6 +38,4 @@ __all__ = [
     "RANGE_DOC_IDS",
     "UINT4_IMPACTS",
     "UINT8_IMPACTS",
-    "doc_number_kwargs",
-    "impact_kwargs",
 ]

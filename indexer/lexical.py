@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from indexer.codec import FLOAT32, PostingsCodec
 from indexer.diskspace import write_bytes
 from indexer.errors import IndexFormatError
 from indexer.integrity import is_finite_number, read_json
@@ -102,12 +103,10 @@ class BM25Index:
         write_bytes(directory / BM25_FILE, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
 
     @classmethod
-    def load(cls, directory: Path, n_docs: int, n_terms: int | None = None, analyzer: str | None = None, quantised: bool = False,
-             packed: bool = False, ranged: bool = False, stream: bool | None = None) -> BM25Index:
+    def load(cls, directory: Path, n_docs: int, n_terms: int | None = None, analyzer: str | None = None, codec: PostingsCodec = FLOAT32) -> BM25Index:
         """Open a saved BM25 index, checked: parameters in range, term ids exactly 0..n-1 (they
         index the posting lists), postings valid with positive weights. ``n_terms`` and
-        ``analyzer``: what the manifest records; ``quantised``: 8-bit impacts (indexer/compact.py); ``packed``: bit-packed doc numbers
-        (indexer/packed_docs.py; ``stream``: in which layout), ``ranged``: range-blocked ones (indexer/range_docs.py)."""
+        ``analyzer``: what the manifest records; ``codec``: how the postings are stored (indexer/codec.py: what the manifest's record names)."""
         path = Path(directory) / BM25_FILE
         meta = read_json(path)
         if not isinstance(meta, dict) or not {"k1", "b", "analyzer", "vocab"} <= set(meta):
@@ -124,8 +123,7 @@ class BM25Index:
         ids = np.fromiter(vocab.values(), np.int64, len(vocab))
         if ids.size and (ids.min() < 0 or ids.max() >= len(vocab) or np.bincount(ids).max() > 1):
             raise IndexFormatError(f"{path}: term ids are not 0..{len(vocab) - 1}, each once")
-        postings = InvertedIndex.load(directory, n_docs, n_lists=len(vocab), positive=True, quantised=quantised, packed=packed, ranged=ranged,
-                                     stream=stream)
+        postings = InvertedIndex.load(directory, n_docs, n_lists=len(vocab), positive=True, codec=codec)
         return cls(postings, vocab, meta["k1"], meta["b"], meta["analyzer"])
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from embedder.util import write_json_atomic
 from indexer.channels import CHANNEL_SPECS, field_problem
 from indexer.checksums import json_checksum
+from indexer.codec import CODEC_FORMAT_VERSION
 from indexer.errors import IndexFormatError  # also imported from here (its first home)
 from indexer.layout import (  # also imported from here (their first home)
     BITPACKED_DOC_IDS,
@@ -58,9 +59,11 @@ NIBBLE_FORMAT_VERSION = 6
 # "bitstream-128"; 8-bit or 4-bit impacts) are format 7: a reader of formats 4 and 6 would look
 # for postings_blockfirst.npy and take the blocks to start on words.
 STREAM_FORMAT_VERSION = 7
+# Compact indexes with a doc layout that formats 3-7 did not know are format 8 (CODEC_FORMAT_VERSION): their channels'
+# records name the postings codec ("doc_layout", "impact_bits"; indexer/codec.py), which readers before it would misread.
 COMPACT_VERSIONS = (COMPACT_FORMAT_VERSION, PACKED_FORMAT_VERSION, RANGE_FORMAT_VERSION, NIBBLE_FORMAT_VERSION,
-                    STREAM_FORMAT_VERSION)  # quantised impacts
-NIBBLE_VERSIONS = (NIBBLE_FORMAT_VERSION, STREAM_FORMAT_VERSION)  # the formats whose aligned-token impacts may be 4-bit
+                    STREAM_FORMAT_VERSION, CODEC_FORMAT_VERSION)  # quantised impacts
+NIBBLE_VERSIONS = (NIBBLE_FORMAT_VERSION, STREAM_FORMAT_VERSION, CODEC_FORMAT_VERSION)  # the formats whose aligned-token impacts may be 4-bit
 READABLE_VERSIONS = (FORMAT_VERSION, SEGMENTS_FORMAT_VERSION, *COMPACT_VERSIONS)
 # the doc-number encodings beside int32, and the format each belongs to
 _DOC_ID_FORMATS = {BITPACKED_DOC_IDS: PACKED_FORMAT_VERSION, RANGE_DOC_IDS: RANGE_FORMAT_VERSION, BITSTREAM_DOC_IDS: STREAM_FORMAT_VERSION}
@@ -270,7 +273,7 @@ def _impacts_problem(data: dict, version: int) -> str | None:
         doc_ids = (data.get(key) or {}).get("doc_ids")
         if doc_ids is not None and doc_ids not in _DOC_ID_FORMATS:
             return f"field '{key}.doc_ids': {doc_ids!r} is not one of {sorted(_DOC_ID_FORMATS)}"
-        allowed = (STREAM_FORMAT_VERSION,) if doc_ids == BITSTREAM_DOC_IDS else (_DOC_ID_FORMATS.get(doc_ids), NIBBLE_FORMAT_VERSION)
+        allowed = ((STREAM_FORMAT_VERSION,) if doc_ids == BITSTREAM_DOC_IDS else (_DOC_ID_FORMATS.get(doc_ids), NIBBLE_FORMAT_VERSION)) + (CODEC_FORMAT_VERSION,)
         if doc_ids is not None and version not in allowed:
             what = "bit-packed" if doc_ids in PACKED_DOC_IDS else "range-blocked"
             return f"field '{key}.doc_ids': {what} doc numbers in an index of format {version} (they are format {_DOC_ID_FORMATS[doc_ids]})"

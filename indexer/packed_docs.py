@@ -50,6 +50,7 @@ import numba as nb
 import numpy as np
 
 from indexer.diskspace import save_npy
+from indexer.doc_numbers import DocLayout, DocNumbers
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
 from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, accumulator_plan, code_at, ranked, scan_postings
@@ -392,7 +393,7 @@ def find(indptr, list_block, block_bit, first, width, words, t, doc):
 
 # --------------------------------------------------------------------- the arrays
 @dataclass
-class PackedDocs:
+class PackedDocs(DocNumbers):
     """The packed doc numbers of a CSR index (``indptr`` is the index's), in either layout (the
     module docstring); in memory both are the same arrays."""
 
@@ -402,6 +403,10 @@ class PackedDocs:
     list_block: np.ndarray  # int64 (n_lists + 1,): computed
     block_bit: np.ndarray  # int64 (n_blocks + 1,): the bit where each block's gaps start; computed
     stream: bool = True  # the stream layout (format 7); False: blocks on words (format 4)
+
+    @property
+    def layout(self) -> str:  # type: ignore[override]
+        return STREAM if self.stream else BLOCKS
 
     @classmethod
     def pack(cls, indptr: np.ndarray, docs: np.ndarray, stream: bool = True) -> PackedDocs:
@@ -501,7 +506,9 @@ class PackedDocs:
             raise IndexFormatError(f"{f['packed']}: doc number {int(doc)} decoded at posting {int(at)} is outside 0..{n_docs - 1} (undecodable)")
         return out
 
-    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k):
+    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts=1):
+        if parts > 1:
+            return self.search_split(indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts)
         return search_one(indptr, self.list_block, self.block_bit, self.first, self.width, self.words, codes, scale, offset, q_tokens, q_weights,
                           n_docs, k)
 
@@ -528,5 +535,47 @@ def pack_saved(directory: Path, stream: bool = True) -> None:
     (directory / "postings_docs.npy").unlink()
 
 
-__all__ = ["BLOCK", "FILES", "STREAM_FILES", "PackedDocs", "block_bits", "decode_into", "find", "list_blocks", "pack_saved", "search_many", "search_one",
-           "search_one_split", "stream_bits"]
+STREAM, BLOCKS = "stream", "blocks"  # the codec's names (indexer/codec.py)
+STREAM_LAYOUT = DocLayout(
+    name=STREAM, files=STREAM_FILES, load=lambda directory, indptr, n_docs, mmap=True: _load_as(directory, indptr, n_docs, mmap, True),
+    encode=lambda indptr, docs, n_docs: PackedDocs.pack(indptr, docs, True), encode_saved=lambda directory, n_docs: pack_saved(directory, True),
+    doc_ids="bitstream-128", format_version=7, option="stream", aliases=("bitpacked",),
+    summary="deltas bit-packed in blocks of 128 laid end to end, ~1 byte a posting (format 7)",
+)
+# format 4: read, and written again only where an update extends an index that has it (option None)
+BLOCKS_LAYOUT = DocLayout(
+    name=BLOCKS, files=FILES, load=lambda directory, indptr, n_docs, mmap=True: _load_as(directory, indptr, n_docs, mmap, False),
+    encode=lambda indptr, docs, n_docs: PackedDocs.pack(indptr, docs, False), encode_saved=lambda directory, n_docs: pack_saved(directory, False),
+    doc_ids="bitpacked-128", format_version=4, summary="deltas bit-packed in blocks of 128, each on a word (format 4; read and updated only)",
+)
+
+
+def _load_as(directory: Path, indptr: np.ndarray, n_docs: int, mmap: bool, stream: bool) -> PackedDocs:
+    """:meth:`PackedDocs.load`, refused where the files are the other layout's."""
+    out = PackedDocs.load(Path(directory), indptr, n_docs, mmap)
+    if out.stream != stream:
+        found, want = ("blockskip", "blockfirst") if out.stream else ("blockfirst", "blockskip")
+        raise IndexFormatError(f"{Path(directory)}: postings_{found}.npy found, but the manifest records doc numbers whose layout "
+                               f"keeps postings_{want}.npy")
+    return out
+
+
+__all__ = [
+    "BLOCK",
+    "BLOCKS",
+    "BLOCKS_LAYOUT",
+    "FILES",
+    "STREAM",
+    "STREAM_FILES",
+    "STREAM_LAYOUT",
+    "PackedDocs",
+    "block_bits",
+    "decode_into",
+    "find",
+    "list_blocks",
+    "pack_saved",
+    "search_many",
+    "search_one",
+    "search_one_split",
+    "stream_bits",
+]

@@ -32,7 +32,6 @@ import numpy as np
 
 from indexer.inverted_index import InvertedIndex
 from indexer.kernels import code_at
-from indexer.range_docs import find as range_find
 
 
 def check_keep_mass(keep_mass: object) -> float:
@@ -148,22 +147,9 @@ def rescore(
     exact = np.asarray(scores, np.float32)[valid].copy()
     dropped_tokens = np.asarray(dropped_tokens, np.int64)
     dropped_weights = np.asarray(dropped_weights, np.float32)
-    if docs.size and dropped_tokens.size:
-        if index.ranges is not None:  # range-blocked doc numbers: a binary search in the candidate's range
-            added = np.zeros(docs.shape[0], np.float32)
-            _add_dropped_ranged(np.asarray(index.indptr, np.int64), index.ranges.starts, index.ranges.low, index.weights, index.scale,
-                                index.offset, docs, dropped_tokens, dropped_weights, added)
-            exact += added
-        elif index.packed is not None:  # no doc-number array to search: one lookup per candidate
-            for i, d in enumerate(docs):
-                exact[i] += np.float32(np.dot(dropped_weights, index.contributions(dropped_tokens, int(d))))
-        else:
-            order = np.argsort(docs, kind="stable")
-            added = np.zeros(docs.shape[0], np.float32)
-            none = np.zeros(0, np.float32)
-            _add_dropped(np.asarray(index.indptr, np.int64), index.docs, index.weights, none if index.scale is None else index.scale,
-                         none if index.offset is None else index.offset, docs[order], dropped_tokens, dropped_weights, added)
-            exact[order] += added
+    if docs.size and dropped_tokens.size:  # through the doc layout (indexer/doc_numbers.py): a kernel where it has one
+        index.numbers.add_dropped(np.asarray(index.indptr, np.int64), index.weights, index.scale, index.offset, docs, dropped_tokens,
+                                  dropped_weights, exact)
     order = np.lexsort((docs, -exact))[:k]
     return docs[order], exact[order]
 
@@ -201,47 +187,3 @@ def _code_bounds(indptr, codes, lists):
             c = np.int64(code_at(codes, p))
             lo[i], hi[i] = min(lo[i], c), max(hi[i], c)
     return lo, hi
-
-
-@nb.njit(cache=True)
-def _add_dropped(indptr, docs, weights, scale, offset, cands, tokens, q_weights, scores):
-    """``scores[i] += q_weight * doc weight`` for each token of ``tokens`` that document ``cands[i]``
-    holds (``cands`` ascending: each binary search starts where the previous one ended). 8-bit
-    impacts where ``scale`` is not empty (weight = offset[t] + scale[t] * code, as the kernels read
-    them). One call for all candidates: measured ~10x faster than one
-    :meth:`InvertedIndex.contributions` call per candidate (~4.5 µs of call overhead each)."""
-    quantised = scale.shape[0] > 0
-    n_lists = indptr.shape[0] - 1
-    for j in range(tokens.shape[0]):
-        t = tokens[j]
-        if t < 0 or t >= n_lists:
-            continue
-        start, hi = indptr[t], indptr[t + 1]
-        for i in range(cands.shape[0]):
-            d = cands[i]
-            lo, up = start, hi
-            while lo < up:
-                mid = (lo + up) >> 1
-                if docs[mid] < d:
-                    lo = mid + 1
-                else:
-                    up = mid
-            start = lo
-            if lo < hi and docs[lo] == d:
-                w = offset[t] + scale[t] * np.float32(code_at(weights, lo)) if quantised else np.float32(code_at(weights, lo))
-                scores[i] += q_weights[j] * w
-
-
-@nb.njit(cache=True)
-def _add_dropped_ranged(indptr, starts, low, codes, scale, offset, cands, tokens, q_weights, scores):
-    """:func:`_add_dropped` on range-blocked doc numbers (indexer/range_docs.py, 8-bit impacts):
-    each lookup a binary search in the part of the token's list that lies in the candidate's range."""
-    n_lists = indptr.shape[0] - 1
-    for j in range(tokens.shape[0]):
-        t = tokens[j]
-        if t < 0 or t >= n_lists:
-            continue
-        for i in range(cands.shape[0]):
-            p = range_find(indptr, starts, low, t, np.int64(cands[i]))
-            if p >= 0:
-                scores[i] += q_weights[j] * (offset[t] + scale[t] * np.float32(code_at(codes, p)))

@@ -34,6 +34,7 @@ import numba as nb
 import numpy as np
 
 from indexer.diskspace import save_npy
+from indexer.doc_numbers import DocLayout, DocNumbers
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
 from indexer.kernels import (
@@ -41,11 +42,13 @@ from indexer.kernels import (
     _merge_parts,
     _top_k_positive,
     accumulator_plan,
+    code_at,
     positive_query,
     ranked,
     scan_postings,
 )
 
+NAME = "range16"  # the codec's name (indexer/codec.py)
 RANGE_BITS = 16
 RANGE = 1 << RANGE_BITS
 FILES = ("rangestart", "low")  # postings_<name>.npy
@@ -191,11 +194,12 @@ def find(indptr, starts, low, t, doc):
 
 # --------------------------------------------------------------------- the arrays
 @dataclass
-class RangeDocs:
+class RangeDocs(DocNumbers):
     """The range-blocked doc numbers of a CSR index (``indptr`` is the index's)."""
 
     starts: np.ndarray  # uint32 (n_lists, n_ranges + 1)
     low: np.ndarray  # uint16 (nnz,)
+    layout = NAME
 
     @classmethod
     def split(cls, indptr: np.ndarray, docs: np.ndarray, n_docs: int, low: np.ndarray | None = None) -> RangeDocs:
@@ -245,8 +249,9 @@ class RangeDocs:
                                    "or not above the one before it")
         return cls(np.ascontiguousarray(starts), low)
 
-    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parallel: bool = False):
-        kernel = search_one_parallel if parallel else search_one
+    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts: int = 1, parallel: bool = False):
+        """``parts`` > 1 (or ``parallel``): the ranges spread over Numba's threads (however many parts)."""
+        kernel = search_one_parallel if parallel or parts > 1 else search_one
         return kernel(indptr, self.starts, self.low, codes, scale, offset, q_tokens, q_weights, n_docs, k)
 
     def search_many(self, indptr, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
@@ -254,6 +259,27 @@ class RangeDocs:
 
     def find(self, indptr, t: int, doc: int) -> int:
         return int(find(indptr, self.starts, self.low, t, doc))
+
+    def add_dropped(self, indptr, codes, scale, offset, cands, tokens, q_weights, scores) -> None:
+        added = np.zeros(cands.shape[0], np.float32)
+        _add_dropped(np.asarray(indptr, np.int64), self.starts, self.low, codes, scale, offset, np.asarray(cands, np.int32), tokens, q_weights, added)
+        scores += added
+
+
+@nb.njit(cache=True)
+def _add_dropped(indptr, starts, low, codes, scale, offset, cands, tokens, q_weights, scores):
+    """``scores[i] += q_weight * weight`` for each of ``tokens`` that document ``cands[i]`` holds
+    (indexer/query_pruning.py's rescoring; 8-bit impacts): each lookup a binary search in the part
+    of the token's list that lies in the candidate's range."""
+    n_lists = indptr.shape[0] - 1
+    for j in range(tokens.shape[0]):
+        t = tokens[j]
+        if t < 0 or t >= n_lists:
+            continue
+        for i in range(cands.shape[0]):
+            p = find(indptr, starts, low, t, np.int64(cands[i]))
+            if p >= 0:
+                scores[i] += q_weights[j] * (offset[t] + scale[t] * np.float32(code_at(codes, p)))
 
 
 def split_saved(directory: Path, n_docs: int) -> None:
@@ -359,5 +385,12 @@ def write_from_shards(shards, vocab_size: int, directory: Path) -> int:
     return n_docs
 
 
-__all__ = ["FILES", "RANGE", "RANGE_BITS", "RangeDocs", "decode_into", "find", "n_ranges", "search_many", "search_one", "search_one_parallel",
+LAYOUT = DocLayout(
+    name=NAME, files=FILES, load=lambda directory, indptr, n_docs, mmap=True: RangeDocs.load(Path(directory), indptr, n_docs, mmap),
+    encode=lambda indptr, docs, n_docs: RangeDocs.split(indptr, docs, n_docs), encode_saved=lambda directory, n_docs: split_saved(directory, n_docs),
+    doc_ids="range16-65536", format_version=5, option="range16",
+    summary="16-bit offsets within ranges of 65,536 documents, 2 bytes a posting (format 5)",
+)
+
+__all__ = ["FILES", "LAYOUT", "NAME", "RANGE", "RANGE_BITS", "RangeDocs", "decode_into", "find", "n_ranges", "search_many", "search_one", "search_one_parallel",
            "split_saved", "write_from_shards"]

@@ -16,6 +16,7 @@ from test_kernels import dense_scores, random_index, random_query
 
 from indexer import kernels
 from indexer.build import build_index
+from indexer.codec import PostingsCodec
 from indexer.compact import COMPACT_DENSE_KIND, compact_copy
 from indexer.corpus import document_from_object
 from indexer.inverted_index import InvertedIndex, quantise_weights
@@ -94,7 +95,7 @@ def test_quantise_saved_equals_quantise_in_memory(tmp_path):
     index = random_index(rng, "float")
     index.save(tmp_path)
     InvertedIndex.quantise_saved(tmp_path)
-    got = InvertedIndex.load(tmp_path, index.n_docs, quantised=True)
+    got = InvertedIndex.load(tmp_path, index.n_docs, codec=PostingsCodec.named("int32", 8))
     want = index.quantise()
     for name in ("indptr", "docs", "weights", "scale", "offset"):
         np.testing.assert_array_equal(np.asarray(getattr(got, name)), getattr(want, name), err_msg=name)

@@ -46,7 +46,8 @@ def test_manifest_fields(toy_corpus, tiny_embedder):
     assert m.format_version == FORMAT_VERSION
     assert m.model == tiny_embedder.identity and m.adapter is None
     assert m.embedding == tiny_embedder.config.to_dict()
-    assert m.sparse == {"top_k": 16, "vocab_size": tiny_embedder.vocab_size, "weight": "logit"}
+    # the postings codec (indexer/codec.py): int32 doc numbers, float32 weights
+    assert m.sparse == {"top_k": 16, "vocab_size": tiny_embedder.vocab_size, "weight": "logit", "doc_layout": "int32", "impact_bits": 32}
     assert m.n_docs == 40 and m.dense is None
     assert m.corpus == {"path": str(toy_corpus), "format": "beir", "n_empty_skipped": 0}
     for key in ("seconds", "encode_seconds", "docs_per_s", "tokens_per_s", "n_tokens"):

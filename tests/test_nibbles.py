@@ -15,6 +15,7 @@ from test_kernels import random_index, random_query
 
 from indexer import kernels
 from indexer.build import build_index
+from indexer.codec import PostingsCodec
 from indexer.compact import compact_copy, main
 from indexer.corpus import document_from_object
 from indexer.inverted_index import InvertedIndex
@@ -33,6 +34,7 @@ from indexer.verify import verify
 from retriever.retriever import Retriever
 
 LAYOUTS = ("int32", "packed", "ranges")
+_CODEC_LAYOUT = {"int32": "int32", "packed": "stream", "ranges": "range16"}
 
 
 def _layout(index: InvertedIndex, layout: str) -> InvertedIndex:
@@ -90,14 +92,14 @@ def test_nibbles_save_and_load_as_they_were(tmp_path, layout):
     index = _layout(random_index(rng, "float").quantise(levels=16), layout).to_nibbles()
     index.save(tmp_path)
     assert np.load(tmp_path / "postings_weights.npy").dtype == np.uint8
-    got = InvertedIndex.load(tmp_path, index.n_docs, quantised=True, nibbles=True, packed=layout == "packed", ranged=layout == "ranges")
+    got = InvertedIndex.load(tmp_path, index.n_docs, codec=PostingsCodec.named(_CODEC_LAYOUT[layout], 4))
     assert got.nibbles
     np.testing.assert_array_equal(np.asarray(got.weights), index.weights)
     np.testing.assert_array_equal(got.float_weights(), index.float_weights())
     np.testing.assert_array_equal(got.doc_numbers(), index.doc_numbers())
     # read as one code a byte, the file is too short for its postings: refused by name
     with pytest.raises(IndexFormatError, match="postings_weights.npy"):
-        InvertedIndex.load(tmp_path, index.n_docs, quantised=True, packed=layout == "packed", ranged=layout == "ranges")
+        InvertedIndex.load(tmp_path, index.n_docs, codec=PostingsCodec.named(_CODEC_LAYOUT[layout], 8))
 
 
 def test_nibble_saved_equals_to_nibbles_in_memory(tmp_path):
@@ -105,7 +107,7 @@ def test_nibble_saved_equals_to_nibbles_in_memory(tmp_path):
     index = random_index(rng, "float").quantise(levels=16)
     index.save(tmp_path)
     InvertedIndex.nibble_saved(tmp_path)
-    got = InvertedIndex.load(tmp_path, index.n_docs, quantised=True, nibbles=True)
+    got = InvertedIndex.load(tmp_path, index.n_docs, codec=PostingsCodec.named("int32", 4))
     np.testing.assert_array_equal(np.asarray(got.weights), index.to_nibbles().weights)
     with pytest.raises(ValueError, match="at most 16 levels"):
         index.to_nibbles().to_nibbles()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import build_every_channel, format_4_copy, reseal
 
+from indexer.codec import PostingsCodec
 from indexer.compact import compact_copy
 from indexer.inverted_index import InvertedIndex, quantise_weights
 from indexer.manifest import (
@@ -89,13 +90,13 @@ def test_edge_lists_round_trip_and_search_exactly(tmp_path, stream):
     # saved, loaded and checked as an index is
     packed.save(tmp_path)
     assert not (tmp_path / "postings_docs.npy").exists()
-    loaded = InvertedIndex.load(tmp_path, N_DOCS, quantised=True, packed=True)
+    loaded = InvertedIndex.load(tmp_path, N_DOCS, codec=PostingsCodec.named("stream" if stream else "blocks", 8))
     assert loaded.packed.stream == stream and (tmp_path / "postings_blockskip.npy").exists() == stream
     np.testing.assert_array_equal(loaded.doc_numbers(), q8.docs)
     np.testing.assert_array_equal(loaded.packed.first, packed.packed.first)  # the stream's first doc numbers read back
     np.testing.assert_array_equal(loaded.packed.block_bit, packed.packed.block_bit)
     with pytest.raises(IndexFormatError, match="postings_blockskip.npy" if stream else "postings_blockfirst.npy"):
-        InvertedIndex.load(tmp_path, N_DOCS, quantised=True, packed=True, stream=not stream)  # the manifest expects the other layout
+        InvertedIndex.load(tmp_path, N_DOCS, codec=PostingsCodec.named("blocks" if stream else "stream", 8))  # the manifest expects the other layout
     for t, lst in enumerate(lists):
         for d in lst[:: max(1, len(lst) // 40)]:
             p = loaded.packed.find(loaded.indptr, t, int(d))

@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 
 from indexer import kernels, range_docs
+from indexer.codec import PostingsCodec
 from indexer.inverted_index import InvertedIndex, quantise_weights
 from indexer.manifest import RANGE_DOC_IDS, RANGE_FORMAT_VERSION, IndexFormatError, Manifest
 from indexer.range_docs import RANGE, RangeDocs, n_ranges
+
+RANGE16 = PostingsCodec.named("range16", 8)
 
 
 def random_index(seed: int, n_docs: int, vocab: int = 60, density: float = 0.02, negative: bool = False) -> InvertedIndex:
@@ -108,7 +111,7 @@ def test_saved_and_loaded_then_checked(tmp_path):
     ranged = idx.split_ranges()
     ranged.save(tmp_path)
     assert not (tmp_path / "postings_docs.npy").exists()
-    back = InvertedIndex.load(tmp_path, idx.n_docs, quantised=True, ranged=True)
+    back = InvertedIndex.load(tmp_path, idx.n_docs, codec=RANGE16)
     assert np.array_equal(back.doc_numbers(), idx.docs)
     q = queries(8, idx.vocab_size, 1)[0]
     assert all(np.array_equal(a, b) for a, b in zip(back.search(*q), idx.search(*q)))
@@ -116,11 +119,11 @@ def test_saved_and_loaded_then_checked(tmp_path):
     plain = tmp_path / "plain"
     plain.mkdir()
     idx.save(plain)
-    InvertedIndex.split_saved(plain, idx.n_docs)
+    InvertedIndex.encode_saved(plain, "range16", idx.n_docs)
     assert sorted(p.name for p in plain.iterdir()) == sorted(p.name for p in tmp_path.glob("postings_*"))
-    assert np.array_equal(InvertedIndex.load(plain, idx.n_docs, quantised=True, ranged=True).doc_numbers(), idx.docs)
-    with pytest.raises(ValueError, match="either"):
-        InvertedIndex.load(tmp_path, idx.n_docs, quantised=True, ranged=True, packed=True)
+    assert np.array_equal(InvertedIndex.load(plain, idx.n_docs, codec=RANGE16).doc_numbers(), idx.docs)
+    with pytest.raises(ValueError, match="quantised"):
+        PostingsCodec.named("range16", 32)  # range-blocked doc numbers go with quantised impacts
     with pytest.raises(ValueError, match="8-bit"):
         idx.float_weights() is not None and InvertedIndex(idx.indptr, idx.docs, idx.float_weights(), idx.n_docs).split_ranges()
 
@@ -147,7 +150,7 @@ def test_damaged_files_are_refused_by_name(tmp_path, damage, says):
     for name in ("indptr", "weights", "scale", "offset"):
         np.save(tmp_path / f"postings_{name}.npy", getattr(idx, name))
     with pytest.raises(IndexFormatError, match=says):
-        InvertedIndex.load(tmp_path, idx.n_docs, quantised=True, ranged=True)
+        InvertedIndex.load(tmp_path, idx.n_docs, codec=RANGE16)
 
 
 @pytest.mark.parametrize("shard", [1000, RANGE, 50_000])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from experiments import real_vectors as rv
+from indexer.codec import PostingsCodec
 from indexer.inverted_index import InvertedIndex
 
 
@@ -107,7 +108,7 @@ def test_a_fitted_index_is_a_compact_index_of_the_asked_size(tmp_path):
     real = InvertedIndex.from_forward(tokens, rng.uniform(1, 9, tokens.shape).astype(np.float32), 300)
     info = rv.write_fitted_index(real, 1000, tmp_path / "fitted")
     assert info["docs"] == 1000 and info["tokens_per_doc"] == 8
-    fitted = InvertedIndex.load(tmp_path / "fitted", 1000, n_lists=300, quantised=True)
+    fitted = InvertedIndex.load(tmp_path / "fitted", 1000, n_lists=300, codec=PostingsCodec.named("int32", 8))
     assert int(fitted.indptr[-1]) == 8000
     real_lists = np.diff(real.indptr) > 0
     assert np.all(np.diff(fitted.indptr)[~real_lists] == 0)  # a token in no real document is in no fitted one
@@ -139,4 +140,4 @@ def test_a_fitted_index_never_removes_files_it_did_not_write(tmp_path):
     mine = tmp_path / "again"
     rv.write_fitted_index(real, 10, mine)
     rv.write_fitted_index(real, 20, mine)  # its own earlier output is replaced
-    assert InvertedIndex.load(mine, 20, n_lists=4, quantised=True).n_docs == 20
+    assert InvertedIndex.load(mine, 20, n_lists=4, codec=PostingsCodec.named("int32", 8)).n_docs == 20

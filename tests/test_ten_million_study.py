@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.synthetic import CHUNK, LOGIT_RANGE, alias_table, synthetic_shard, zipf_documents, zipf_table
 from experiments import ten_million
+from indexer.codec import PostingsCodec
 from indexer.inverted_index import InvertedIndex
 
 
@@ -50,7 +51,7 @@ def test_build_then_measure_a_small_corpus(tmp_path, monkeypatch):
     info = ten_million.build(tmp_path, 70_000, 16, 1.0, 3)
     assert info["n_docs"] == 70_000 and sorted(info["files"]) == sorted(
         f"postings_{n}.npy" for n in ("indptr", "low", "offset", "rangestart", "scale", "weights"))
-    index = InvertedIndex.load(tmp_path / "index", 70_000, quantised=True, ranged=True)
+    index = InvertedIndex.load(tmp_path / "index", 70_000, codec=PostingsCodec.named("range16", 8))
     assert int(index.indptr[-1]) == 70_000 * 16 and index.ranges.starts.shape[1] == 3
     with pytest.raises(FileExistsError):
         ten_million.build(tmp_path, 10, 16, 1.0, 3)
@@ -68,8 +69,8 @@ def test_build_then_measure_a_small_corpus(tmp_path, monkeypatch):
     assert table["details"]["four_bit_impact_bytes"] == (70_000 * 16 + 1) // 2
     # the 4-bit copy scores as the same 16-level codes one a byte would
     nib = ten_million.four_bit_copy(index)
-    one = InvertedIndex(index.indptr, None, np.rint(np.asarray(index.weights) / 17).astype(np.uint8), index.n_docs,
-                        (index.scale * 17).astype(np.float32), index.offset, ranges=index.ranges)
+    one = InvertedIndex(index.indptr, index.numbers, np.rint(np.asarray(index.weights) / 17).astype(np.uint8), index.n_docs,
+                        (index.scale * 17).astype(np.float32), index.offset)
     tokens, weights = np.arange(0, 40, 3, dtype=np.int64), np.linspace(0.5, 2.0, 14).astype(np.float32)
     for got, want in zip(nib.search(tokens, weights, 10), one.search(tokens, weights, 10)):
         np.testing.assert_array_equal(got, want)

@@ -68,9 +68,9 @@ from tqdm.auto import tqdm
 
 from embedder.util import file_sha256, write_json_atomic
 from indexer.build import DOC_IDS, _swap_into_place
+from indexer.codec import PostingsCodec
 from indexer.integrity import record_files
 from indexer.inverted_index import InvertedIndex
-from indexer.layout import doc_number_kwargs, impact_kwargs
 from indexer.manifest import IndexFormatError, Manifest
 from indexer.staging import staging_dir
 
@@ -375,7 +375,7 @@ def export_pyserini(
         raise ValueError(f"{len(tokens)} vocabulary strings for an index over {vocab_size} tokens")
 
     t0 = time.perf_counter()
-    floats = InvertedIndex.load(index_dir, manifest.n_docs, mmap=True, **impact_kwargs(manifest.sparse), **doc_number_kwargs(manifest.sparse))
+    floats = InvertedIndex.load(index_dir, manifest.n_docs, mmap=True, codec=PostingsCodec.of_record(manifest.sparse, index_dir, "sparse"))
     quantised, n_dropped = quantise_index(floats, scale)
     spellings = token_spellings(tokens)
     max_doc_sum = int(quantised.doc_vectors().astype(np.float64).sum(axis=1).max()) if quantised.weights.size else 0

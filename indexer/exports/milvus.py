@@ -42,9 +42,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from embedder.util import file_sha256
+from indexer.codec import PostingsCodec
 from indexer.integrity import check_doc_ids
-from indexer.layout import doc_number_kwargs, impact_kwargs
-from indexer.manifest import DOC_IDS, UINT8_IMPACTS, IndexFormatError, Manifest
+from indexer.manifest import DOC_IDS, IndexFormatError, Manifest
 
 EXPORT_FORMAT = "aligned-tokens-milvus"
 EXPORT_VERSION = 1
@@ -168,13 +168,13 @@ def export_milvus(
         raise MilvusExportError(f"{uri}: collection {name!r} exists; pass overwrite=True (--overwrite) to replace it")
 
     start = time.perf_counter()
-    sparse = InvertedIndex.load(index_dir, manifest.n_docs, n_lists=manifest.sparse["vocab_size"], **impact_kwargs(manifest.sparse),
-                                **doc_number_kwargs(manifest.sparse)).doc_vectors()
+    sparse = InvertedIndex.load(index_dir, manifest.n_docs, n_lists=manifest.sparse["vocab_size"],
+                                codec=PostingsCodec.of_record(manifest.sparse, index_dir, "sparse")).doc_vectors()
     dense = _dense_vectors(index_dir, manifest)
     bm25 = None
     if manifest.lexical:
         lex = BM25Index.load(index_dir / LEXICAL_DIR, manifest.n_docs, manifest.lexical.get("n_terms"), manifest.lexical.get("analyzer"),
-                            quantised=manifest.lexical.get("impacts") == UINT8_IMPACTS, **doc_number_kwargs(manifest.lexical))
+                            codec=PostingsCodec.of_record(manifest.lexical, index_dir, "lexical"))
         bm25 = lex.postings.doc_vectors()
     channels = ["sparse"] + (["dense"] if dense is not None else []) + (["bm25"] if bm25 is not None else [])
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from indexer.build import DOC_IDS
+from indexer.codec import PostingsCodec
 from indexer.exports.lucene import check_export_matches, quantise_index, quantise_query, read_export, read_token_map
 from indexer.inverted_index import InvertedIndex
-from indexer.layout import doc_number_kwargs, impact_kwargs
 from indexer.manifest import IndexFormatError, Manifest
 
 
@@ -133,8 +133,8 @@ class LuceneBackend:
         """The Numba index over the very integers Lucene holds (built on first use)."""
         if self._quantised is None:
             manifest = Manifest.read(self.index_dir)
-            self._quantised, _ = quantise_index(InvertedIndex.load(self.index_dir, manifest.n_docs, **impact_kwargs(manifest.sparse),
-                                                                 **doc_number_kwargs(manifest.sparse)),
+            self._quantised, _ = quantise_index(InvertedIndex.load(self.index_dir, manifest.n_docs,
+                                                                 codec=PostingsCodec.of_record(manifest.sparse, self.index_dir, "sparse")),
                                                  self.doc_scale)
         return self._quantised
 
