@@ -34,10 +34,10 @@ def retriever(tmp_path_factory, tiny_tokenizer) -> Retriever:
 
     encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st"))
     encoder2 = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st2", seed=1))
-    build_index(corpus, root / "index", embedder, top_k=16, dense=True, embedfilter_tau=2, lexical="words", encoder=encoder, encoder2=encoder2,
-                progress=False)  # fmt: skip
+    build_index(corpus, root / "index", embedder, top_k=16, dense=True, embedfilter_tau=2, lexical="words", encoder=encoder,
+                channels={"encoder2": encoder2}, progress=False)  # fmt: skip
     # LLM queries: every mode can be searched
-    return Retriever.load(root / "index", embedder=embedder, encoder=encoder, encoder2=encoder2, profile="best", query_encoder="llm")
+    return Retriever.load(root / "index", embedder=embedder, encoders={"encoder": encoder, "encoder2": encoder2}, profile="best", query_encoder="llm")
 
 
 def test_every_mode_is_present(retriever):
