@@ -496,14 +496,18 @@ class UserDefault(AlignedTokensSystem):
 
     @property
     def retriever(self):
-        """The index searched as search-index searches it at this profile: with the fusion its
-        manifest's calibration gives the profile's pair (retriever.profiles.profile_fusion), else the fixed one."""
+        """The index searched as search-index searches it at this profile: with the fusion the
+        settings resolve to (retriever.settings.resolve_settings: its manifest's calibration of the
+        profile's pair, else the profile's fixed setting), and why."""
         r = self.engine.retriever
         if r is None:
             return None
-        from retriever.profiles import profile_fusion
+        from indexer.channels import CHANNEL_SPECS
+        from retriever.settings import SearchSettings, resolve_settings
 
-        self.fusion, self.fusion_why = profile_fusion(self.profile, r.manifest.calibration)
+        held = [s.mode for s in CHANNEL_SPECS if s.record(r.manifest) is not None]
+        resolved = resolve_settings(SearchSettings(profile=self.profile), r.manifest, held, r.index_dir)
+        self.fusion, self.fusion_why = resolved.fusion.as_dict(), resolved.why["fusion"]
         return self.engine.retriever_for(self.fusion, self.query_encoder)
 
     def params(self) -> dict:
