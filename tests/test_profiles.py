@@ -226,6 +226,7 @@ def test_the_server_serves_either_point_of_one_index(full_index, tiny_embedder):
             info = client.get("/info").json()
             assert info["profile"] == profile and info["query_encoder"] == "none"
             assert info["fusion_source"] == r.fusion_source and info["fusion"] == r.fusion.as_dict()  # which weights, and why
+            assert info["settings"] == r.settings.explain() and info["settings"]["profile"] == {"value": profile, "why": "asked"}
             assert (info["encoder"], info["encoder2"]) == (m.encoder["name"], m.encoder2["name"])
             assert info["channels"] == ["sparse", "bm25", "encoder", "encoder2"]  # dense has no query without the LLM
             hits = client.post("/search", json={"query": "cat and dog near the river", "k": 3}).json()["hits"]
