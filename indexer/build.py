@@ -167,7 +167,7 @@ class BuildPlan:
     @property
     def encoders(self) -> dict[str, SentenceEncoder]:
         """The sentence encoders the shards run, by the shards' array each fills (the settings of
-        the channels that need one: "encoder", "encoder2")."""
+        the sentence-encoder channels)."""
         return {s.name: self.channels[s.mode] for s in self.specs if SENTENCE_ENCODER in s.build_needs}
 
 
@@ -184,7 +184,6 @@ def build_index(
     embedfilter_tau: int | None = None,
     lexical: str | None = None,
     encoder: SentenceEncoder | None = None,
-    encoder2: SentenceEncoder | None = None,
     workers: int = 1,
     embedder_spec: EmbedderSpec | None = None,
     segments: bool = False,
@@ -199,14 +198,13 @@ def build_index(
     """Index ``corpus`` into ``index_dir`` with ``embedder``; returns the manifest written. The
     keyword form of :func:`build` (a :class:`BuildPlan` made from these arguments).
 
-    Channels besides the aligned-token postings (each a row of indexer/channels.py, turned on by
-    its ``option``): ``dense`` (FAISS over the pooled embeddings), ``embedfilter_tau`` (a second
-    dense index of EmbedFilter-projected embeddings, see embedder/embedfilter.py), ``lexical``
-    ("words" or "tokens": BM25 postings), ``encoder`` (a sentence-transformers model,
-    embedder/sentence_encoder.py: its normalised embeddings in one more FAISS index, mode "encoder")
-    and ``encoder2`` (a second one, mode "encoder2": the ``best`` operating point's).
-    ``channels``: more channels by any of their names, {name: setting} (a channel without a
-    keyword of its own here is built this way). ``sparse``: False leaves the aligned-token postings
+    ``channels``: the channels besides the aligned-token postings, {name: setting} (each a row of
+    indexer/channels.py, by any of its names; the setting is the row's: ``{"bm25": "words",
+    "encoder": SentenceEncoder, "dense-ef": 2, "dense": True}``). Every channel is built this way; the
+    keywords ``dense`` (FAISS over the pooled embeddings), ``embedfilter_tau`` (EmbedFilter-projected
+    embeddings, embedder/embedfilter.py), ``lexical`` ("words" or "tokens": BM25) and ``encoder`` (a
+    sentence-transformers model, embedder/sentence_encoder.py) are older shorthands for their rows'
+    entries, kept for callers of before the table (a channel added since has no keyword). ``sparse``: False leaves the aligned-token postings
     out (``build-index --channels`` without ``sparse``); where no channel built needs the LLM (BM25,
     the sentence encoders), ``embedder`` may be a :class:`~embedder.tokenization.TokenizerOnly` and no
     LLM runs.
@@ -232,8 +230,7 @@ def build_index(
     or range-blocked (``"range16-65536"``, format 5: what fits ten million documents in RAM); None: int32.
     ``impact_bits`` (compact only): 4 stores the aligned-token impacts two a byte (format 6, 16 levels).
     """
-    options = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical or None, "encoder": encoder,
-               "encoder2": encoder2}  # None: not built
+    options = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical or None, "encoder": encoder}  # None: not built
     chosen = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.option in options and options[s.option] is not None}
     chosen |= {channel_spec(name).mode: setting for name, setting in (channels or {}).items()}
     plan = BuildPlan.make(chosen, embedder, top_k, chunk_size, segments, max_segments, Executor(workers, embedder_spec, ray), dense_kind,
@@ -486,7 +483,7 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
         runtime=_runtime_record(embedder.runtime_info(), _runtimes_of(metas)),
         n_docs=len(ids),
         corpus=spec.describe(),
-        **{s.manifest_key: records.get(s.manifest_key) for s in CHANNEL_SPECS},
+        **Manifest.channel_fields({s.manifest_key: records.get(s.manifest_key) for s in CHANNEL_SPECS}),
         segments=segments_info,
         documents=stored_info,
         # 4-bit impacts are the aligned tokens' alone: an index without them is laid out as at 8 bits

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from indexer.channel_set import DEFAULT_PROFILE, default_channels
+from indexer.channel_set import default_channels
+from indexer.profile_table import BOTH, BOTH_SUMMARY, BUILD_PROFILE_NAMES, DEFAULT_PROFILE, PROFILES
 
 
 @dataclass(frozen=True)
 class BuildProfile:
     """The compact layout ``build-index --profile NAME`` writes by default (its channels:
-    :data:`indexer.channel_set.PROFILE_CHANNELS`)."""
+    :data:`indexer.profile_table.PROFILE_CHANNELS`): a view of the profile table's row."""
 
     name: str
     doc_ids: str  # build-index --doc-ids
@@ -43,16 +44,15 @@ class BuildProfile:
         return default_channels(self.name)
 
 
-BUILD_PROFILES: dict[str, BuildProfile] = {
-    "fast": BuildProfile("fast", "bitpacked", 4,
-                         "what search's fast profile reads (BM25 + MiniLM, no LLM), as small as measured: "
-                         "8-bit BM25 impacts, bit-packed doc numbers"),
-    "best": BuildProfile("best", "range16", 8,
-                         "what search's best profile reads (BM25 + mpnet, no LLM): 8-bit impacts, range16 doc numbers"),
-    "both": BuildProfile("both", "range16", 8,
-                         "both profiles' channels in one index (the profile chosen at search time): 8-bit impacts, range16 doc numbers"),
-}
-BUILD_PROFILE_NAMES = tuple(BUILD_PROFILES)
+def _build_profile(name: str) -> BuildProfile:
+    if name in BOTH:  # laid out as the last of its parts
+        last = PROFILES[BOTH[name][-1]]
+        return BuildProfile(name, last.doc_ids, last.impact_bits, BOTH_SUMMARY)
+    p = PROFILES[name]
+    return BuildProfile(name, p.doc_ids, p.impact_bits, p.build_summary)
+
+
+BUILD_PROFILES: dict[str, BuildProfile] = {name: _build_profile(name) for name in BUILD_PROFILE_NAMES}
 DEFAULT_BUILD_PROFILE = DEFAULT_PROFILE
 
 

@@ -8,7 +8,7 @@ operating point of that name reads (retriever/profiles.py):
   losing on two, while the LLM's pass over the documents was most of the build: 3-4x BM25 +
   MiniLM's build time). ``fast`` fuses BM25 and MiniLM as calibrated on the corpus
   (indexer/calibration.py);
-- ``best``: BM25 + all-mpnet-base-v2 as the second encoder channel ("encoder2"), no LLM either
+- ``best``: BM25 + all-mpnet-base-v2 as the second encoder channel, no LLM either
   (the aligned tokens added +0.024 to -0.010 beside them, losing on npl); ``best`` fuses BM25
   and mpnet as calibrated. mpnet reads every document at ~1/5 of MiniLM's speed;
 - ``both``: the channels of both, so that one index serves either (``--profile`` at load time,
@@ -28,20 +28,20 @@ built needs it (sparse, dense, dense-ef; BM25 on ``tokens`` reads its tokenizer 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from indexer.channels import CHANNEL_SPECS, LLM_EMBEDDINGS, LLM_TOKENS, LM_HEAD, MODES
+from indexer.channels import CHANNEL_SPECS, LLM_EMBEDDINGS, LLM_TOKENS, LM_HEAD, MODES, sentence_encoder_specs
 from indexer.channels import spec as channel_spec
+from indexer.profile_table import DEFAULT_PROFILE, PROFILE_CHANNELS
 
 CHANNELS = MODES  # every channel, in the table's order (indexer/channels.py)
 LLM_BUILD_NEEDS = frozenset({LLM_TOKENS, LLM_EMBEDDINGS, LM_HEAD})  # what only the LLM's weights give a build
-DEFAULT_ENCODER = channel_spec("encoder").default
-DEFAULT_ENCODER2 = channel_spec("encoder2").default
 DEFAULT_ANALYZER = channel_spec("bm25").default
-WITH_BOTH_ENCODERS = ("bm25", "encoder", "encoder2")
-# each build profile's channels with both encoders installed (tests/test_build_profiles.py checks
-# them against the channels each search profile weighs: the retriever sits above the indexer)
-PROFILE_CHANNELS = {"fast": ("bm25", "encoder"), "best": ("bm25", "encoder2"), "both": WITH_BOTH_ENCODERS}
-DEFAULT_PROFILE = "fast"
+# the sentence encoders' default settings, by mode (where a packager, or a test, points them: a test
+# sets DEFAULT_SETTINGS["encoder"] to a tiny model's directory)
+DEFAULT_SETTINGS: dict[str, Any] = {s.mode: s.default for s in sentence_encoder_specs()}
+ENCODER = "encoder"  # MiniLM's channel: the one every profile but the no-encoder fallback holds
 WITH_ENCODER = ("sparse", "dense", "bm25", "encoder")
 WITHOUT_ENCODER = ("sparse", "dense", "bm25")
 
@@ -55,7 +55,7 @@ def encoder_available(name: str | None = None) -> bool:
     from embedder.sentence_encoder import resolve_encoder
 
     try:
-        resolve_encoder(name or DEFAULT_ENCODER)
+        resolve_encoder(name or DEFAULT_SETTINGS[ENCODER])
     except ModelNotAvailable:
         return False
     return True
@@ -69,8 +69,9 @@ def default_channels(profile: str = DEFAULT_PROFILE) -> tuple[str, ...]:
     if not encoder_available():
         return WITHOUT_ENCODER
     wanted = PROFILE_CHANNELS[profile]
-    if "encoder2" in wanted and not encoder_available(DEFAULT_ENCODER2):
-        return WITH_ENCODER  # best's fallback setting reads the LLM's dense channel and MiniLM
+    # another encoder than MiniLM not installed: best's fallback setting reads the LLM's dense channel and MiniLM
+    if any(not encoder_available(DEFAULT_SETTINGS[s.mode]) for s in sentence_encoder_specs(wanted) if s.mode != ENCODER):
+        return WITH_ENCODER
     return wanted
 
 
@@ -86,42 +87,46 @@ def parse_channels(text: str) -> tuple[str, ...]:
     return tuple(s.mode for s in CHANNEL_SPECS if s.mode in names)
 
 
-def resolve(channels: str | None, dense: bool = False, embedfilter_tau: int | None = None, lexical: str | None = None,
-            encoder: str | None = None, encoder2: str | None = None, profile: str = DEFAULT_PROFILE) -> tuple[tuple[str, ...], dict, bool]:
-    """(channels, build_index options, whether they are the default set) from the command line:
-    ``channels`` (``--channels LIST``) and the older per-channel flags, which add their channel
-    and set its option (``--lexical tokens``, ``--encoder NAME``, ``--encoder2 NAME``, ``--embedfilter TAU``); the
-    flags alone add theirs to the aligned-token channel (as they always did). With neither,
-    :func:`default_channels` of ``profile``."""
-    flags = {"dense": dense or None, "embedfilter_tau": embedfilter_tau, "lexical": lexical, "encoder": encoder, "encoder2": encoder2}
-    named = [s.mode for s in CHANNEL_SPECS if flags.get(s.option) is not None]
+def resolve(channels: str | None, given: Mapping[str, Any] | None = None, profile: str = DEFAULT_PROFILE) -> tuple[tuple[str, ...], dict, bool]:
+    """(channels, each channel's setting {mode: setting} as ``build_index(channels=...)`` takes it,
+    whether they are the default set) from the command line: ``channels`` (``--channels LIST``) and
+    ``given``, the per-channel flags' settings by mode (:func:`indexer.channels.flag_settings`:
+    ``--lexical tokens``, ``--encoder NAME``, ``--embedfilter TAU``...), each of which adds its
+    channel and sets its setting; the flags alone add theirs to the aligned-token channel (as they
+    always did). With neither, :func:`default_channels` of ``profile``."""
+    given = _by_mode(given)
+    named = [s.mode for s in CHANNEL_SPECS if s.mode in given]
     if channels is None and not named:
         chosen, default = default_channels(profile), True
     else:
         listed = parse_channels(channels) if channels is not None else tuple(s.mode for s in CHANNEL_SPECS if s.required)
         chosen, default = tuple(c for c in CHANNELS if c in listed or c in named), False
-    return chosen, build_options(chosen, encoder, lexical, embedfilter_tau, encoder2), default
+    return chosen, channel_settings(chosen, given), default
 
 
-def build_options(channels: tuple[str, ...], encoder: str | None = None, lexical: str | None = None, embedfilter_tau: int | None = None,
-                  encoder2: str | None = None) -> dict:
-    """Keyword arguments of ``indexer.build.build_index`` for a channel set (the encoder by name):
-    ``encoder`` / ``encoder2`` / ``lexical`` / ``embedfilter_tau`` override the defaults of their channel (each
-    channel's ``option`` and ``default`` in indexer/channels.py)."""
-    given = {"encoder": encoder, "encoder2": encoder2, "lexical": lexical, "embedfilter_tau": embedfilter_tau}
-    # the encoders' defaults as this module names them (where a packager, or a test, points them)
-    defaults = {"encoder": DEFAULT_ENCODER, "encoder2": DEFAULT_ENCODER2}
-    options: dict = {"dense": "dense" in channels}  # build_index's dense is a bool, False where not built
-    for s in CHANNEL_SPECS:
-        if s.option is not None and s.mode in channels:
-            options[s.option] = given.get(s.option) or defaults.get(s.option) or s.default_setting()
-    return options
+def _by_mode(given: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {channel_spec(name).mode: value for name, value in (given or {}).items() if value not in (None, False)}
 
 
-def describe(channels: tuple[str, ...], options: dict) -> str:
+def channel_settings(channels: Iterable[str], given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``build_index(channels=...)`` for a channel set (the aligned tokens aside: ``sparse``): each
+    channel's setting ``given`` (by any of its names), else its default (:data:`DEFAULT_SETTINGS`,
+    else its row's, indexer/channels.py); sentence encoders by name."""
+    given, channels = _by_mode(given), set(channels)
+    return {s.mode: given.get(s.mode) or DEFAULT_SETTINGS.get(s.mode) or s.default_setting()
+            for s in CHANNEL_SPECS if not s.required and s.mode in channels}
+
+
+def build_options(channels: tuple[str, ...], given: Mapping[str, Any] | None = None) -> dict:
+    """:func:`channel_settings` keyed by each row's ``option`` (``dense`` a bool, False where not
+    built): the older keyword shape, which benchmarks/studies read."""
+    settings = channel_settings(channels, given)
+    return {"dense": "dense" in channels} | {spec_of.option: settings[spec_of.mode] for spec_of in CHANNEL_SPECS if spec_of.mode in settings}
+
+
+def describe(channels: tuple[str, ...], settings: dict) -> str:
     """One line for the build's output: ``channels: sparse, bm25 (words), encoder (minilm)``."""
-    detail = {s.mode: options.get(s.option) for s in CHANNEL_SPECS if s.option is not None}
-    return "channels: " + ", ".join(f"{c} ({detail[c]})" if detail.get(c) and detail[c] is not True else c for c in channels)
+    return "channels: " + ", ".join(f"{c} ({settings[c]})" if settings.get(c) and settings[c] is not True else c for c in channels)
 
 
 def needs_llm(channels) -> bool:

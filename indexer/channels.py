@@ -22,7 +22,7 @@ a reader is given the channel's own manifest record, not the manifest.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from indexer.codec import FLOAT32, PostingsCodec
-from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER2_NAME, ENCODER_NAME, DenseIndex
+from indexer.dense import DENSE_NAME, EMBEDFILTER_NAME, ENCODER_NAME, DenseIndex
 from indexer.errors import IndexFormatError
 from indexer.inverted_index import InvertedIndex
 from indexer.layout import MANIFEST
@@ -215,6 +215,15 @@ class ChannelSpec:
     postings: str | None = None  # folder (relative) of its postings, 8-bit impacts in a compact index ("": the index's own)
     aliases: tuple[str, ...] = ()  # older spellings that still resolve
     doc: str = ""
+    flag_help: str = ""  # build-index's help for ``flag`` (the flag itself is made from the row: :func:`add_flags`)
+    flag_choices: tuple[str, ...] | None = None  # the values ``flag`` takes, where they are few
+    flag_type: Callable[[str], Any] | None = None  # how ``flag``'s value is read (None: as text)
+    # the FAISS kind a compact build (indexer/compact.py) writes this dense channel as, where not
+    # the compact default (SQ8)
+    compact_kind: str | None = None
+    milvus: bool = False  # exported to Milvus (``build-index --export-milvus``): a collection field named :attr:`milvus_field`
+    # what ``/info`` says of it, under its manifest key: None nothing, "" its whole record, else that field of the record
+    info: str | None = None
 
     @property
     def required(self) -> bool:
@@ -227,12 +236,26 @@ class ChannelSpec:
         """Every spelling :func:`spec` resolves to this row."""
         return tuple(dict.fromkeys((self.mode, self.manifest_key, self.name, self.attribute, *self.aliases)))
 
+    @property
+    def milvus_field(self) -> str:
+        """Its field in a Milvus collection (retriever/backends/milvus.py, indexer/exports/milvus.py)."""
+        return self.mode.replace("-", "_")
+
+    def info_value(self, manifest: Any) -> Any:
+        """What ``/info`` says of it (:attr:`info`), from the manifest."""
+        record = self.record(manifest)
+        return record if not self.info or record is None else record.get(self.info)
+
     def default_setting(self) -> Any:
         return self.default() if callable(self.default) else self.default
 
     def record(self, manifest: Any) -> dict | None:
-        """The channel's manifest record (None, or empty: not built)."""
-        return getattr(manifest, self.manifest_key, None) or None
+        """The channel's manifest record (None, or empty: not built): a field of the manifest of its
+        own (the first six channels'), else an entry of its ``channels`` dict (indexer/manifest.py)."""
+        value = getattr(manifest, self.manifest_key, None)
+        if value is None:
+            value = (getattr(manifest, "channels", None) or {}).get(self.manifest_key)
+        return value or None
 
     def load_encoder(self, manifest: Any, device: str | None = None) -> Any:
         """The sentence encoder this encoder channel's manifest record names, loaded and checked
@@ -250,7 +273,7 @@ class ChannelSpec:
         return None if info is None else self.reader(Path(index_dir), info, manifest.n_docs, mmap)
 
 
-def _encoder_row(mode: str, name: str, flag: str, default: str, doc: str) -> ChannelSpec:
+def _encoder_row(mode: str, name: str, flag: str, default: str, doc: str, flag_help: str, compact_kind: str | None = None) -> ChannelSpec:
     """A sentence-encoder channel: its embeddings in the shards' array ``name`` and in
     ``name.faiss``, its manifest record ``mode`` (the encoder's identity), built by the option
     ``mode``, searched with its own encoder's embedding of the query."""
@@ -258,7 +281,8 @@ def _encoder_row(mode: str, name: str, flag: str, default: str, doc: str) -> Cha
         mode=mode, manifest_key=mode, name=name, attribute=f"{mode}_index", files=(f"{name}.faiss",),
         build_needs=frozenset({SENTENCE_ENCODER}), query_needs=frozenset({ENCODER_EMBEDDING}), query_kind="dense",
         writer=_encoder_writer(name), reader=_read_dense(name), option=mode, flag=flag, default=default,
-        fields=(("dim", "positive-int"), ("name", "str"), ("sha256", "str")), doc=doc,
+        fields=(("dim", "positive-int"), ("name", "str"), ("sha256", "str")), doc=doc, flag_help=flag_help, compact_kind=compact_kind,
+        info="name",
     )
 
 
@@ -268,13 +292,14 @@ CHANNEL_SPECS: tuple[ChannelSpec, ...] = (
         build_needs=frozenset({LLM_TOKENS}), query_needs=frozenset({LLM_STATE, LITERAL_TOKENS}), query_kind="sparse",
         writer=_SparseWriter, reader=_read_sparse, option=None, flag=None,
         fields=(("top_k", "positive-int"), ("vocab_size", "positive-int")), postings="", aliases=("aligned",),
-        doc="aligned tokens: the top-K tokens of the LM head's reading of each document (Eq. 15-16), a Numba inverted index",
+        doc="aligned tokens: the top-K tokens of the LM head's reading of each document (Eq. 15-16), a Numba inverted index", milvus=True,
     ),
     ChannelSpec(
         mode="dense", manifest_key="dense", name=DENSE_NAME, attribute="dense", files=(f"{DENSE_NAME}.faiss", f"{DENSE_NAME}_rows.npy"),
         build_needs=frozenset({LLM_EMBEDDINGS}), query_needs=frozenset({LLM_STATE}), query_kind="dense",
         writer=_DenseWriter, reader=_read_dense(DENSE_NAME), option="dense", flag="--dense",
-        fields=(("dim", "positive-int"),), doc="cosine over the pooled LLM states (FAISS)",
+        fields=(("dim", "positive-int"),), doc="cosine over the pooled LLM states (FAISS)", milvus=True,
+        flag_help="also store dense embeddings in a FAISS index",
     ),
     ChannelSpec(
         mode="dense-ef", manifest_key="embedfilter", name=EMBEDFILTER_NAME, attribute="dense_ef",
@@ -283,19 +308,27 @@ CHANNEL_SPECS: tuple[ChannelSpec, ...] = (
         writer=_EmbedFilterWriter, reader=_read_dense(EMBEDFILTER_NAME), option="embedfilter_tau", flag="--embedfilter TAU",
         default=_default_tau,
         fields=(("dim", "positive-int"),), aliases=("dense_ef",), doc="cosine over EmbedFilter-projected LLM states (embedder/embedfilter.py)",
+        flag_help="also store EmbedFilter dense vectors (d // TAU dims)", flag_type=int,
     ),
     ChannelSpec(
         mode="bm25", manifest_key="lexical", name=LEXICAL_DIR, attribute="lexical", files=(f"{LEXICAL_DIR}/*",),
         build_needs=frozenset({TEXT}), query_needs=frozenset({ANALYSED_TERMS}), query_kind="sparse",
         writer=_BM25Writer, reader=_read_bm25, option="lexical", flag="--lexical words", default="words",
         fields=(("n_terms", "int"),), postings=LEXICAL_DIR, doc="BM25 on stemmed words or sub-word tokens, this engine's own inverted index",
+        flag_help="also store a BM25 lexical channel (stemmed words or backbone tokens)", flag_choices=ANALYZERS, milvus=True, info="",
     ),
-    _encoder_row("encoder", ENCODER_NAME, "--encoder NAME", "minilm",
-                 "cosine over an external sentence-transformers encoder's embeddings (embedder/sentence_encoder.py)"),
+    _encoder_row("encoder", ENCODER_NAME, "--encoder NAME_OR_PATH", "minilm",
+                 "cosine over an external sentence-transformers encoder's embeddings (embedder/sentence_encoder.py)",
+                 "also store a sentence-transformers encoder's embeddings (mode 'encoder', the fast point's): 'minilm' (the packaged "
+                 "all-MiniLM-L6-v2), 'mpnet' (all-mpnet-base-v2 from its five zip-part packages: ~5x MiniLM's cost, better held out), "
+                 "a local model directory or a cached hub id"),
     # a second encoder, so that one index serves both operating points (retriever/profiles.py):
     # ``fast`` reads the cheap one above at query time, ``best`` this stronger, costlier one
-    _encoder_row("encoder2", ENCODER2_NAME, "--encoder2 NAME", "mpnet",
-                 "cosine over a second sentence encoder's embeddings (default all-mpnet-base-v2: the 'best' operating point's)"),
+    # mpnet's 768 dimensions at 6 bits in a compact build (indexer/compact.py says why)
+    _encoder_row("encoder2", "encoder2", "--encoder2 NAME_OR_PATH", "mpnet",
+                 "cosine over a second sentence encoder's embeddings (default all-mpnet-base-v2: the 'best' operating point's)",
+                 "also store a second sentence encoder's embeddings (mode 'encoder2', the best point's; default mpnet), named as --encoder",
+                 compact_kind="SQ6"),
 )
 
 MODES: tuple[str, ...] = tuple(s.mode for s in CHANNEL_SPECS)  # in table order: the order of --channels, fusion, verify
@@ -342,13 +375,59 @@ def sentence_encoder_specs(modes: Iterable[str] | None = None) -> tuple[ChannelS
     return rows if modes is None else tuple(s for s in rows if s.mode in set(modes))
 
 
+def encoders_by_mode(encoder: Any = None, encoders: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The sentence encoders a caller gives, by channel mode: ``encoders`` ({name: model}, any of a
+    channel's names) and ``encoder`` (the ``encoder`` channel's, a shorthand); those given alone."""
+    given = {spec(name).mode: model for name, model in (encoders or {}).items() if model is not None}
+    if encoder is not None:
+        given.setdefault(spec("encoder").mode, encoder)
+    unknown = [m for m in given if SENTENCE_ENCODER not in spec(m).build_needs]
+    if unknown:
+        raise ValueError(f"encoders: {', '.join(unknown)} is not a sentence-encoder channel ({', '.join(s.mode for s in sentence_encoder_specs())})")
+    return given
+
+
+def flag_dest(s: ChannelSpec) -> str:
+    """The argparse attribute of a row's build-index flag (``--embedfilter TAU`` -> ``embedfilter``)."""
+    return s.flag.split()[0].lstrip("-").replace("-", "_")
+
+
+def add_flags(parser: Any) -> None:
+    """build-index's per-channel flags, one per row with a :attr:`~ChannelSpec.flag`: a flag
+    without a value (``--dense``) turns its channel on; one with a value sets its setting too."""
+    for s in CHANNEL_SPECS:
+        if s.flag is None:
+            continue
+        name, *metavar = s.flag.split()
+        if not metavar:
+            parser.add_argument(name, action="store_true", help=s.flag_help)
+        elif s.flag_choices is not None:
+            parser.add_argument(name, choices=list(s.flag_choices), help=s.flag_help)
+        else:
+            parser.add_argument(name, metavar=metavar[0], type=s.flag_type or str, help=s.flag_help)
+
+
+def flag_settings(args: Any) -> dict[str, Any]:
+    """{mode: setting} of the per-channel flags given on a command line (parsed by :func:`add_flags`)."""
+    given = {s.mode: getattr(args, flag_dest(s), None) for s in CHANNEL_SPECS if s.flag is not None}
+    return {mode: value for mode, value in given.items() if value not in (None, False)}
+
+
+def raw_record(data: dict, key: str) -> Any:
+    """A channel's record in a manifest's parsed JSON ``data``: its own field, else its entry in ``channels``."""
+    if key in data:
+        return data[key]
+    channels = data.get("channels")
+    return channels.get(key) if isinstance(channels, dict) else None
+
+
 def field_problem(data: dict) -> str | None:
     """The first channel field of a manifest's ``data`` (parsed JSON) that a channel's loaders
     cannot work with, as ``Manifest.read`` reports it; records that are not objects are the
     manifest's own check (indexer/manifest.py)."""
     for s in CHANNEL_SPECS:
-        info = data.get(s.manifest_key)
-        if info is None:
+        info = raw_record(data, s.manifest_key)
+        if not isinstance(info, dict):  # null, or not an object: the manifest's own check
             continue
         for name, kind in s.fields:
             test, what = _KINDS[kind]
@@ -358,8 +437,36 @@ def field_problem(data: dict) -> str | None:
 
 
 __all__ = [
-    "ANALYSED_TERMS", "ANALYZERS", "BUILD_NEEDS", "CHANNEL_SPECS", "ENCODER_EMBEDDING", "LITERAL_TOKENS", "LLM_EMBEDDINGS", "LLM_STATE",
-    "LLM_TOKENS", "LM_HEAD", "MODES", "QUERY_KINDS", "QUERY_NEEDS", "SENTENCE_ENCODER", "SPARSE", "TEXT", "ChannelReader", "ChannelSpec",
-    "ChannelWriter", "WriteContext", "by_manifest_key", "field_problem", "mode_of", "of_kind", "sentence_encoder_specs", "spec",
+    "ANALYSED_TERMS",
+    "ANALYZERS",
+    "BUILD_NEEDS",
+    "CHANNEL_SPECS",
+    "ENCODER_EMBEDDING",
+    "LITERAL_TOKENS",
+    "LLM_EMBEDDINGS",
+    "LLM_STATE",
+    "LLM_TOKENS",
+    "LM_HEAD",
+    "MODES",
+    "QUERY_KINDS",
+    "QUERY_NEEDS",
+    "SENTENCE_ENCODER",
+    "SPARSE",
+    "TEXT",
+    "ChannelReader",
+    "ChannelSpec",
+    "ChannelWriter",
+    "WriteContext",
+    "add_flags",
+    "by_manifest_key",
+    "encoders_by_mode",
+    "field_problem",
+    "flag_dest",
+    "flag_settings",
+    "mode_of",
+    "of_kind",
+    "raw_record",
+    "sentence_encoder_specs",
+    "spec",
     "with_need",
 ]

@@ -12,7 +12,8 @@ from embedder.models import DEFAULT_MODEL, ModelNotAvailable
 from indexer import channel_set
 from indexer.build import DEFAULT_SHARD_SIZE, DEFAULT_TOP_K, EmbedderSpec, build_index, index_size_bytes
 from indexer.build_profiles import BUILD_PROFILES, DEFAULT_BUILD_PROFILE, get_build_profile
-from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
+from indexer.channels import add_flags as add_channel_flags
+from indexer.channels import flag_settings, sentence_encoder_specs
 from indexer.compact import DEFAULT_COMPACT, DEFAULT_IMPACT_BITS, DOC_ID_ENCODINGS, IMPACT_BITS, doc_id_encoding
 from indexer.corpus import FORMATS, CorpusError, CorpusSpec
 from indexer.manifest import IndexFormatError
@@ -38,14 +39,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--channels", metavar="LIST",
-        help="channels to build, comma-separated from sparse,dense,dense-ef,bm25,encoder,encoder2: exactly these (bm25 alone builds "
+        help=f"channels to build, comma-separated from {','.join(channel_set.CHANNELS)}: exactly these (bm25 alone builds "
         "BM25 alone; the LLM is loaded only for sparse, dense and dense-ef). "
         "Default: the channels --profile's operating point searches: sparse,bm25,encoder (MiniLM) for fast, sparse,bm25,encoder2 "
         "(mpnet) for best, all four for both; where mpnet is not installed, best and both build sparse,dense,bm25,encoder "
         "(best then reads the LLM's dense channel); without MiniLM, sparse,dense,bm25. "
         "The flags below add their channel and set its option",
     )
-    p.add_argument("--dense", action="store_true", help="also store dense embeddings in a FAISS index")
     p.add_argument("--dense-kind", default="Flat", help="FAISS factory string for the dense index (Flat, HNSW32, SQfp16, SQ8, ...)")
     p.add_argument(
         "--compact", action=argparse.BooleanOptionalAction, default=DEFAULT_COMPACT,
@@ -68,16 +68,7 @@ def parser() -> argparse.ArgumentParser:
         "256 bytes a document less at 512 tokens than 8, fast within 0.0009 nDCG@10 of 8 bits on the five shared collections "
         "but best up to -0.0039 (benchmarks/results/compact-index/README.md); or 8 (best's and both's). BM25's stay 8-bit",
     )
-    p.add_argument("--embedfilter", type=int, metavar="TAU", help="also store EmbedFilter dense vectors (d // TAU dims)")
-    p.add_argument("--lexical", choices=["words", "tokens"], help="also store a BM25 lexical channel (stemmed words or backbone tokens)")
-    p.add_argument(
-        "--encoder", metavar="NAME_OR_PATH",
-        help="also store a sentence-transformers encoder's embeddings (mode 'encoder', the fast point's): 'minilm' (the packaged all-MiniLM-L6-v2), 'mpnet' (all-mpnet-base-v2 from its five zip-part packages: ~5x MiniLM's cost, better held out), a local model directory or a cached hub id",
-    )
-    p.add_argument(
-        "--encoder2", metavar="NAME_OR_PATH",
-        help="also store a second sentence encoder's embeddings (mode 'encoder2', the best point's; default mpnet), named as --encoder",
-    )
+    add_channel_flags(p)  # one per row of the channel table: --dense, --embedfilter TAU, --lexical, --encoder NAME, ...
     p.add_argument("--max-length", type=int, default=EmbedderConfig.max_length, help="text tokens kept per document (with --segments: tokens per segment)")
     p.add_argument("--segments", action="store_true", help="multi-vector documents: read whole documents as --max-length windows (sparse: max over windows; dense: best window)")
     p.add_argument("--max-segments", type=int, default=None, help="with --segments: at most this many windows per document (default: all)")
@@ -153,10 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             settings["query_prompt"] = None if args.query_prompt == "none" else args.query_prompt
         settings |= {"max_length": args.max_length, "batch_size": args.batch_size, "fold_all_caps": not args.keep_case}
         profile = get_build_profile(args.profile)
-        channels, options, default = channel_set.resolve(args.channels, args.dense, args.embedfilter, args.lexical, args.encoder, args.encoder2,
-                                                         profile=profile.name)
         # each channel's setting, by its row in the channel table (indexer/channels.py): what build_index builds
-        settings_of = {s.mode: options[s.option] for s in CHANNEL_SPECS if s.mode in channels and not s.required}
+        channels, settings_of, default = channel_set.resolve(args.channels, flag_settings(args), profile=profile.name)
+        options = dict(settings_of)
         # the sentence encoders the channels need at build time, by the shards' array each fills (each worker loads them by name)
         encoder_names = {s.name: settings_of[s.mode] for s in sentence_encoder_specs(settings_of)}
         ray = None

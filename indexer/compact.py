@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.channels import CHANNEL_SPECS, ChannelSpec
+from indexer.channels import CHANNEL_SPECS, ChannelSpec, by_manifest_key
 from indexer.channels import spec as channel_spec
 from indexer.codec import INT32, DocLayout, PostingsCodec, doc_layout, layout_options
 from indexer.codec import compact_format as codec_format
@@ -92,12 +92,12 @@ from indexer.staging import staging_dir
 # (the same -0.0021) for ~950 more bytes per document; one global scale instead of one per list
 # lost up to 0.0016 on BM25 (cranfield) where per-list lost at most 0.0008.
 COMPACT_DENSE_KIND = "SQ8"
-# Channels a compact build quantises further (issue 53's size goal): mpnet's 768 dimensions at 6 bits
+# Channels a compact build quantises further (issue 53's size goal; the rows' compact_kind, indexer/channels.py): mpnet's 768 dimensions at 6 bits
 # (576 bytes a document, 192 fewer than SQ8) kept both profiles' hybrids within 0.0024 of SQ8 on the
 # five shared collections, and mpnet's own channel within 0.0016; at 4 bits best lost 0.0041 on
 # cranfield. MiniLM stays SQ8: at 6 bits its own channel lost 0.0079 on adi (at 4 bits fast lost
 # 0.0038 there) for 96 bytes (benchmarks/results/compact-index/compact-index-default-*.json).
-COMPACT_DENSE_KINDS: dict[str, str] = {"encoder2": "SQ6"}
+COMPACT_DENSE_KINDS: dict[str, str] = {s.mode: s.compact_kind for s in CHANNEL_SPECS if s.compact_kind is not None}  # each row's compact_kind
 DEFAULT_COMPACT = True  # build-index's default; build_index()'s stays False (the exact float32 reference)
 PER_LIST, GLOBAL = "per-list", "global"
 QUANTISATIONS = (PER_LIST, GLOBAL)
@@ -373,7 +373,7 @@ def compact_copy(
                 changed: dict = {s.manifest_key: None for s in dropped if s.manifest_key != "lexical"}
                 written: dict[str, str] = {}  # {dense channel: the kind it was written as}
                 for field, name in _DENSE_CHANNELS:
-                    info = getattr(m, field)
+                    info = by_manifest_key(field).record(m)
                     if info is None or field in changed:
                         continue
                     kind = written[_MODES[field]] = kinds[_MODES[field]]
@@ -393,7 +393,7 @@ def compact_copy(
                                                     **({"impact_levels": impact_levels} if impact_levels is not None else {}),
                                                     **({"top_k": {"from": m.sparse["top_k"], "to": top_k}} if top_k is not None else {}),
                                                     "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
-                    files=None, checksum=None, **changed,
+                    files=None, checksum=None, **Manifest.channel_fields(changed, m.channels),
                 )
                 out.files = record_files(tmp)
                 out.write(tmp)  # last: a directory without a manifest is not an index
@@ -405,7 +405,7 @@ def compact_copy(
 
 
 def parse_dense_kind(text: str) -> str | dict[str, str]:
-    """``SQ8`` (every dense channel) or ``encoder=SQ8,encoder2=SQ4`` (per channel)."""
+    """``SQ8`` (every dense channel) or ``encoder=SQ8,MODE=SQ4`` (per channel, by mode)."""
     if "=" not in text:
         return text
     pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("index", type=Path, help="a plain index (format 1 or 2)")
     p.add_argument("out", type=Path, help="the compact index to write")
     p.add_argument("--dense-kind", default=None, type=parse_dense_kind,
-                   help="FAISS kind of every dense channel (SQ8, SQfp16, SQ4, Flat...), or per channel: encoder=SQ8,encoder2=SQ4; "
+                   help="FAISS kind of every dense channel (SQ8, SQfp16, SQ4, Flat...), or per channel: MODE=KIND,... (encoder=SQ8,...); "
                    "the default, and the channels not named: what a compact build writes")
     p.add_argument("--drop", action="append", default=[], metavar="CHANNEL",
                    help="leave this channel out of the copy (repeatable; e.g. dense, where no profile searches it)")

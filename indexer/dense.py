@@ -21,7 +21,6 @@ from indexer.regular_files import open_regular
 DENSE_NAME = "dense"
 EMBEDFILTER_NAME = "dense_ef"
 ENCODER_NAME = "encoder"  # an external sentence-transformers encoder's embeddings (build-index --encoder)
-ENCODER2_NAME = "encoder2"  # a second one (build-index --encoder2: all-mpnet-base-v2 by default, the ``best`` point's)
 DENSE_FILE = f"{DENSE_NAME}.faiss"
 
 

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from embedder.util import write_json_atomic
-from indexer.channels import CHANNEL_SPECS, field_problem
+from indexer.channels import CHANNEL_SPECS, field_problem, raw_record
+from indexer.channels import spec as channel_spec
 from indexer.checksums import json_checksum
 from indexer.codec import CODEC_FORMAT_VERSION
 from indexer.errors import IndexFormatError  # also imported from here (its first home)
@@ -32,6 +33,8 @@ from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
 # ("sparse",): the aligned tokens' record, a key of every manifest; null in an index built without them (build-index
 # --channels naming other channels alone), which readers before that refuse ("not an object") rather than misread
 _REQUIRED_CHANNELS = tuple(s.manifest_key for s in CHANNEL_SPECS if s.required)
+# the channels with a Manifest field of their own (the fields below): the first six; a later row's record is in ``channels``
+_CHANNEL_FIELDS = ("sparse", "dense", "embedfilter", "lexical", "encoder", "encoder2")
 
 FORMAT_VERSION = 1
 # Multi-vector documents (indexer/segments.py) are written as format 2, so that a reader that
@@ -83,6 +86,10 @@ class Manifest:
     lexical: dict | None = None  # {"analyzer", "k1", "b", "n_terms"} when stored
     encoder: dict | None = None  # {"name", "sha256", "dim", "max_seq_length", "kind", ...} when stored
     encoder2: dict | None = None  # the second encoder channel's record, as ``encoder``'s
+    # the records of every other channel (a row of indexer/channels.py added after these six, which
+    # keep their own fields so that earlier readers read the indexes of today): {manifest key: record};
+    # None or {}: none, and not written
+    channels: dict | None = None
     # multi-vector documents: {"length", "max_segments", "n_segments", "max_per_doc", ...}; None: one vector per document
     segments: dict | None = None
     # the stored documents (indexer/stored_documents.py): {"file", "n_docs", "metadata_fields", "metadata_types"} (the
@@ -103,7 +110,7 @@ class Manifest:
     checksum: str | None = None  # of this manifest's other fields (json_checksum), set by write()
 
     def write(self, directory: Path) -> None:
-        data = {k: v for k, v in asdict(self).items() if k != "checksum"}
+        data = {k: v for k, v in asdict(self).items() if k != "checksum" and not (k == "channels" and not v)}
         self.checksum = json_checksum(data)
         write_json_atomic(directory / MANIFEST, {**data, "checksum": self.checksum})
 
@@ -157,6 +164,21 @@ class Manifest:
             raise IndexFormatError(f"{path}: {problem}")
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    @classmethod
+    def channel_fields(cls, records: dict[str, dict | None], channels: dict | None = None) -> dict:
+        """Keyword arguments of :class:`Manifest` (or ``dataclasses.replace``) for channel ``records``
+        ({manifest key: record or None}): a channel with a field of its own sets it, any other one an
+        entry of ``channels`` (those given kept, a None record removed)."""
+        own = {k: v for k, v in records.items() if k in _CHANNEL_FIELDS}
+        others = dict(channels or {})
+        for k, v in records.items():
+            if k not in _CHANNEL_FIELDS:
+                if v is None:
+                    others.pop(k, None)
+                else:
+                    others[k] = v
+        return {**own, "channels": others or None}
+
     def check_model(self, model_identity: dict, adapter_identity: dict | None) -> None:
         """Refuse an embedder other than the one the index was built with."""
         if model_identity.get("sha256") != self.model.get("sha256"):
@@ -174,8 +196,8 @@ class Manifest:
 
     def check_encoder(self, encoder_identity: dict | None, channel: str = "encoder") -> None:
         """Refuse a sentence-transformers encoder other than the one the index's ``channel``
-        ("encoder" or "encoder2") was built with (and any encoder for an index without it)."""
-        mine = getattr(self, channel)
+        (any of its names) was built with (and any encoder for an index without it)."""
+        mine = channel_spec(channel).record(self)
         if mine is None:
             if encoder_identity is not None:
                 raise IndexFormatError(f"index has no {channel} channel (built without --{channel}), asked to use {encoder_identity.get('name')!r}")
@@ -200,11 +222,12 @@ def _field_problem(data: dict) -> str | None:
     for key in _REQUIRED_CHANNELS:  # null: built without the aligned tokens
         if data[key] is not None and not isinstance(data[key], dict):
             return f"field {key!r}: neither an object nor null"
-    if all(data.get(s.manifest_key) is None for s in CHANNEL_SPECS):
+    if all(raw_record(data, s.manifest_key) is None for s in CHANNEL_SPECS):
         return f"no channel: every channel's record ({', '.join(s.manifest_key for s in CHANNEL_SPECS)}) is null"
     optional = tuple(s.manifest_key for s in CHANNEL_SPECS if not s.required)
-    for key in ("adapter", *optional, "documents", "files", "calibration"):
-        if data.get(key) is not None and not isinstance(data[key], dict):
+    for key in ("adapter", "channels", *optional, "documents", "files", "calibration"):
+        value = data.get(key) if key in ("adapter", "channels", "documents", "files", "calibration") else raw_record(data, key)
+        if value is not None and not isinstance(value, dict):
             return f"field {key!r}: neither an object nor null"
     problem = _embedding_problem(data["embedding"])
     if problem:
@@ -256,21 +279,21 @@ def _impacts_problem(data: dict, version: int) -> str | None:
     format 7 and stream-packed doc numbers go together, with 8-bit or 4-bit aligned-token impacts.
     BM25's impacts are 8-bit in every format."""
     for key in (s.manifest_key for s in CHANNEL_SPECS if s.postings is not None):
-        impacts = (data.get(key) or {}).get("impacts")
+        impacts = (raw_record(data, key) or {}).get("impacts")
         if impacts is not None and impacts not in (IMPACTS if key == "sparse" else (UINT8_IMPACTS,)):
             return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}" + (f" or {UINT4_IMPACTS!r}" if key == "sparse" else "")
         if key == "sparse" and ((impacts == UINT4_IMPACTS and version not in NIBBLE_VERSIONS)
                                 or (version == NIBBLE_FORMAT_VERSION and impacts != UINT4_IMPACTS)):
             return (f"field 'sparse.impacts': 4-bit impacts are format {NIBBLE_FORMAT_VERSION} (or {STREAM_FORMAT_VERSION}), and format "
                     f"{NIBBLE_FORMAT_VERSION} needs them (format {version}, impacts {impacts!r})")
-        levels = (data.get(key) or {}).get("levels")
+        levels = (raw_record(data, key) or {}).get("levels")
         most = 16 if impacts == UINT4_IMPACTS else 256
         if levels is not None and (not _positive_int(levels) or not 2 <= levels <= most or impacts is None):
             return f"field '{key}.levels': {levels!r} is not a count of impact levels (2 to {most}, with 'impacts')"
         if impacts is not None and version not in COMPACT_VERSIONS:
             return (f"field '{key}.impacts': 8-bit impacts in an index of format {version} "
                     f"(they are format {', '.join(map(str, COMPACT_VERSIONS))})")
-        doc_ids = (data.get(key) or {}).get("doc_ids")
+        doc_ids = (raw_record(data, key) or {}).get("doc_ids")
         if doc_ids is not None and doc_ids not in _DOC_ID_FORMATS:
             return f"field '{key}.doc_ids': {doc_ids!r} is not one of {sorted(_DOC_ID_FORMATS)}"
         allowed = ((STREAM_FORMAT_VERSION,) if doc_ids == BITSTREAM_DOC_IDS else (_DOC_ID_FORMATS.get(doc_ids), NIBBLE_FORMAT_VERSION)) + (CODEC_FORMAT_VERSION,)

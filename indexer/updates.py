@@ -46,6 +46,7 @@ from indexer.channels import (
     LM_HEAD,
     SENTENCE_ENCODER,
     ChannelSpec,
+    encoders_by_mode,
     sentence_encoder_specs,
     spec,
 )
@@ -141,16 +142,17 @@ def update_index(
     embedder: Embedder | None = None,
     encoder: SentenceEncoder | None = None,
     progress: bool = True,
-    encoder2: SentenceEncoder | None = None,
+    encoders: Mapping[str, SentenceEncoder] | None = None,
     max_document_bytes: int = MAX_DOCUMENT_BYTES,
     recalibrate: bool = False,
 ) -> UpdateReport:
     """Add (or replace) ``add`` and remove ``delete`` from the index at ``index_dir``; publish
     the result as its next generation and return what was done.
 
-    ``embedder``/``encoder``/``encoder2``: the models that encode the added documents; loaded from the
-    manifest when not given (and only when there is something to encode). They must be the
-    models the index was built with (checked, as a search checks them).
+    ``embedder``/``encoders``: the models that encode the added documents (``encoders``: the sentence
+    encoders by channel, any of its names; ``encoder``: the ``encoder`` channel's, a shorthand);
+    loaded from the manifest when not given (and only when there is something to encode). They must
+    be the models the index was built with (checked, as a search checks them).
 
     The added documents are checked (``max_document_bytes``: the most bytes a document's stored JSON
     line may hold) and encoded first, without the index's write lock; then, under it, the generation the
@@ -158,7 +160,7 @@ def update_index(
     refused by name, publishing nothing; an update that changes nothing (only ids that are not indexed to
     delete) publishes nothing either (``UpdateReport.published`` False).
     """
-    return publish_update(prepare_update(index_dir, add, delete, embedder, encoder, progress, encoder2, max_document_bytes, recalibrate))
+    return publish_update(prepare_update(index_dir, add, delete, embedder, encoder, progress, encoders, max_document_bytes, recalibrate))
 
 
 def prepare_update(
@@ -168,7 +170,7 @@ def prepare_update(
     embedder: Embedder | None = None,
     encoder: SentenceEncoder | None = None,
     progress: bool = True,
-    encoder2: SentenceEncoder | None = None,
+    encoders: Mapping[str, SentenceEncoder] | None = None,
     max_document_bytes: int = MAX_DOCUMENT_BYTES,
     recalibrate: bool = False,
 ) -> PreparedUpdate:
@@ -176,6 +178,7 @@ def prepare_update(
     models the index's current manifest names, and the fusion calibration read again where it is
     stale or ``recalibrate`` asks; no lock is taken and nothing is written."""
     start = time.perf_counter()
+    given = encoders_by_mode(encoder, encoders)
     target = Path(index_dir)
     added = check_added(add, max_document_bytes)
     deleted = list(dict.fromkeys(_delete_id(d, i) for i, d in enumerate(delete, start=1)))
@@ -192,10 +195,9 @@ def prepare_update(
         finally:
             opened.close()
         t0 = time.perf_counter()
-        new = _encode(added, manifest, embedder, {"encoder": encoder, "encoder2": encoder2}, progress)
+        new = _encode(added, manifest, embedder, given, progress)
         encode_seconds = time.perf_counter() - t0
         key = _encoding_key(manifest)
-    given = {mode: e for mode, e in (("encoder", encoder), ("encoder2", encoder2)) if e is not None}
     calibration = _recalibrated(target, len(added), deleted, recalibrate, given, getattr(embedder, "tokenizer", None))
     return PreparedUpdate(target, added, deleted, new, key, embedder, round(encode_seconds, 3), start, verified, calibration)
 
@@ -369,7 +371,7 @@ def needs_llm(m: Manifest) -> bool:
 
 def load_models(m: Manifest, embedder=None, encoders: Mapping[str, SentenceEncoder | None] | None = None) -> tuple[Embedder | None, dict[str, SentenceEncoder]]:
     """The manifest's embedder and the sentence encoders of its encoder channels (by channel
-    mode: "encoder", "encoder2"), loaded where not given; checked where given. The embedder is None
+    mode), loaded where not given; checked where given. The embedder is None
     where no channel of the index needs the LLM (an index of BM25 and sentence encoders)."""
     from embedder.encoder import Embedder, EmbedderConfig
 
@@ -458,15 +460,15 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
     if m.segments is not None and rows is not None:
         per_doc = np.bincount(rows, minlength=n_docs)
         segments = {**m.segments, "n_segments": len(rows), "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum())}
-    records = {s.manifest_key: getattr(m, s.manifest_key) for s in CHANNEL_SPECS if not s.required}
+    records = {s.manifest_key: s.record(m) for s in CHANNEL_SPECS if not s.required}
     for s in DENSE_SPECS:
-        name, info = s.name, getattr(m, s.manifest_key)
+        name, info = s.name, s.record(m)
         if info is None:
             continue
         if rows is not None and "n_vectors" in info:  # a multi-vector channel's count of vectors
             records[s.manifest_key] = {**info, "n_vectors": len(rows)}
         projection = None
-        if LM_HEAD in s.build_needs:  # EmbedFilter: the projection computed from the LM head, kept as it was
+        if os.path.lexists(current / f"{name}_projection.npy"):  # a projected channel (EmbedFilter's, from the LM head): kept as it was
             from indexer.integrity import load_npy
 
             projection = load_npy(current / f"{name}_projection.npy", "float32", 2, mmap=False)
@@ -478,7 +480,7 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
         index = DenseIndex.build(np.concatenate(parts), info.get("kind", "Flat"), row_doc=row_doc)
         index.projection = projection
         index.save(out, name)
-    lexical = getattr(m, BM25.manifest_key)
+    lexical = BM25.record(m)
     bm25 = None
     if lexical is not None:
         tokenizer = None
@@ -507,7 +509,7 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
     return Manifest(
         model=m.model, adapter=m.adapter, embedding=m.embedding, sparse=m.sparse, n_docs=n_docs, corpus=corpus,
         segments=segments, documents=stored, runtime=m.runtime, build=dict(m.build), format_version=m.format_version,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), **records,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), **Manifest.channel_fields(records, m.channels),
     )
 
 

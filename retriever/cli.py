@@ -37,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
         "--json", action="store_true",
         help="one JSON object per query on standard output (hits with matched words, raw token ids and BM25 terms, channel shares)",
     )
+    p.add_argument("--explain-settings", action="store_true",
+                   help="say (on standard error) each search setting chosen for this index (profile, query encoder, fusion, feedback, "
+                   "pruning, backend) and why")
     p.add_argument("--verify", action="store_true", help="compare every index file with its recorded checksum first")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="query encoder precision (default auto: chosen for this machine)")
     p.add_argument("--runtime", choices=("auto", "torch", "openvino"), default="auto", help="how the query encoder runs (default auto)")
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.encoder:
             from embedder.sentence_encoder import SentenceEncoder
 
-            extra["encoder"] = SentenceEncoder.load(args.encoder)
+            extra["encoders"] = {"encoder": SentenceEncoder.load(args.encoder)}
         with quiet_libraries():  # progress bars and warnings of model loading: not a query's output
             retriever = Retriever.load(
                 args.index, model=args.model, expansion_m=args.expansion_m, query_weighting=args.query_weighting, verify=args.verify,
@@ -86,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                 milvus_collection=args.milvus_collection, query_encoder=args.query_encoder, profile=args.profile, feedback=args.feedback,
                 sparse_pruning=args.sparse_pruning, **extra
             )
+            if args.explain_settings:
+                for line in retriever.settings.lines():
+                    print(f"search-index: settings: {line}", file=sys.stderr)
             mode = args.mode or retriever.default_mode
             if args.mode is None and mode != "hybrid":  # an index without channels to fuse: say what was chosen
                 print(f"search-index: {retriever.describe_mode(mode)}", file=sys.stderr)

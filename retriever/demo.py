@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from embedder.encoder import Embedder
     from indexer import channel_set
     from indexer.build import build_index
+    from indexer.channels import sentence_encoder_specs
     from retriever.quiet import quiet_libraries
     from retriever.retriever import Retriever
 
@@ -89,9 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         corpus = args.corpus
         queries = args.queries or [line.strip() for line in sys.stdin if line.strip()]
     key = hashlib.sha256(Path(corpus).resolve().as_posix().encode() + (Path(corpus).read_bytes() if Path(corpus).is_file() else b"")).hexdigest()[:12]
-    channels, options, _ = channel_set.resolve(None)  # what build-index builds with no flags,
-    # but mpnet: ~5x MiniLM's cost a document, and the fast profile the demo searches does not read it
-    channels = tuple(c for c in channels if c != "encoder2")
+    # what build-index --profile fast builds (the demo searches fast; best's mpnet costs ~5x MiniLM a document)
+    channels, settings, _ = channel_set.resolve(None, profile="fast")
     index_dir = args.cache / f"index-{key}-{'-'.join(channels)}"
     embedder = Embedder.load()
     print(embedder.runtime_summary())
@@ -100,17 +100,16 @@ def main(argv: list[str] | None = None) -> int:
             retriever = Retriever.load(index_dir, embedder=embedder)
         print(f"index: reusing {index_dir}")
     except IndexFormatError:
-        encoder = None
-        if options.get("encoder"):
+        print(channel_set.describe(channels, settings) + " (build-index --profile fast's)")
+        models = dict(settings)
+        if sentence_encoder_specs(models):
             from embedder.sentence_encoder import SentenceEncoder
 
-            encoder = SentenceEncoder.load(options["encoder"])
-        print(channel_set.describe(channels, options) + " (build-index's default, without mpnet)")
-        m = build_index(corpus, index_dir, embedder, dense=options["dense"], lexical=options.get("lexical"), encoder=encoder, overwrite=True,
-                        sparse="sparse" in channels)
+            models |= {s.mode: SentenceEncoder.load(models[s.mode]) for s in sentence_encoder_specs(models)}
+        m = build_index(corpus, index_dir, embedder, channels=models, overwrite=True, sparse="sparse" in channels)
         print(f"index: built {index_dir}: {m.n_docs} docs in {m.build['seconds']:.1f} s ({m.n_docs / max(m.build['seconds'], 1e-9):.1f} docs/s)")
         with quiet_libraries():
-            retriever = Retriever.load(index_dir, embedder=embedder, encoder=encoder)
+            retriever = Retriever.load(index_dir, embedder=embedder, encoders={s.mode: models[s.mode] for s in sentence_encoder_specs(models)})
     print(f"search: {retriever.describe_mode()}; fusion: {retriever.fusion_source}")
     with quiet_libraries():
         results = retriever.batch_search(queries, k=3)

@@ -28,6 +28,8 @@ import reprlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -261,4 +263,15 @@ class MetadataFilters:
         return mask
 
 
-__all__ = ["MASK_CACHE", "MAX_FILTER_DEPTH", "MAX_FILTER_JSON_DEPTH", "RANGE_OPS", "Condition", "MetadataFilters", "filter_mask", "loads_filter", "parse_filter"]
+__all__ = ["MASK_CACHE", "MAX_FILTER_DEPTH", "MAX_FILTER_JSON_DEPTH", "RANGE_OPS", "Condition", "MetadataFilters", "filter_mask", "loads_filter", "parse_filter", "stored_metadata"]
+
+
+def stored_metadata(index_dir: Path, manifest: Any) -> list[dict | None]:
+    """Each document's stored metadata (None where it has none), by doc number, read from the
+    index (generation) directory ``index_dir``; an index built before documents were stored has none."""
+    from indexer.stored_documents import StoredDocuments
+
+    if manifest.documents is None:
+        return [None] * manifest.n_docs
+    stored = StoredDocuments.open(index_dir, manifest.n_docs)
+    return [stored.record(i).get("metadata") for i in range(len(stored))]

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from indexer.channels import MODES
+from indexer.channels import MODES, mode_of, sentence_encoder_specs
 
 METHODS = ("minmax", "max", "rrf")
 COMPLETION_DEPTH = 1000  # how deep each channel answers for a completed fusion
@@ -265,7 +265,16 @@ DEFAULT_FUSION = {"method": "minmax", "weights": {"sparse": 0.3, "dense": 0.2, "
 DEFAULT_FUSION_WITH_ENCODER = {"method": "minmax", "weights": {"bm25": 0.4, "encoder": 0.4, "sparse": 0.2}}
 
 
-def default_fusion(has_encoder: bool) -> Fusion:
-    """The hybrid setting of an index searched without one: DEFAULT_FUSION_WITH_ENCODER where it
-    has the encoder channel, else DEFAULT_FUSION."""
-    return Fusion(DEFAULT_FUSION_WITH_ENCODER if has_encoder else DEFAULT_FUSION)
+def default_fusion(channels: Iterable[str] | bool) -> Fusion:
+    """The hybrid setting of an index holding ``channels`` (modes) searched without one:
+    DEFAULT_FUSION_WITH_ENCODER where it holds a sentence-encoder channel (the encoder's weight on
+    the first of them it holds, in table order, where it lacks ``encoder``), else DEFAULT_FUSION.
+    A bool (older callers) says whether it holds the ``encoder`` channel."""
+    held = ({"encoder"} if channels else set()) if isinstance(channels, bool) else {mode_of(c) for c in channels}
+    encoders = [s.mode for s in sentence_encoder_specs() if s.mode in held]
+    if not encoders:
+        return Fusion(DEFAULT_FUSION)
+    weights = dict(DEFAULT_FUSION_WITH_ENCODER["weights"])
+    if "encoder" not in held:
+        weights[encoders[0]] = weights.pop("encoder")
+    return Fusion({**DEFAULT_FUSION_WITH_ENCODER, "weights": weights})

@@ -3,8 +3,8 @@ builds the channels of one (``fast``, the default, or ``best``) or of both in on
 (``both``: either chosen at load time, no rebuild); indexer/build_profiles.py.
 
 - ``fast`` (the default): BM25 + MiniLM, no LLM at all, neither to index nor to search.
-- ``best``: BM25 + the stronger, ~5x costlier all-mpnet-base-v2 (the second encoder channel,
-  "encoder2"), no LLM either. The query's own tokens in the aligned-token index (0.1 beside them
+- ``best``: BM25 + the stronger, ~5x costlier all-mpnet-base-v2 (the second encoder channel),
+  no LLM either. The query's own tokens in the aligned-token index (0.1 beside them
   until issue 71) added +0.024 to -0.010 nDCG@10, losing on npl, for the LLM's pass over every
   document. On an index without mpnet, ``best`` is what it was before: the LLM encodes the
   query, and the hybrid adds its aligned tokens and its dense channel to BM25 and MiniLM.
@@ -29,51 +29,11 @@ see docs/calibration.md for what they gain and where they still miss.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
-PROFILE_NAMES = ("fast", "best")
-DEFAULT_PROFILE = "fast"
+from indexer.profile_table import DEFAULT_PROFILE, PROFILE_NAMES, PROFILES, Profile  # the one table, build and search
 
-
-@dataclass(frozen=True)
-class Profile:
-    """An operating point: who encodes queries for the LLM channels, and the hybrid's fusion."""
-
-    name: str
-    query_encoder: str  # Retriever query_encoder: "none" or "llm"
-    fusion: dict = field(hash=False)
-    summary: str = ""
-    # what the point is on an index that lacks this setting's channels but holds the fallback's
-    fallback: Profile | None = field(default=None, hash=False)
-    # the pair of the index's calibration (indexer/calibration_channels.py) whose fusion replaces
-    # ``fusion`` where the index records one ("bm25+encoder"); None: always ``fusion``
-    calibrated: str | None = None
-
-    @property
-    def channels(self) -> tuple[str, ...]:
-        """The channels its fusion weighs (what ``build-index`` must build for it)."""
-        return tuple(c for c, w in self.fusion["weights"].items() if w > 0)
-
-
-PROFILES: dict[str, Profile] = {
-    "fast": Profile(
-        "fast", "none",
-        {"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.5}},
-        "no LLM at all: BM25 + MiniLM, weighed as calibrated on the corpus",
-        calibrated="bm25+encoder",
-    ),
-    "best": Profile(
-        "best", "none",
-        {"method": "minmax", "weights": {"bm25": 0.5, "encoder2": 0.5}},
-        "no LLM at all: BM25 + mpnet (the second encoder channel), weighed as calibrated on the corpus",
-        fallback=Profile(
-            "best", "llm",
-            {"method": "minmax", "weights": {"bm25": 0.3, "encoder": 0.4, "sparse": 0.2, "dense": 0.1}},
-            "the LLM encodes the query: BM25 + MiniLM + its aligned tokens + the LLM's dense channel (an index without encoder2)",
-        ),
-        calibrated="bm25+encoder2",
-    ),
-}  # fmt: skip
+__all__ = ["DEFAULT_PROFILE", "PROFILES", "PROFILE_NAMES", "Profile", "auto_profile", "fit_profile", "get_profile", "profile_arg",
+           "profile_fusion"]
 
 
 def get_profile(name: str | Profile) -> Profile:

@@ -28,7 +28,7 @@ class EncodedQuery:
     weights: np.ndarray  # float32, one per token
     n_literal: int  # how many of `tokens` are the query's own tokens
     embedding: np.ndarray  # pooled embedding h (float32, d); empty when the LLM was not run
-    # the embedding of each sentence encoder channel's model ("encoder", "encoder2"), by mode; those it was encoded for
+    # the embedding of each sentence-encoder channel's model, by mode; those it was encoded for
     encoder_embeddings: dict[str, np.ndarray] = field(default_factory=dict)
     query_encoder: str = ""  # who produced ``embedding``: "llm" or "distilled:NAME" ("" when nothing did)
 

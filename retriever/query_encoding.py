@@ -10,12 +10,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from embedder.encoder import Embedder
+from embedder.encoder import Embedder, EmbedderConfig
 from embedder.tokenization import TokenizerOnly
+from indexer.manifest import MANIFEST, IndexFormatError, Manifest
 from retriever.query import DEFAULT_EXPANSION_M, EncodedQuery, encode_queries, literal_queries, queries_from_states
 from retriever.query_cache import DEFAULT_QUERY_CACHE_SIZE, QueryCache
 
@@ -82,7 +84,7 @@ class QueryEncoding:
     """Encodes queries for an index's channels: the LLM's or its student's pooled state, the
     query's literal tokens plus the top-``expansion_m`` aligned tokens of that state (weighed by
     ``token_idf`` where ``query_weighting`` is "idf"), and the embedding of each of the index's
-    sentence ``encoders`` (by channel mode: "encoder", "encoder2"). ``deferred``: more of them, as
+    sentence ``encoders`` (by channel mode). ``deferred``: more of them, as
     functions that load the model, called the first time a query needs that channel (a model the
     searches weigh nothing of is not loaded: the fast point never loads mpnet).
 
@@ -104,7 +106,7 @@ class QueryEncoding:
     ) -> None:
         check_query_weighting(query_weighting)
         self.embedder = embedder
-        # the index's sentence models by channel mode ("encoder", "encoder2"), those it holds
+        # the index's sentence models by channel mode, those it holds
         self.encoders = {mode: e for mode, e in (encoders or {}).items() if e is not None}
         self._deferred = {mode: load for mode, load in (deferred or {}).items() if mode not in self.encoders}
         self._loading = threading.Lock()
@@ -229,3 +231,41 @@ class QueryEncoding:
         if self.query_weighting == "idf":
             for q in encoded:
                 q.weights = self.token_idf[np.clip(q.tokens, 0, len(self.token_idf) - 1)]
+
+
+def load_query_embedder(index_dir: Path, manifest: Manifest, model: str | None, query_encoder: Any, settings: Any) -> Embedder | TokenizerOnly:
+    """The embedder the manifest names (``model``: another name or path of it), as it encodes
+    queries: its tokenizer alone for ``query_encoder`` "none"; ``settings`` (SearchSettings) say
+    ``device``, ``dtype`` and ``runtime``."""
+    # indexes built before all-caps folding existed were built without it; the query template is
+    # the manifest's too (none recorded: queries read the document template)
+    try:
+        config = EmbedderConfig(**{"fold_all_caps": False, **manifest.embedding})
+    except (TypeError, ValueError) as exc:
+        raise IndexFormatError(f"{index_dir / MANIFEST}: field 'embedding': {exc}") from None
+    adapter = (manifest.adapter or {}).get("path", "none")
+    if query_encoder == "none":  # model-free queries read the LLM's tokenizer alone: its weights are never loaded
+        return TokenizerOnly.load(model or manifest.model["name"], adapter, config)
+    return Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=settings.device, dtype=settings.dtype,
+                         runtime=settings.runtime)
+
+
+def sentence_models(manifest: Manifest, given: Mapping[str, Any], fusion: Any, device: str | None) -> tuple[dict[str, Any], dict[str, Callable[[], Any]]]:
+    """The sentence models of the index's encoder channels (indexer/channels.py), by mode: those
+    ``given`` (checked against the manifest; one for a channel the index lacks is refused), the
+    ones ``fusion`` weighs loaded now, and the others deferred (loaded on their channel's first query)."""
+    import functools
+
+    from indexer.channels import sentence_encoder_specs
+
+    given, deferred = dict(given), {}
+    for s in sentence_encoder_specs():
+        if s.record(manifest) and given.get(s.mode) is None:
+            loader = functools.partial(s.load_encoder, manifest, device)
+            if fusion.weight(s.mode) > 0:
+                given[s.mode] = loader()
+            else:  # a channel the hybrid does not weigh: its model is loaded on its first query
+                deferred[s.mode] = loader
+            continue
+        manifest.check_encoder(given[s.mode].identity if given.get(s.mode) is not None else None, s.manifest_key)
+    return given, deferred

@@ -360,4 +360,5 @@ def retriever_over(path, embedder, encoder, **kw):
     from indexer.manifest import Manifest
     from retriever.retriever import Retriever
 
-    return Retriever(path, Manifest.read(path), embedder, encoder=encoder, **kw)
+    kw.setdefault("profile", None)  # no profile: the fusion of the index's channels
+    return Retriever(path, Manifest.read(path), embedder, encoders={"encoder": encoder} if encoder is not None else None, **kw)

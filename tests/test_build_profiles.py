@@ -35,7 +35,7 @@ def test_each_build_profile_holds_its_search_profiles_channels():
     (set(), "best", channel_set.WITHOUT_ENCODER),
 ])
 def test_profile_channels_fall_back_with_what_is_installed(monkeypatch, installed, profile, want):
-    names = {None if n is None else channel_set.DEFAULT_ENCODER2 for n in installed}
+    names = {None if n is None else channel_set.DEFAULT_SETTINGS["encoder2"] for n in installed}
     monkeypatch.setattr(channel_set, "encoder_available", lambda name=None: name in names)
     assert channel_set.default_channels(profile) == want
     assert channel_set.resolve(None, profile=profile)[0] == want

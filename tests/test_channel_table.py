@@ -67,7 +67,11 @@ def test_every_name_is_said_once_and_old_names_resolve():
         for name in s.names:
             assert spec(name) is s
         assert s.build_needs <= set(channels.BUILD_NEEDS) and s.query_needs <= set(channels.QUERY_NEEDS)
-        assert s.query_kind in channels.QUERY_KINDS and s.manifest_key in {f.name for f in dataclasses.fields(Manifest)}
+        assert s.query_kind in channels.QUERY_KINDS
+        # its record: a Manifest field of its own (the first six rows) or an entry of the manifest's channels dict
+        m = Manifest(**({"model": {}, "adapter": None, "embedding": {}, "sparse": None, "n_docs": 1}
+                        | Manifest.channel_fields({s.manifest_key: {"x": 1}})))
+        assert s.record(m) == {"x": 1}
     # the spellings the layers used before the table (manifest keys, file stems, attributes)
     assert spec("lexical").mode == "bm25" and spec("embedfilter").mode == spec("dense_ef").mode == "dense-ef"
     assert spec("encoder_index").mode == "encoder" and channels.mode_of("lexical") == "bm25"
@@ -87,9 +91,7 @@ def test_the_layers_read_their_channel_names_from_the_table():
 def test_the_plan_is_the_keyword_form(built, tmp_path):
     """``build_index(...)`` (the keyword form) writes the index the plan writes, byte for byte
     (the manifest's timings and date aside)."""
-    kw = {"dense": True, "embedfilter_tau": built.settings["dense-ef"], "lexical": built.settings["bm25"], "encoder": built.encoder,
-          "encoder2": built.encoder2}
-    build_index(built.corpus, tmp_path / "kw", built.embedder, top_k=16, progress=False, **kw)
+    build_index(built.corpus, tmp_path / "kw", built.embedder, top_k=16, progress=False, channels=built.settings)
     a, b = built.index.resolve(), (tmp_path / "kw").resolve()
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file() and p.name != MANIFEST)
     assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file() and p.name != MANIFEST)
@@ -133,10 +135,12 @@ def test_row_is_validated_by_the_manifest_check(built, row, tmp_path):
     assert damages
     for name, value in damages:
         data = json.loads(json.dumps(original))
+        # its record: a field of its own (the first six rows), else an entry of the manifest's channels dict
+        holder = data if row.manifest_key in data else data["channels"]
         if name is None:
-            data[row.manifest_key] = value
+            holder[row.manifest_key] = value
         else:
-            data[row.manifest_key][name] = value
+            holder[row.manifest_key][name] = value
         (index / MANIFEST).write_text(json.dumps(data))
         where = row.manifest_key if name is None else f"{row.manifest_key}.{name}"
         with pytest.raises(IndexFormatError, match=rf"field '{where}'"):
@@ -160,7 +164,7 @@ def searched_alone_and_fused(built, row: ChannelSpec, k: int) -> tuple[list, lis
     """The hits of QUERY in ``row``'s channel alone (top ``k``) and in a hybrid that weighs it alone (top 5)."""
     from retriever.retriever import Retriever
 
-    r = Retriever.load(built.index, embedder=built.embedder, encoder=built.encoder, encoder2=built.encoder2, query_encoder="llm", profile=None, warm=False,
+    r = Retriever.load(built.index, embedder=built.embedder, encoders={s.mode: built.settings[s.mode] for s in channels.sentence_encoder_specs()}, query_encoder="llm", profile=None, warm=False,
                        fusion={"method": "minmax", "weights": {row.mode: 1.0}})
     try:
         return r.search(QUERY, k=k, mode=row.mode), r.search(QUERY, k=5, mode="hybrid")
@@ -194,3 +198,55 @@ def test_row_is_explained(built, row):
     assert all(raw) and all(sum(x.values()) == pytest.approx(h.score, rel=1e-4) for x, h in zip(raw, alone))
     prefix = "" if row.required else f"{row.mode}:"
     assert any(t.startswith(prefix) for h in fused for t in h.matched_tokens)
+
+
+def _encoders(built: Built) -> dict:
+    """The sentence models of the test index's encoder channels, by mode."""
+    return {s.mode: built.settings[s.mode] for s in channels.sentence_encoder_specs()}
+
+
+def test_row_is_updated(built, row, tmp_path):
+    """An update (indexer/updates.py) adds a document to every channel and removes one: the
+    channel alone finds the added document for its own text (the tiny model ranks it anywhere),
+    holds the deleted one no more, and
+    the updated index verifies."""
+    from indexer.corpus import document_from_object
+    from indexer.updates import update_index
+    from retriever.retriever import Retriever
+
+    index = _copy(built, tmp_path)
+    before = Retriever.load(index, embedder=built.embedder, encoders=_encoders(built), query_encoder="llm", profile=None, warm=False)
+    gone = before.doc_ids[0]
+    before.close()
+    added = {"_id": "added-doc", "title": "zebra giraffe", "text": "zebra giraffe savanna zebra giraffe " + QUERY}
+    report = update_index(index, add=[document_from_object(added, "test", 1)], delete=[gone], embedder=built.embedder,
+                          encoders=_encoders(built), progress=False)
+    assert report.published and verify(index).ok
+    m = Manifest.read(index)
+    assert m.n_docs == Manifest.read(built.index).n_docs and isinstance(row.record(m), dict)
+    r = Retriever.load(index, embedder=built.embedder, encoders=_encoders(built), query_encoder="llm", profile=None, warm=False)
+    try:
+        hits = r.search(added["text"], k=m.n_docs, mode=row.mode)
+        assert "added-doc" in {h.doc_id for h in hits} and gone not in {h.doc_id for h in hits}
+    finally:
+        r.close()
+
+
+def test_row_is_exported(built, row, tmp_path):
+    """A row exported to Milvus (its ``milvus``) is searched there as the engine searches it; one
+    that is not stays out of the collection (and the Milvus backend refuses its mode)."""
+    pytest.importorskip("pymilvus", reason="pymilvus is not installed (pip install -e '.[milvus]')")
+    pytest.importorskip("milvus_lite", reason="milvus-lite is not installed (pip install -e '.[milvus]')")
+    from indexer.exports.milvus import export_milvus
+    from retriever.retriever import Retriever
+
+    uri = str(tmp_path / "milvus.db")
+    info = export_milvus(built.index, uri, progress=False)
+    assert (row.mode in info["channels"]) == row.milvus
+    if not row.milvus:
+        return
+    kw = {"embedder": built.embedder, "encoders": _encoders(built), "query_encoder": "llm", "profile": None, "warm": False}
+    with Retriever.load(built.index, **kw) as numba, Retriever.load(built.index, backend="milvus", milvus_uri=uri, **kw) as milvus:
+        (q,) = numba.encode([QUERY], mode=row.mode)
+        a, b = numba.search_channel(q, row.mode, 5), milvus.search_channel(q, row.mode, 5)
+        assert a[0][0] == b[0][0] and a[1][0] == pytest.approx(b[1][0], rel=1e-4)

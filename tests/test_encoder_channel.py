@@ -117,11 +117,11 @@ def test_loading_refuses_another_encoder(encoder_index, tiny_embedder, other_st_
 
     other = SentenceEncoder.load(other_st_dir)
     with pytest.raises(IndexFormatError, match="index built with encoder .* asked to use"):
-        Retriever.load(encoder_index, embedder=tiny_embedder, encoder=other)
+        Retriever.load(encoder_index, embedder=tiny_embedder, encoders={"encoder": other})
     # and an index without the channel refuses any encoder
     build_index(toy_corpus, tmp_path / "plain", tiny_embedder, top_k=8, progress=False)
     with pytest.raises(IndexFormatError, match="no encoder channel"):
-        Retriever.load(tmp_path / "plain", embedder=tiny_embedder, encoder=encoder)
+        Retriever.load(tmp_path / "plain", embedder=tiny_embedder, encoders={"encoder": encoder})
     # the manifest check alone
     m = Manifest.read(encoder_index)
     m.check_encoder(encoder.identity)

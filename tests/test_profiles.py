@@ -40,7 +40,7 @@ def full_index(toy_corpus, tiny_embedder, st_dir, st2_dir, tmp_path) -> Path:
     from embedder.sentence_encoder import SentenceEncoder
 
     build_index(toy_corpus, tmp_path / "index", tiny_embedder, top_k=16, progress=False, dense=True, lexical="words",
-                encoder=SentenceEncoder.load(st_dir), encoder2=SentenceEncoder.load(st2_dir))  # fmt: skip
+                channels={"encoder": SentenceEncoder.load(st_dir), "encoder2": SentenceEncoder.load(st2_dir)})  # fmt: skip
     return tmp_path / "index"
 
 
@@ -83,7 +83,7 @@ def test_best_fuses_the_second_encoder_without_the_llm(full_index, tiny_embedder
     monkeypatch.setattr("retriever.query_encoding.encode_queries", no_llm)
     (q,) = r.encode(["cat and dog near the river"], mode="hybrid")
     assert set(q.encoder_embeddings) == {"encoder2"}  # MiniLM does not run for a fusion that does not weigh it
-    np.testing.assert_allclose(q.encoder_embeddings["encoder2"], r.encoder2.encode(["cat and dog near the river"])[0], atol=1e-6)
+    np.testing.assert_allclose(q.encoder_embeddings["encoder2"], r.sentence_encoders["encoder2"].encode(["cat and dog near the river"])[0], atol=1e-6)
     hits = r.search("cat and dog near the river", k=5)
     assert len(hits) == 5 and "encoder2" in set().union(*(h.channels for h in hits))
     assert set().union(*(h.channels for h in hits)) <= {"bm25", "encoder2"}
@@ -102,10 +102,10 @@ def test_a_point_loads_only_the_encoder_its_hybrid_weighs(full_index, tiny_embed
     """The fast point never loads mpnet (seconds and memory at every load), nor best MiniLM; the
     other encoder is loaded, and checked, on its channel's first query."""
     fast = Retriever.load(full_index, embedder=tiny_embedder)  # warmed: the channels it weighs
-    assert set(fast.sentence_encoders) == {"encoder"} and fast.encoder2 is None
+    assert set(fast.sentence_encoders) == {"encoder"} and "encoder2" not in fast.sentence_encoders
     hits = fast.search("cat and dog near the river", k=3, mode="encoder2")
     assert len(hits) == 3 and set(fast.sentence_encoders) == {"encoder", "encoder2"}
-    assert fast.encoder2.identity["sha256"] == Manifest.read(full_index).encoder2["sha256"]
+    assert fast.sentence_encoders["encoder2"].identity["sha256"] == Manifest.read(full_index).encoder2["sha256"]
     best = Retriever.load(full_index, embedder=tiny_embedder, profile="best")
     assert set(best.sentence_encoders) == {"encoder2"}
     view = best.with_fusion({"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.5}})
@@ -158,10 +158,10 @@ def test_an_index_without_the_profiles_channels_is_searched_as_built(toy_corpus,
 
 
 def test_build_index_defaults_hold_both_profiles_channels():
-    from indexer.channel_set import WITH_BOTH_ENCODERS, WITH_ENCODER
+    from indexer.channel_set import PROFILE_CHANNELS, WITH_ENCODER
 
     for profile in PROFILES.values():
-        assert set(profile.channels) <= set(WITH_BOTH_ENCODERS)
+        assert set(profile.channels) <= set(PROFILE_CHANNELS["both"])
     # without mpnet, the default set still holds fast and best's fallback
     assert set(PROFILES["fast"].channels) | set(PROFILES["best"].fallback.channels) <= set(WITH_ENCODER)
 
@@ -193,8 +193,8 @@ def test_beir_eval_default_and_default_best_build_their_profiles_indexes(tmp_pat
     from benchmarks.suite import run_suite
     from indexer import channel_set
 
-    monkeypatch.setattr(channel_set, "DEFAULT_ENCODER", str(st_dir))
-    monkeypatch.setattr(channel_set, "DEFAULT_ENCODER2", str(st2_dir))
+    monkeypatch.setitem(channel_set.DEFAULT_SETTINGS, "encoder", str(st_dir))
+    monkeypatch.setitem(channel_set.DEFAULT_SETTINGS, "encoder2", str(st2_dir))
     docs = docs_factory(30)
     queries = [{"_id": f"q{i}", "text": d["title"]} for i, d in enumerate(docs[:4])]
     ds = datasets.load_beir_folder(write_beir(tmp_path / "toyq", docs, queries))
@@ -226,6 +226,7 @@ def test_the_server_serves_either_point_of_one_index(full_index, tiny_embedder):
             info = client.get("/info").json()
             assert info["profile"] == profile and info["query_encoder"] == "none"
             assert info["fusion_source"] == r.fusion_source and info["fusion"] == r.fusion.as_dict()  # which weights, and why
+            assert info["settings"] == r.settings.explain() and info["settings"]["profile"] == {"value": profile, "why": "asked"}
             assert (info["encoder"], info["encoder2"]) == (m.encoder["name"], m.encoder2["name"])
             assert info["channels"] == ["sparse", "bm25", "encoder", "encoder2"]  # dense has no query without the LLM
             hits = client.post("/search", json={"query": "cat and dog near the river", "k": 3}).json()["hits"]

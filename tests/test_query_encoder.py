@@ -439,7 +439,7 @@ def test_auto_takes_the_student_kept_beside_the_adapter(encoder_index, tiny_embe
 
     manifest = Manifest.read(path)
     manifest.adapter = tiny_embedder.adapter  # as if the index had been built with that adapter
-    r = Retriever(path, manifest, tiny_embedder, encoder=encoder, query_encoder="auto")
+    r = Retriever(path, manifest, tiny_embedder, encoders={"encoder": encoder}, profile=None, query_encoder="auto")
     assert r.query_encoder == "distilled:beside"
     got = r.encode(QUERIES, "sparse")
     x = encoder.encode(QUERIES)
@@ -487,10 +487,10 @@ def test_auto_falls_back_to_the_llm_where_the_students_sentence_encoder_is_not_i
     manifest = Manifest.read(path)
     manifest.adapter = tiny_embedder.adapter
     with caplog.at_level("WARNING", logger="retriever.retriever"):
-        r = Retriever(path, manifest, tiny_embedder, encoder=encoder, query_encoder="auto")
+        r = Retriever(path, manifest, tiny_embedder, encoders={"encoder": encoder}, profile=None, query_encoder="auto")
     assert r.query_encoder == "llm" and "not installed" in caplog.text
     with pytest.raises(ModelNotAvailable, match="not installed"):
-        Retriever(path, manifest, tiny_embedder, encoder=encoder, query_encoder="distilled")
+        Retriever(path, manifest, tiny_embedder, encoders={"encoder": encoder}, profile=None, query_encoder="distilled")
 
 
 def test_the_lm_head_precision_follows_the_device():
@@ -729,7 +729,7 @@ def test_the_retriever_gives_a_token_reading_student_the_encoders_token_states(e
 
     manifest = Manifest.read(path)
     manifest.adapter = tiny_embedder.adapter
-    r = Retriever(path, manifest, tiny_embedder, encoder=encoder, query_encoder="auto")
+    r = Retriever(path, manifest, tiny_embedder, encoders={"encoder": encoder}, profile=None, query_encoder="auto")
     assert r.query_encoder == "distilled:enc-tokens"
     got = r.encode(QUERIES, "hybrid")
     assert r.student.runtime_reason == "openvino f32", r.student.runtime_reason

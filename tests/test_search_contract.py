@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from embedder.encoder import Embedder, EmbedderConfig
 from indexer.build import build_index
+from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
 from retriever import cli as search_cli
 from retriever.retriever import MODES, Retriever
 
@@ -34,10 +35,12 @@ def retriever(tmp_path_factory, tiny_tokenizer) -> Retriever:
 
     encoder = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st"))
     encoder2 = SentenceEncoder.load(save_tiny_sentence_encoder(root / "st2", seed=1))
-    build_index(corpus, root / "index", embedder, top_k=16, dense=True, embedfilter_tau=2, lexical="words", encoder=encoder, encoder2=encoder2,
-                progress=False)  # fmt: skip
+    # every row of the channel table, at its default setting (the sentence encoders: tiny models; EmbedFilter: tau 2)
+    settings = {s.mode: s.default_setting() for s in CHANNEL_SPECS if not s.required} | {"dense-ef": 2}
+    models = {s.mode: m for s, m in zip(sentence_encoder_specs(), (encoder, encoder2))}
+    build_index(corpus, root / "index", embedder, top_k=16, channels=settings | models, progress=False)
     # LLM queries: every mode can be searched
-    return Retriever.load(root / "index", embedder=embedder, encoder=encoder, encoder2=encoder2, profile="best", query_encoder="llm")
+    return Retriever.load(root / "index", embedder=embedder, encoders=models, profile="best", query_encoder="llm")
 
 
 def test_every_mode_is_present(retriever):

@@ -127,7 +127,7 @@ def test_both_encoder_channels_update_as_a_rebuild(tmp_path, tiny_embedder, enco
 
     encoder2 = SentenceEncoder.load(save_tiny_sentence_encoder(tmp_path / "st2", seed=1))
     initial, add, deleted, final = changes()
-    both = {"top_k": 16, "lexical": "words", "encoder": encoder, "encoder2": encoder2, "progress": False}
+    both = {"top_k": 16, "lexical": "words", "encoder": encoder, "channels": {"encoder2": encoder2}, "progress": False}
     build_index(write_corpus(tmp_path / "a", initial, "beir"), tmp_path / "index", tiny_embedder, **both)
     update_index(tmp_path / "index", add=as_documents(add), delete=deleted, embedder=tiny_embedder, encoder=encoder, progress=False)
     build_index(write_corpus(tmp_path / "b", final, "beir"), tmp_path / "rebuilt", tiny_embedder, **both)

@@ -43,7 +43,7 @@ class AlignedTokensEngine:
         self.expansion_m = settings.expansion_m if settings.expansion_m is not None else DEFAULT_EXPANSION_M
         self.build_options: dict = {}
         self.embedder = None
-        self.encoders: dict = {}  # the sentence-transformers encoders of the encoder channels ("encoder", "encoder2"), when required
+        self.encoders: dict = {}  # the sentence-transformers encoders of the encoder channels, by mode, when required
         self.retriever = None
         self.dataset: str | None = None
         self.build_stats: dict = {}
@@ -82,12 +82,15 @@ class AlignedTokensEngine:
         """The encoder channel's sentence model (None: not required)."""
         return self.encoders.get("encoder")
 
-    @property
-    def models(self) -> dict:
-        """The loaded sentence encoders as keyword arguments of build_index and the Retriever."""
-        from indexer.channels import spec
+    def channel_settings(self) -> tuple[dict, dict]:
+        """build_index's ``channels`` ({mode: setting}, the sentence encoders as the models loaded
+        once, not their names) and its other options, from the systems' required options."""
+        from indexer.channels import CHANNEL_SPECS
 
-        return {spec(mode).option: model for mode, model in self.encoders.items()}
+        by_option = {s.option: s.mode for s in CHANNEL_SPECS if s.option is not None}
+        channels = {by_option[k]: v for k, v in self.build_options.items() if k in by_option and v not in (None, False)}
+        rest = {k: v for k, v in self.build_options.items() if k not in by_option}
+        return channels | self.encoders, rest
 
     def params(self) -> dict:
         e, r = self.embedder, self.retriever
@@ -131,7 +134,7 @@ class AlignedTokensEngine:
         folder = self.settings.work_dir / ds.name
         corpus = ds.write_corpus(folder / "corpus.jsonl")
         index_dir = folder / "aligned-tokens"
-        options = dict(self.build_options) | self.models  # the models loaded once, not their names
+        channels, options = self.channel_settings()
         if self.settings.segments:
             options["segments"] = True
         manifest = build_index(
@@ -142,13 +145,13 @@ class AlignedTokensEngine:
             dense_kind=self.settings.dense_kind,
             overwrite=True,
             progress=self.settings.progress,
+            channels=channels,
             **options,
         )
-        extra = self.models
         # no query cache: every query is encoded (and timed) as a first query would be
         self.retriever = Retriever(index_dir, manifest, self.embedder, expansion_m=self.expansion_m, query_encoder=self.settings.query_encoder or "auto",
-                                   query_cache_size=0, feedback=self.settings.feedback,
-                                   sparse_pruning=self.settings.sparse_pruning, **extra)
+                                   query_cache_size=0, feedback=self.settings.feedback, profile=None,
+                                   sparse_pruning=self.settings.sparse_pruning, encoders=self.encoders)
         self.dataset = ds.name
         self._encoded.clear()
         self._retrievers.clear()
@@ -178,11 +181,10 @@ class AlignedTokensEngine:
             from retriever.retriever import Retriever
 
             r = self.retriever
-            extra = self.models
             run_encoder = r.student or ("none" if r.model_free else "llm")
             self._retrievers[key] = Retriever(r.index_dir, r.manifest, self.embedder, expansion_m=self.expansion_m, fusion=fusion,
-                                              query_encoder=query_encoder or run_encoder, query_cache_size=0,
-                                              feedback=r.feedback, sparse_pruning=r.sparse_pruning, **extra)
+                                              query_encoder=query_encoder or run_encoder, query_cache_size=0, profile=None,
+                                              feedback=r.feedback, sparse_pruning=r.sparse_pruning, encoders=self.encoders)
         return self._retrievers[key]
 
     def forget_encodings(self) -> None:
@@ -293,6 +295,9 @@ class AlignedTokensSystem(System):
         self.engine.forget_encodings()
 
     def params(self) -> dict:
+        from indexer.channels import sentence_encoder_specs
+
+        encoder_modes = tuple(s.mode for s in sentence_encoder_specs())  # the sentence-encoder channels
         p = self.engine.params()
         p["mode"] = self.mode
         p["timed_search"] = self.engine.timed_call(self.mode)
@@ -305,13 +310,13 @@ class AlignedTokensSystem(System):
                 p["fusion"] = self.fusion
             if self.fusion is None:
                 p["fusion_source"] = "the Retriever's default for the index's channels (DEFAULT_FUSION, or DEFAULT_FUSION_WITH_ENCODER with an encoder channel)"
-        elif self.mode not in ("encoder", "encoder2"):
-            p.pop("encoder", None)
-            p.pop("encoder2", None)
-        if self.mode in ("dense", "dense-ef", "bm25", "encoder"):
+        elif self.mode not in encoder_modes:  # a sentence encoder's provenance only where its channel is searched
+            for mode in encoder_modes:
+                p.pop(mode, None)
+        if self.mode in ("dense", "dense-ef", "bm25", *encoder_modes):
             for key in ("top_k", "expansion_m", "literal", "query_weighting", "fusion"):
                 p.pop(key, None)
-        if self.mode == "encoder":
+        if self.mode in encoder_modes:
             for key in ("adapter", "adapter_arg", "embedding"):
                 p.pop(key, None)
             p["metric"] = "cosine (inner product of L2-normalised sentence-transformers embeddings, FAISS)"
@@ -458,7 +463,8 @@ class UserDefault(AlignedTokensSystem):
 
         name = self.profile_name or (DEFAULT_PROFILE if settings.profile == "auto" else settings.profile)
         built = get_build_profile(self.build_profile_name)
-        default_channels, options, _ = channel_set.resolve(None, profile=built.name)
+        default_channels = channel_set.resolve(None, profile=built.name)[0]
+        options = channel_set.build_options(default_channels)  # keyed by each row's option, as systems require them
         self.profile = fit_profile(name, default_channels)  # best without mpnet installed: its fallback
         self.fusion = self.profile.fusion
         self.query_encoder = settings.query_encoder or self.profile.query_encoder
@@ -466,7 +472,7 @@ class UserDefault(AlignedTokensSystem):
         System.__init__(self, settings, shared)
         own = replace(settings, work_dir=settings.work_dir / f"default-{built.name}", top_k=None, expansion_m=None, adapter="default",
                       dense_kind="Flat", embedfilter_tau=None, lexical=channel_set.DEFAULT_ANALYZER,
-                      encoder=channel_set.DEFAULT_ENCODER, fusions={}, segments=False)
+                      encoder=channel_set.DEFAULT_SETTINGS["encoder"], fusions={}, segments=False)
         self.engine = shared.setdefault(f"aligned-tokens-default-{built.name}", AlignedTokensEngine(own))
         self.channels = default_channels
         self.build_profile = built
@@ -490,14 +496,18 @@ class UserDefault(AlignedTokensSystem):
 
     @property
     def retriever(self):
-        """The index searched as search-index searches it at this profile: with the fusion its
-        manifest's calibration gives the profile's pair (retriever.profiles.profile_fusion), else the fixed one."""
+        """The index searched as search-index searches it at this profile: with the fusion the
+        settings resolve to (retriever.settings.resolve_settings: its manifest's calibration of the
+        profile's pair, else the profile's fixed setting), and why."""
         r = self.engine.retriever
         if r is None:
             return None
-        from retriever.profiles import profile_fusion
+        from indexer.channels import CHANNEL_SPECS
+        from retriever.settings import SearchSettings, resolve_settings
 
-        self.fusion, self.fusion_why = profile_fusion(self.profile, r.manifest.calibration)
+        held = [s.mode for s in CHANNEL_SPECS if s.record(r.manifest) is not None]
+        resolved = resolve_settings(SearchSettings(profile=self.profile), r.manifest, held, r.index_dir)
+        self.fusion, self.fusion_why = resolved.fusion.as_dict(), resolved.why["fusion"]
         return self.engine.retriever_for(self.fusion, self.query_encoder)
 
     def params(self) -> dict:

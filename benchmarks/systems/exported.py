@@ -170,7 +170,8 @@ class MilvusSystem(AlignedTokensSystem):
         if self._key not in self.shared:
             r = e.retriever
             self.shared[self._key] = Retriever(
-                r.index_dir, r.manifest, e.embedder, expansion_m=e.expansion_m, fusion=self.fusion, backend="milvus", milvus_uri=uri
+                r.index_dir, r.manifest, e.embedder, expansion_m=e.expansion_m, fusion=self.fusion, backend="milvus", milvus_uri=uri,
+                profile=None, query_encoder="llm",
             )
         stats.details.update(milvus_export_seconds=round(exported["seconds"], 3), milvus_uri=uri,
                              bytes_counted="the Milvus Lite file (all channels)", engine_index_bytes=stats.bytes)

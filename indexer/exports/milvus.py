@@ -1,7 +1,8 @@
 """Export an index into a Milvus collection: the serving engine beyond one machine.
 
 One row per document: ``id`` (the index's doc number, INT64 primary key), ``doc_id``
-(VARCHAR), ``sparse`` (its aligned-token vector, token id -> logit, SPARSE_FLOAT_VECTOR),
+(VARCHAR), and a field per exported channel (the channel table's rows with ``milvus``,
+indexer/channels.py, named by ``milvus_field``): ``sparse`` (its aligned-token vector, token id -> logit, SPARSE_FLOAT_VECTOR),
 ``dense`` (its normalised pooled embedding, FLOAT_VECTOR, when the index has the dense
 channel) and ``bm25`` (its BM25 term weights, term id -> the weight the lexical postings
 hold, when the index has the lexical channel). Inner product over those fields is exactly
@@ -42,7 +43,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from embedder.util import file_sha256
-from indexer.codec import PostingsCodec
+from indexer.channels import CHANNEL_SPECS, SPARSE, ChannelSpec
 from indexer.integrity import check_doc_ids
 from indexer.manifest import DOC_IDS, IndexFormatError, Manifest
 
@@ -101,17 +102,20 @@ def _sparse_rows(indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray, lo: int
     return out
 
 
-def _dense_vectors(index_dir: Path, manifest: Manifest) -> np.ndarray | None:
-    """The stored (normalised) dense vectors, read back from the FAISS index."""
-    if not manifest.dense:
+def _channel_vectors(row: ChannelSpec, index_dir: Path, manifest: Manifest) -> Any:
+    """The channel ``row``'s document vectors, as its reader opens them (indexer/channels.py): a
+    sparse channel's CSR doc vectors (indptr, indices, data), a dense channel's (normalised)
+    vectors read back from its FAISS index; None where the index lacks it."""
+    opened = row.open(index_dir, manifest)
+    if opened is None:
         return None
-    from indexer.dense import DenseIndex
-
-    dense = DenseIndex.load(index_dir, n_docs=manifest.n_docs, dim=manifest.dense["dim"])
+    if row.query_kind == "sparse":
+        return getattr(opened, "postings", opened).doc_vectors()  # BM25 keeps its postings under .postings
     try:
-        return dense.index.reconstruct_n(0, dense.index.ntotal)
-    except RuntimeError as exc:  # e.g. IVF-PQ keeps codes, not vectors
-        raise MilvusExportError(f"{index_dir}: the dense index ({manifest.dense['kind']}) cannot give its vectors back: {exc}") from None
+        return opened.index.reconstruct_n(0, opened.index.ntotal)
+    except RuntimeError as exc:  # e.g. an IVF kind without direct map
+        kind = (row.record(manifest) or {}).get("kind")
+        raise MilvusExportError(f"{index_dir}: the {row.mode} index ({kind}) cannot give its vectors back: {exc}") from None
 
 
 def _batches(n: int, size: int) -> Iterator[tuple[int, int]]:
@@ -149,9 +153,6 @@ def export_milvus(
     Returns what was recorded in the collection property plus timings. An existing collection
     of that name is refused unless ``overwrite``; it is replaced only once the new one is complete.
     """
-    from indexer.inverted_index import InvertedIndex
-    from indexer.lexical import LEXICAL_DIR, BM25Index
-
     index_dir = Path(index_dir)
     manifest = Manifest.read(index_dir)
     if manifest.sparse is None:
@@ -168,33 +169,25 @@ def export_milvus(
         raise MilvusExportError(f"{uri}: collection {name!r} exists; pass overwrite=True (--overwrite) to replace it")
 
     start = time.perf_counter()
-    sparse = InvertedIndex.load(index_dir, manifest.n_docs, n_lists=manifest.sparse["vocab_size"],
-                                codec=PostingsCodec.of_record(manifest.sparse, index_dir, "sparse")).doc_vectors()
-    dense = _dense_vectors(index_dir, manifest)
-    bm25 = None
-    if manifest.lexical:
-        lex = BM25Index.load(index_dir / LEXICAL_DIR, manifest.n_docs, manifest.lexical.get("n_terms"), manifest.lexical.get("analyzer"),
-                            codec=PostingsCodec.of_record(manifest.lexical, index_dir, "lexical"))
-        bm25 = lex.postings.doc_vectors()
-    channels = ["sparse"] + (["dense"] if dense is not None else []) + (["bm25"] if bm25 is not None else [])
+    # each exported channel's vectors (the rows with ``milvus``), under its field
+    vectors = {row.milvus_field: v for row in CHANNEL_SPECS if row.milvus for v in [_channel_vectors(row, index_dir, manifest)] if v is not None}
+    kinds = {row.milvus_field: row.query_kind for row in CHANNEL_SPECS if row.milvus_field in vectors}
+    channels = [row.mode for row in CHANNEL_SPECS if row.milvus_field in vectors]
 
     from pymilvus import DataType, MilvusClient
 
     schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field("id", DataType.INT64, is_primary=True)
     schema.add_field("doc_id", DataType.VARCHAR, max_length=MAX_DOC_ID_CHARS)
-    schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
-    if dense is not None:
-        schema.add_field("dense", DataType.FLOAT_VECTOR, dim=int(dense.shape[1]))
-    if bm25 is not None:
-        schema.add_field("bm25", DataType.SPARSE_FLOAT_VECTOR)
     params = client.prepare_index_params()
     sparse_params = {"inverted_index_algo": "TAAT_NAIVE" if exact else "DAAT_MAXSCORE"}
-    params.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="IP", params=sparse_params)
-    if bm25 is not None:
-        params.add_index("bm25", index_type="SPARSE_INVERTED_INDEX", metric_type="IP", params=sparse_params)
-    if dense is not None:
-        params.add_index("dense", index_type="FLAT" if exact else "HNSW", metric_type="IP", params={} if exact else HNSW_PARAMS)
+    for field, kind in kinds.items():
+        if kind == "sparse":
+            schema.add_field(field, DataType.SPARSE_FLOAT_VECTOR)
+            params.add_index(field, index_type="SPARSE_INVERTED_INDEX", metric_type="IP", params=sparse_params)
+        else:
+            schema.add_field(field, DataType.FLOAT_VECTOR, dim=int(vectors[field].shape[1]))
+            params.add_index(field, index_type="FLAT" if exact else "HNSW", metric_type="IP", params={} if exact else HNSW_PARAMS)
 
     staging = name + BUILDING_SUFFIX
     if client.has_collection(staging):  # left by an export that died: never renamed, so never read
@@ -207,17 +200,13 @@ def export_milvus(
     bar = tqdm(total=manifest.n_docs, unit="doc", desc=f"milvus {name}", disable=not progress)
     postings = 0
     for lo, hi in _batches(manifest.n_docs, batch_size):
-        sp_rows = _sparse_rows(sparse.indptr, sparse.indices, sparse.data, lo, hi)
-        bm_rows = _sparse_rows(bm25.indptr, bm25.indices, bm25.data, lo, hi) if bm25 is not None else None
+        sparse_rows = {f: _sparse_rows(v.indptr, v.indices, v.data, lo, hi) for f, v in vectors.items() if kinds[f] == "sparse"}
         rows = []
         for j, doc in enumerate(range(lo, hi)):
-            row: dict[str, Any] = {"id": doc, "doc_id": doc_ids[doc], "sparse": sp_rows[j]}
-            if dense is not None:
-                row["dense"] = dense[doc]
-            if bm_rows is not None:
-                row["bm25"] = bm_rows[j]
+            row: dict[str, Any] = {"id": doc, "doc_id": doc_ids[doc]}
+            row |= {f: sparse_rows[f][j] if f in sparse_rows else v[doc] for f, v in vectors.items()}
             rows.append(row)
-            postings += len(sp_rows[j])
+            postings += len(sparse_rows[SPARSE.milvus_field][j])
         client.insert(staging, rows)
         bar.update(hi - lo)
         bar.set_postfix(postings_per_s=f"{postings / max(time.perf_counter() - start, 1e-9):.0f}")

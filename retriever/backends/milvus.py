@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from indexer.channels import CHANNEL_SPECS, spec
 from indexer.dense import normalise
 from indexer.exports.milvus import check_export_matches, connect, default_collection, read_export_info
 from indexer.manifest import IndexFormatError, Manifest
 
 MILVUS_FUSION_METHODS = ("milvus-weighted", "milvus-rrf")
-_FIELDS = {"sparse": "sparse", "dense": "dense", "bm25": "bm25"}  # channel -> collection field
+_FIELDS = {s.mode: s.milvus_field for s in CHANNEL_SPECS if s.milvus}  # channel -> collection field (the channel table's rows)
 
 
 class MilvusBackend:
@@ -52,7 +53,7 @@ class MilvusBackend:
         self.client.load_collection(self.collection)
 
     def _request_data(self, channel: str, query: Any) -> Any:
-        if channel in ("sparse", "bm25"):
+        if spec(channel).query_kind == "sparse":  # ids and weights
             ids, weights = query
             vec: dict[int, float] = {}
             for t, w in zip(np.asarray(ids).tolist(), np.asarray(weights, np.float32).tolist()):

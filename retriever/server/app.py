@@ -32,6 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from indexer.channels import CHANNEL_SPECS
 from retriever.filters import loads_filter
 from retriever.fusion import Fusion as FusionSetting  # the value type; schema.Fusion is the request body
 from retriever.retriever import MODES, Retriever
@@ -304,8 +305,8 @@ def create_app(retriever: Retriever, config: ServerConfig | None = None, documen
             "channels": [c for c in r.modes if c != "hybrid"], "modes": r.modes,
             "default_mode": r.default_mode, "fusion": r.fusion.as_dict(),
             "fusion_source": getattr(r, "fusion_source", None), "describe": r.describe_mode(),
-            "model": m.model, "adapter": adapter_name(m.adapter), "encoder": (m.encoder or {}).get("name"),
-            "encoder2": (getattr(m, "encoder2", None) or {}).get("name"), "lexical": m.lexical,
+            "settings": r.settings.explain() if getattr(r, "settings", None) is not None else None,
+            "model": m.model, "adapter": adapter_name(m.adapter), **{s.manifest_key: s.info_value(m) for s in CHANNEL_SPECS if s.info is not None},
             "metadata_fields": (m.documents or {}).get("metadata_fields", []), "writable": config.writable,
             "runtime": {"queries": embedder.runtime_info() if embedder is not None else None, "documents": m.runtime},
             "query_encoder": getattr(r, "query_encoder", None),

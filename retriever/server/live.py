@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from indexer.channels import sentence_encoder_specs
 from retriever.retriever import Retriever
 from retriever.server.documents import Documents
 
@@ -165,7 +166,8 @@ class LiveIndex:
                 "reloads": self.reloads, "failed": self.failed}
 
 
-MODEL_FIELDS = ("model", "adapter", "encoder", "encoder2", "embedding")  # what a generation must share with the served one to reuse its models
+# what a generation must share with the served one to reuse its models: the LLM's, and each sentence-encoder channel's record
+MODEL_FIELDS = ("model", "adapter", *(s.manifest_key for s in sentence_encoder_specs()), "embedding")
 
 
 def same_models(previous: Retriever, index_dir: Path) -> bool:
@@ -185,7 +187,7 @@ def reload_with_models(previous: Retriever | None, load: Callable[..., Retriever
     loaded afresh: ``load()``."""
     if previous is not None and same_models(previous, previous.index_dir):
         try:
-            return load(embedder=previous.embedder, encoder=previous.encoder, encoder2=previous.encoder2)
+            return load(embedder=previous.embedder, encoders=previous.sentence_encoders)
         except Exception as exc:  # noqa: BLE001 - e.g. another model or adapter: loaded afresh below
             log.warning("the new generation does not take the served models (%s); loading its own", exc)
     return load()

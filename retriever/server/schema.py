@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, create_model
 
+from indexer.channels import CHANNEL_SPECS
 from retriever.retriever import MODES
 
 HIT_FIELDS = ("rank", "id", "score", "title", "snippet", "channels", "highlight", "matched", "matched_ids", "matched_terms")
@@ -151,7 +152,15 @@ class ErrorOut(BaseModel):
     detail: str = Field(description="what was wrong, in one line")
 
 
-class Info(BaseModel):
+# what /info says of each channel (its row's ``info``, indexer/channels.py), under its manifest key: a
+# sentence encoder's name, BM25's record...; null where the index lacks it
+_ChannelInfo = create_model("_ChannelInfo", **{
+    s.manifest_key: (str | None if s.info else dict[str, Any] | None, Field(None, description=f"{s.doc}; null: none"))
+    for s in CHANNEL_SPECS if s.info is not None
+})
+
+
+class Info(_ChannelInfo):
     model_config = ConfigDict(extra="allow")
     index: str = Field(description="the index path served (a link to its generations)")
     generation: str = Field(description="the generation answering now")
@@ -163,11 +172,10 @@ class Info(BaseModel):
     fusion: dict[str, Any]
     fusion_source: str | None = None  # why these weights: calibrated on this corpus, the profile's fixed setting, given
     describe: str
+    settings: dict[str, Any] | None = Field(None, description="each search setting chosen for this index (profile, query_encoder, fusion, "
+                                            "feedback, sparse_pruning, backend): its value and why (retriever/settings.py)")
     model: dict[str, Any]
     adapter: dict[str, Any] | None = Field(description="the adapter: its name and sha256 (no local path); null: the raw backbone")
-    encoder: str | None = Field(description="the encoder channel's sentence encoder (the fast point's); null: none")
-    encoder2: str | None = Field(None, description="the second encoder channel's (the best point's); null: none")
-    lexical: dict[str, Any] | None
     metadata_fields: list[str] = Field(description="the fields a filter can name (the documents' metadata)")
     writable: bool = Field(description="whether POST /documents and DELETE /documents/{id} are served (serve --writable)")
     runtime: dict[str, Any]

@@ -27,6 +27,7 @@ from fastapi import FastAPI
 
 from embedder.encoder import Embedder
 from embedder.models import ModelNotAvailable
+from indexer.channels import sentence_encoder_specs
 from indexer.corpus import CorpusError, document_from_object
 from indexer.errors import IndexFormatError
 from indexer.shards import BuildInProgress
@@ -51,7 +52,7 @@ def add_write_routes(app: FastAPI, live: LiveIndex, config: ServerConfig, api_er
     def writer_models():
         r = live.current.retriever
         m = r.manifest
-        key = repr((m.model, m.adapter, m.embedding, m.encoder, m.encoder2))
+        key = repr((m.model, m.adapter, m.embedding, *(s.record(m) for s in sentence_encoder_specs())))
         if isinstance(r.embedder, Embedder):  # the served LLM (and encoders) encode documents as they encode queries
             return load_models(m, r.embedder, r.sentence_encoders)
         with loading:
@@ -78,8 +79,8 @@ def add_write_routes(app: FastAPI, live: LiveIndex, config: ServerConfig, api_er
         # checked before the models are asked for: a document too large, metadata that is not JSON
         check_added(added, config.max_document_bytes)
         embedder, encoders = writer_models() if added else (None, {})
-        return prepare_update(live.index_dir, add=added, delete=delete, embedder=embedder, encoder=encoders.get("encoder"),
-                              encoder2=encoders.get("encoder2"), progress=False, max_document_bytes=config.max_document_bytes)
+        return prepare_update(live.index_dir, add=added, delete=delete, embedder=embedder, encoders=encoders,
+                              progress=False, max_document_bytes=config.max_document_bytes)
 
     async def update(documents: list[dict], delete: list[str]) -> dict:
         if len(documents) + len(delete) > config.max_write_documents:
