@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Chosen by the K sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py, raw backbone, M=64, query
+# Chosen by the K sweep in BENCHMARKS.md (a settled study: git show ed91196:benchmarks/studies/sweep_sparse.py, raw backbone, M=64, query
 # weights 1): nDCG@10 peaks at K=512 on cisi (0.163; 0.155 at 128, 0.149 at 1024) and on medline
 # (0.372; 0.358 at 256, 0.372 at 1024). The paper's 1000-3000 was for 4096-d models.
 DEFAULT_TOP_K = 512

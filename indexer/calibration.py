@@ -33,7 +33,7 @@ COMPLETION_DEPTH = 1000  # how deep each list is read for the candidates' scores
 COMPLETE = True  # calibrated fusions complete their candidates' scores
 METHODS = ("minmax", "max")
 GRID_STEP = 0.1
-# the selection rule (:func:`select`), chosen by benchmarks/studies/calibration.py leaving each collection out
+# the selection rule (:func:`select`), chosen by experiments/calibration.py leaving each collection out
 METHOD: str | None = None  # None: the best of either method
 SHIFT = 0.1
 MIN_QUERIES = 20  # below this the estimate is noise: the caller keeps its fixed setting
@@ -254,7 +254,7 @@ def select(scores: np.ndarray, settings: Sequence[Setting], method: str | None =
     Why the shift: a held-out sentence shares its document's exact words (its morphology, its
     names), which a query written by someone else does not, so pseudo-queries overrate BM25
     against the encoder by about one grid step: measured over 5 collections x 3 encoders x 2 BM25
-    analysers (benchmarks/studies/calibration.py), the pseudo-best weight is BM25-heavier than the
+    analysers (experiments/calibration.py), the pseudo-best weight is BM25-heavier than the
     qrels' best by a roughly constant amount, whatever the encoder."""
     candidates = [i for i, s in enumerate(settings) if method is None or s.method == method] or list(range(len(settings)))
     best = max(candidates, key=lambda i: (scores[i], -i))

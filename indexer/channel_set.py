@@ -119,7 +119,7 @@ def channel_settings(channels: Iterable[str], given: Mapping[str, Any] | None = 
 
 def build_options(channels: tuple[str, ...], given: Mapping[str, Any] | None = None) -> dict:
     """:func:`channel_settings` keyed by each row's ``option`` (``dense`` a bool, False where not
-    built): the older keyword shape, which benchmarks/studies read."""
+    built): the older keyword shape, which the studies in experiments/ read."""
     settings = channel_settings(channels, given)
     return {"dense": "dense" in channels} | {spec_of.option: settings[spec_of.mode] for spec_of in CHANNEL_SPECS if spec_of.mode in settings}
 

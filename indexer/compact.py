@@ -25,7 +25,7 @@ misread. Plain indexes are unchanged (format 1, or 2 with segments). Two ways to
 ``build_index(..., compact=True)`` (``build-index``'s default), or :func:`compact_copy` of a
 built index (no model runs: the float32 weights and vectors are read back and quantised; it can
 leave channels out and give each dense channel its own kind).
-The measured quality and size: benchmarks/studies/compact_index.py.
+The measured quality and size: experiments/compact_index.py.
 
 The doc numbers of a compact index's postings are stored one of three ways (``doc_ids``;
 ``build-index --doc-ids``, by default its ``--profile``'s: bit-packed for ``fast``, range-blocked
@@ -84,7 +84,7 @@ from indexer.reader import open_index, verify_generation
 from indexer.staging import staging_dir
 
 # The dense kind of a compact index where none other is asked for, and build-index's default
-# (--no-compact builds the float32 reference): benchmarks/studies/compact_index.py on adi, medline,
+# (--no-compact builds the float32 reference): experiments/compact_index.py on adi, medline,
 # cisi and cranfield (npl not measured: its 11k documents take hours to encode on 2 cores), per-list
 # impacts + SQ8: nDCG@10 of every channel within 0.0008 of float32, of both profiles' hybrids within
 # 0.0021 (medline, best), 8.5 -> 3.9 KB per document for postings and vectors

@@ -27,7 +27,7 @@ _FILES = ("indptr", "docs", "weights")
 _QUANTISED_FILES = ("scale", "offset")
 UINT8 = "uint8"  # the weights file's element type with 8-bit impacts (the manifest records "impacts": "uint8")
 # the codes a list's [min, max] is spread over: all 256 by default; fewer (16: 4-bit impacts' precision,
-# measured in benchmarks/studies/compact_index.py) are recorded as the channel's "levels"
+# measured in experiments/compact_index.py) are recorded as the channel's "levels"
 IMPACT_LEVELS = 256
 # batch_search runs a parallel kernel: one thread at a time (Numba's workqueue layer, used where neither
 # TBB nor OpenMP is installed, aborts the process when two threads enter one at once)

@@ -12,7 +12,7 @@ meets them and ranks only those. From :data:`SCAN_WHOLE_FROM` postings per docum
 set per posting without a branch and all accumulators are ranked in one pass: the list costs a
 branch per posting that the CPU cannot predict once many documents are touched, the pass a read of
 every accumulator. Both sum the same terms in the same order, so the ranking is the same, bit for
-bit (benchmarks/results/scale/accumulators*.json: python -m benchmarks.studies.accumulators).
+bit (benchmarks/results/scale/accumulators*.json: a study deleted once settled: git show ed91196:benchmarks/studies/accumulators.py).
 """
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def _top_k(scores: np.ndarray, touched: np.ndarray, n_touched: int, k: int) -> t
 
 # Postings per document from which a query's accumulators are ranked in one pass over all of them:
 # the two ways cross between 0.2 and 0.3 on 262,144 and on 1,048,576 synthetic documents (2-core
-# Xeon, one thread; benchmarks.studies.accumulators).
+# Xeon, one thread; git show ed91196:benchmarks/studies/accumulators.py).
 SCAN_WHOLE_FROM = 0.25
 
 

@@ -19,7 +19,7 @@ rescored exactly with the dropped tokens, a binary search per candidate and drop
 list scanned, so that the final top-k are ranked by their exact scores wherever the kept tokens
 brought them among the candidates.
 
-Measured on the shared collections and a synthetic corpus by ``benchmarks.studies.query_pruning``
+Measured on the shared collections and a synthetic corpus by ``experiments.query_pruning``
 (benchmarks/results/query-pruning/query-pruning.json). Nothing here is wired into the Retriever.
 """
 from __future__ import annotations

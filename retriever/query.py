@@ -14,7 +14,7 @@ import numpy as np
 from embedder.encoder import Embedder
 from embedder.tokenization import TextTokens
 
-# Chosen by the M sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py, raw backbone, K=512, IDF
+# Chosen by the M sweep in BENCHMARKS.md (a settled study: git show ed91196:benchmarks/studies/sweep_sparse.py, raw backbone, K=512, IDF
 # query weights): mean nDCG@10 over cisi and medline 0.339 at M=64, 0.356 at 128, 0.356 at 256;
 # 128 costs half the postings of 256. Tuned on those two collections' queries: their reported
 # numbers are optimistic by that much, adi/cranfield/npl are untouched by the choice.

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 QUERY_WEIGHTINGS = ("one", "idf")
 # Query tokens weighted by their IDF in the aligned-token index: measured better than the
-# paper's weight 1 on every collection of the sweep in BENCHMARKS.md (benchmarks/sweep_sparse.py).
+# paper's weight 1 on every collection of the sweep in BENCHMARKS.md (a settled study: git show ed91196:benchmarks/studies/sweep_sparse.py).
 DEFAULT_QUERY_WEIGHTING = "idf"
 
 

@@ -44,7 +44,7 @@ class Settings:
     runtime: str = "auto"  # how the LLM encoder runs: auto, torch or openvino
     encoder: str = "minilm"  # the "encoder" channel's sentence-transformers model (embedder/sentence_encoder.py)
     # fusion settings by channel subset ("bm25+encoder", "bm25+encoder+sparse", ...), e.g. the ones
-    # benchmarks/studies/fusion_cv.py --subsets chose on all collections (beir-eval --fusion-from); the
+    # experiments/fusion_cv.py --subsets chose on all collections (beir-eval --fusion-from); the
     # hybrid-* systems and bm25+minilm use them instead of their untuned fallbacks
     fusions: dict = field(default_factory=dict)
     segments: bool = False  # multi-vector documents (indexer/segments.py): whole documents, max/best over windows
