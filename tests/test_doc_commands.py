@@ -144,7 +144,10 @@ def helps() -> dict:
         if c["sub"]:
             asks.append({"kind": c["kind"], "prog": c["prog"], "target": target, "sub": c["sub"]})
     unique = list({json.dumps(a, sort_keys=True): a for a in asks}.values())
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # the repository root first on the path, as for `python -m experiments.NAME` typed there: the
+    # studies are not installed (not in the wheel), and this script's own folder is tests/
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}
     proc = subprocess.run(
         [sys.executable, str(REPO / "tests" / "_doc_commands_check.py")],
         input=json.dumps(unique), capture_output=True, text=True, timeout=900, cwd=REPO, env=env, check=False,
