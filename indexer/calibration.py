@@ -177,7 +177,7 @@ def source_ranks(lists: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]], pqs: 
         listed = np.zeros((len(lists), union.size), bool)  # which channel's fused part holds each document
         for c, top in enumerate(tops):
             listed[c, np.searchsorted(union, top)] = True
-        by_method = {m: np.vstack([_values(d, s, full, union, m, depth) for d, s, full in per_channel]) for m in methods}
+        by_method = {m: np.vstack([channel_values(d, s, full, union, m, depth) for d, s, full in per_channel]) for m in methods}
         for i, s in enumerate(settings):
             weights = np.asarray(s.weights)
             fused = weights @ by_method[s.method]
@@ -189,10 +189,12 @@ def source_ranks(lists: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]], pqs: 
     return ranks
 
 
-def _values(docs: np.ndarray, scores: np.ndarray, full: bool, union: np.ndarray, method: str, depth: int | None) -> np.ndarray:
-    """One channel's normalised value for each document of ``union``, as retriever/fusion.py
-    gives it: normalised over the list's first ``depth`` (all of it for None); a document below
-    that gets its own score from the rest of the list where ``depth`` is given, else 0."""
+def channel_values(docs: np.ndarray, scores: np.ndarray, full: bool, union: np.ndarray, method: str, depth: int | None) -> np.ndarray:
+    """One channel's normalised value for each document of ``union`` (sorted), the one rule of
+    calibration and of retriever/fusion.py's completed fusion: normalised over the list's first
+    ``depth`` (all of it for None); where ``depth`` is given, a document below that gets its own
+    score from the rest of the list, and one below the whole list the list's last score where it
+    is ``full`` (cut at its depth), else 0 (it ended early: the rest match nothing); for None, 0."""
     out = np.zeros(union.size)
     if docs.size == 0:
         return out

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from indexer.calibration import channel_values
 from indexer.channels import MODES, mode_of, sentence_encoder_specs
 
 METHODS = ("minmax", "max", "rrf")
@@ -106,17 +107,7 @@ def _fuse_completed(used: dict[str, tuple[float, np.ndarray, np.ndarray, bool]],
     total = np.zeros(candidates.size)
     parts: dict[str, np.ndarray] = {}
     for name, (w, docs, scores, full) in used.items():
-        top = scores[:depth]
-        hi, lo = float(top.max()), float(top.min())
-        bound = float(scores[-1]) if full else 0.0  # a list that ended early: the rest match nothing
-        order = np.argsort(docs, kind="stable")
-        at = np.searchsorted(docs[order], candidates)
-        found = (at < docs.size) & (docs[order][np.minimum(at, docs.size - 1)] == candidates)
-        raw = np.where(found, scores[order][np.minimum(at, docs.size - 1)], bound)
-        if method == "max" and hi > 0:
-            values = raw / hi
-        else:  # min-max, or max over a list with no positive score (as :func:`_max`)
-            values = (raw - lo) / (hi - lo) if hi > lo else np.where(raw >= hi, 1.0, 0.0)
+        values = channel_values(docs, scores, full, candidates, method, depth)
         parts[name] = w * values
         total += parts[name]
     ranked = np.lexsort((candidates, -total))[:k]
