@@ -50,6 +50,16 @@ class PlainAnalyzer:
         return re.findall(r"\w+", text.lower())
 
 
+def stored_vectors(path: Path, n: int) -> np.ndarray:
+    """The document vectors of an exact (flat) FAISS index a beir-eval baseline wrote, in corpus order."""
+    import faiss
+
+    index = faiss.read_index(str(path))
+    if index.ntotal != n or not isinstance(index, faiss.IndexFlat):
+        raise ValueError(f"{path}: expected an exact flat index of {n} vectors, found {type(index).__name__} of {index.ntotal}")
+    return np.asarray(index.reconstruct_n(0, n), np.float32)
+
+
 def load_encoder(name: str):
     """(encode function, short description) of an encoder name of this study."""
     from embedder.sentence_encoder import SentenceEncoder
@@ -109,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=int, default=cal.DEFAULT_QUERIES, help="pseudo-queries per corpus")
     p.add_argument("--seeds", default="0", help="pseudo-query seeds, comma-separated (each calibrates apart)")
     p.add_argument("--cache", type=Path, default=Path(".cache/calibration"))
+    p.add_argument("--vectors-from", type=Path, default=None,
+                   help="a beir-eval --index-dir: an encoder's document vectors are read from its exact FAISS index there "
+                        "(NAME/ENCODER.faiss, written by the minilm / mpnet baselines) instead of encoding the corpus again")
     p.add_argument("--matrices", type=Path, default=None,
                    help="also write every variant's (settings, queries) matrices here (.npz): the real queries' nDCG@10 and the "
                         "pseudo-queries' source ranks, for judging other selection rules without recomputing")
@@ -156,8 +169,15 @@ def main(argv: list[str] | None = None) -> int:
             cache = args.cache / f"{e}-{ds.name}-{len(texts)}.npy"
             base, _, dims = e.partition("-")
             whole = args.cache / f"{base}-{ds.name}-{len(texts)}.npy"
+            stored = args.vectors_from / ds.name / f"{e}.faiss" if args.vectors_from is not None else None
             if cache.exists():
                 vectors = np.load(cache)
+            elif stored is not None and stored.exists():
+                vectors = stored_vectors(stored, len(texts))
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                np.save(cache.with_suffix(".tmp.npy"), vectors)
+                cache.with_suffix(".tmp.npy").replace(cache)
+                print(f"{ds.name}: {e} read {len(texts)} document vectors from {stored}", file=sys.stderr, flush=True)
             elif dims and whole.exists():  # a cut encoder's vectors are the whole one's first dimensions
                 vectors = np.load(whole)[:, : int(dims)]
             else:

@@ -311,19 +311,54 @@ def test_query_pruning_synthetic_part_writes_a_row_per_setting_and_impacts(tmp_p
 # ------------------------------------------------------------------ calibration
 def test_calibration_writes_a_row_per_collection_encoder_and_analyser(toy_beir, tmp_path, monkeypatch):
     from embedder.sentence_encoder import SentenceEncoder
-    from experiments import calibration
+    from experiments import calibration, calibration_noise
 
     tiny_encoder = SentenceEncoder.load(str(save_tiny_sentence_encoder(tmp_path / "encoder")))
     monkeypatch.setattr(SentenceEncoder, "load", classmethod(lambda cls, *a, **kw: tiny_encoder))
-    out = tmp_path / "calibration.json"
+    out, matrices = tmp_path / "calibration.json", tmp_path / "matrices.npz"
     assert calibration.main(["--data", str(toy_beir), "--encoders", "minilm,minilm-8", "--analyzers", "words,plain", "--queries", "8",
-                             "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 0  # fmt: skip
+                             "--cache", str(tmp_path / "cache"), "--matrices", str(matrices), "--out", str(out)]) == 0  # fmt: skip
     data = _table(out)
-    assert [tuple(row[:3]) for row in data["rows"]] == [("toy", e, a) for e in ("minilm", "minilm-8") for a in ("words", "plain")]
+    pairs = [("toy", e, a) for e in ("minilm", "minilm-8") for a in ("words", "plain")]
+    assert [tuple(row[:3]) for row in data["rows"]] == pairs
     cols = data["columns"]
     for row in data["rows"]:
         oracle, calibrated = row[cols.index("oracle nDCG@10")], row[cols.index("calibrated nDCG@10")]
         assert _finite(oracle, calibrated) and 0 <= calibrated <= oracle <= 1  # the oracle is the best the grid holds
+    # the noise floor read off the same matrices: a row per pair, then the mean and the count within 0.005
+    noise = tmp_path / "noise.json"
+    assert calibration_noise.main(["--matrices", str(matrices), "--splits", "20", "--out", str(noise)]) == 0
+    rows = _table(noise)["rows"]
+    assert sorted(tuple(r[:3]) for r in rows[:-2]) == sorted(pairs) and [r[0] for r in rows[-2:]] == ["mean", "within 0.005 (pairs)"]
+    for row in rows[:-2]:
+        assert row[3] == 3 and all(_finite(v) and v >= 0 for v in row[4:])  # regrets against the held-out half's best
+
+
+# ------------------------------------------------------------------ channel_ablation
+def test_channel_ablation_scores_the_hybrid_and_each_channel_removed(toy_beir, tiny_model_dir, tmp_path):
+    from embedder.encoder import Embedder
+    from embedder.sentence_encoder import SentenceEncoder
+    from experiments import channel_ablation
+    from indexer.build import build_index
+
+    embedder = Embedder.load(tiny_model_dir, adapter="none", device="cpu")
+    encoder = SentenceEncoder.load(str(save_tiny_sentence_encoder(tmp_path / "encoder")))
+    index = tmp_path / "indexes" / "default-fast" / "toy" / "aligned-tokens"
+    build_index(toy_beir / "corpus.jsonl", index, embedder, top_k=16, lexical="words", encoder=encoder, progress=False)
+    out = tmp_path / "ablation.json"
+    assert channel_ablation.main(["--indexes", str(tmp_path / "indexes"), "--data", str(toy_beir), "--points", "fast,best",
+                                  "--out", str(out)]) == 0  # fmt: skip
+    data = _table(out)
+    cols = data["columns"]
+    # fast weighs bm25 and the encoder: a row each; best has no index here and is skipped
+    assert [(r[0], r[1], r[cols.index("channel")]) for r in data["rows"]] == [("fast", "toy", "bm25"), ("fast", "toy", "encoder")]
+    details = data["details"]["fast"]["toy"]
+    assert set(details["configs"]) == {"hybrid", "without bm25", "without encoder"}
+    for name, c in details["configs"].items():
+        assert 0 <= c["ndcg@10"] <= 1 and 0 <= c["recall@100"] <= 1 and c["e2e_p50_ms"] > 0, name
+    for row in data["rows"]:  # the gain is the hybrid minus the configuration without the channel
+        without = details["configs"][f"without {row[cols.index('channel')]}"]["ndcg@10"]
+        assert row[cols.index("gain nDCG@10")] == pytest.approx(details["configs"]["hybrid"]["ndcg@10"] - without, abs=1e-4)
 
 
 # ------------------------------------------------------------------ query_stages (the fast profile: no query model)
