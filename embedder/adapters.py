@@ -63,6 +63,27 @@ def resolve_adapter(adapter: str | Path | None, model_name: str) -> Path | None:
     return path.resolve()
 
 
+def locate_adapter(record: dict | None) -> str | Path:
+    """The adapter an index's manifest records (``{"path", "sha256"}``), where it is now: its
+    path if that still holds an adapter, else the shipped adapter with the same weights (an index
+    built from a source checkout or a worktree that is gone, searched from an installed package);
+    "none" for an index built without one. An adapter found nowhere raises ModelNotAvailable
+    naming its path and hash, instead of a query-time failure."""
+    if not record:
+        return "none"
+    path = Path(record.get("path") or "")
+    if (path / "adapter_config.json").exists():
+        return path
+    wanted = record.get("sha256")
+    for name in shipped_adapters():
+        if wanted and weights_sha256(SHIPPED_DIR / name, missing=ModelNotAvailable) == wanted:
+            return SHIPPED_DIR / name
+    raise ModelNotAvailable(
+        f"the index was built with the adapter {str(path)!r} (weights sha256 {str(wanted)[:12]}), which is no longer there, "
+        f"and no shipped adapter has those weights ({', '.join(shipped_adapters()) or 'none shipped'})"
+    )
+
+
 # The record a trainer writes beside the LoRA weights (training/adapter_io.py), first match wins.
 RECORD_FILES = ("llm2comp.json", "text2token.json")
 # The embedding settings an adapter's record fixes (indexing keeps its own max_length / batch size).

@@ -42,25 +42,26 @@ def half_split_regrets(real: np.ndarray, pick: int, splits: int, rng: np.random.
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--matrices", type=Path, required=True, help="an experiments.calibration --matrices file (.npz)")
+    p.add_argument("--matrices", type=Path, action="append", required=True,
+                   help="an experiments.calibration --matrices file (.npz); repeatable (e.g. one run per encoder)")
     p.add_argument("--splits", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    store = np.load(args.matrices)
+    store = {k: v for path in args.matrices for k, v in np.load(path).items()}
     settings = cal.grid(2)
     rng = np.random.default_rng(args.seed)
     rows = []
-    for pair in sorted(k.removesuffix("|real") for k in store.files if k.endswith("|real")):
+    for pair in sorted(k.removesuffix("|real") for k in store if k.endswith("|real")):
         real = store[f"{pair}|real"]
         if real.shape[0] != len(settings):
-            raise ValueError(f"{args.matrices}: {pair} has {real.shape[0]} settings, the grid {len(settings)}")
+            raise ValueError(f"{pair} has {real.shape[0]} settings, the grid {len(settings)}")
         pick = cal.select(cal.ndcg_at_10(store[f"{pair}|pseudo|0"]).mean(axis=1), settings)
         oracle, calibrated = half_split_regrets(real, pick, args.splits, rng)
         collection, encoder, analyser = pair.split("|")
         rows.append([collection, encoder, analyser, real.shape[1], *rounded([oracle, calibrated])])
     if not rows:
-        raise ValueError(f"{args.matrices}: no '|real' matrices")
+        raise ValueError(f"{', '.join(map(str, args.matrices))}: no '|real' matrices")
     means = np.asarray([r[4:] for r in rows], float)
     within = (means <= 0.005).sum(axis=0).tolist()
     rows.append(["mean", "", "", "", *rounded(means.mean(axis=0).tolist())])

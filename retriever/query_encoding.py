@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from embedder.adapters import locate_adapter
 from embedder.encoder import Embedder, EmbedderConfig
 from embedder.tokenization import TokenizerOnly
 from indexer.manifest import MANIFEST, IndexFormatError, Manifest
@@ -243,7 +244,7 @@ def load_query_embedder(index_dir: Path, manifest: Manifest, model: str | None, 
         config = EmbedderConfig(**{"fold_all_caps": False, **manifest.embedding})
     except (TypeError, ValueError) as exc:
         raise IndexFormatError(f"{index_dir / MANIFEST}: field 'embedding': {exc}") from None
-    adapter = (manifest.adapter or {}).get("path", "none")
+    adapter = locate_adapter(manifest.adapter)
     if query_encoder == "none":  # model-free queries read the LLM's tokenizer alone: its weights are never loaded
         return TokenizerOnly.load(model or manifest.model["name"], adapter, config)
     return Embedder.load(model or manifest.model["name"], adapter=adapter, config=config, device=settings.device, dtype=settings.dtype,

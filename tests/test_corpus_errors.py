@@ -290,6 +290,48 @@ def test_index_built_with_another_adapter_is_refused(built, tiny_embedder):
         Retriever.load(built, embedder=tiny_embedder)
 
 
+def _tiny_adapter(tiny_model_dir: Path, directory: Path) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(3)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # B starts at zero (a no-op adapter)
+            torch.nn.init.normal_(p, std=0.5)
+    model.save_pretrained(directory)
+    return directory
+
+
+def test_an_index_whose_adapter_moved_loads_the_shipped_copy_or_says_what_is_missing(toy_corpus, tiny_model_dir, tmp_path, monkeypatch):
+    """An index records its adapter's path and weights hash. Built from a folder that is gone (a
+    worktree, a source checkout), it loads the shipped adapter with the same weights; with none,
+    loading fails at once naming the path and the hash, not at the first query."""
+    import shutil
+
+    from embedder import adapters
+
+    built_with = _tiny_adapter(tiny_model_dir, tmp_path / "worktree" / "my-adapter")
+    index = tmp_path / "index"
+    build_index(toy_corpus, index, Embedder.load(tiny_model_dir, adapter=built_with, device="cpu"), top_k=8, progress=False)
+    expected = Retriever.load(index, model=str(tiny_model_dir), device="cpu").search("cat dog", k=3)
+    shipped = tmp_path / "shipped"
+    shutil.copytree(built_with, shipped / "my-adapter")
+    shutil.rmtree(tmp_path / "worktree")
+    monkeypatch.setattr(adapters, "SHIPPED_DIR", tmp_path / "nothing-shipped")
+    with pytest.raises(ModelNotAvailable, match=r"my-adapter.*sha256 [0-9a-f]{12}.*no longer there"):
+        Retriever.load(index, model=str(tiny_model_dir), device="cpu")
+    monkeypatch.setattr(adapters, "SHIPPED_DIR", shipped)
+    moved = Retriever.load(index, model=str(tiny_model_dir), device="cpu")
+    assert [(h.doc_id, h.score) for h in moved.search("cat dog", k=3)] == [(h.doc_id, h.score) for h in expected]
+    # the model-free query side (the tokenizer alone) finds it the same way: the shipped copy, by its weights
+    model_free = Retriever.load(index, model=str(tiny_model_dir), query_encoder="none")
+    assert model_free.model_free and model_free.embedder.adapter == {"path": str((shipped / "my-adapter").resolve()),
+                                                                     "sha256": model_free.manifest.adapter["sha256"]}
+
+
 def test_index_built_from_a_model_directory_refuses_another_directory(toy_corpus, tiny_model_dir, other_model_dir, tmp_path):
     index = tmp_path / "index"
     build_index(toy_corpus, index, Embedder.load(tiny_model_dir, adapter="none", device="cpu"), top_k=8, progress=False)
