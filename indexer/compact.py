@@ -101,7 +101,7 @@ COMPACT_DENSE_KINDS: dict[str, str] = {s.mode: s.compact_kind for s in CHANNEL_S
 DEFAULT_COMPACT = True  # build-index's default; build_index()'s stays False (the exact float32 reference)
 PER_LIST, GLOBAL = "per-list", "global"
 QUANTISATIONS = (PER_LIST, GLOBAL)
-# the dense channels (FAISS files, the channel table's query_kind "dense"): (manifest field, file name)
+# the dense channels (FAISS files, the channel table's query_kind "dense"): (manifest key, file name)
 _DENSE_CHANNELS = tuple((s.manifest_key, s.name) for s in CHANNEL_SPECS if s.query_kind == "dense")
 _MODES = {s.manifest_key: s.mode for s in CHANNEL_SPECS}
 

@@ -2,7 +2,9 @@
 
 An index records its format version and the exact model (name + weights hash), adapter
 and embedding settings; loading checks both, so that queries are never encoded by a
-different model than the documents.
+different model than the documents. Every channel's record is its entry in the ``channels``
+dict (by its row's manifest key, indexer/channels.py); how manifests written before that map
+into it, and the deprecated top-level copies written beside it: LEGACY_CHANNEL_FIELDS.
 """
 from __future__ import annotations
 
