@@ -44,6 +44,7 @@ from indexer.channel_set import CHANNELS, build_options, default_channels
 from indexer.channels import CHANNEL_SPECS, sentence_encoder_specs
 from indexer.compact import QUANTISATIONS, compact_copy
 from indexer.inverted_index import IMPACT_LEVELS
+from indexer.manifest import Manifest
 
 DEFAULT_VARIANTS = "per-list:SQ8,per-list:SQfp16,global:SQ8"
 REFERENCE = "per-list:SQ8"  # today's default build (build-index with no flags before issue 53's size goal)
@@ -238,7 +239,7 @@ def measure(data: Path, cache: Path, variants: list[Variant], models: dict, embe
     t0 = time.perf_counter()
     ndcg = evaluate(indexes, ds.queries, ds.qrels)
     return {
-        "n_docs": n_docs, "n_queries": len(ds.queries), "channels": [c for c in ("dense", "lexical", "encoder", "encoder2") if manifest.get(c)],
+        "n_docs": n_docs, "n_queries": len(ds.queries), "channels": [c for c in Manifest.read(base).channels if c != "sparse"],
         "runtime": f"{manifest.get('runtime', {}).get('name')} {manifest.get('runtime', {}).get('dtype')}", "float32_built_this_run": built,
         "float32_encode_seconds": manifest.get("build", {}).get("encode_seconds"), "convert_s": convert_s,
         "evaluate_s": round(time.perf_counter() - t0, 1),

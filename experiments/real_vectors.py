@@ -298,8 +298,8 @@ def measure(out: Path, results: Path, n_queries: int, rounds: int, n_postings: i
 
     index_dir = out / "index"
     manifest = Manifest.read(index_dir)
-    index = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.sparse["vocab_size"]),
-                               codec=PostingsCodec.of_record(manifest.sparse, index_dir))
+    index = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.record("sparse")["vocab_size"]),
+                               codec=PostingsCodec.of_record(manifest.record("sparse"), index_dir))
     with (out / "corpus" / "queries.jsonl").open(encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line in f if line.strip()][:n_queries]
     t0 = time.perf_counter()
@@ -410,8 +410,8 @@ def measure_fitted(out: Path, results: Path, n_docs: int, n_queries: int, rounds
 
     index_dir = out / "index"
     manifest = Manifest.read(index_dir)
-    real = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.sparse["vocab_size"]),
-                              codec=PostingsCodec.of_record(manifest.sparse, index_dir))
+    real = InvertedIndex.load(index_dir, manifest.n_docs, mmap=False, n_lists=int(manifest.record("sparse")["vocab_size"]),
+                              codec=PostingsCodec.of_record(manifest.record("sparse"), index_dir))
     with (out / "corpus" / "queries.jsonl").open(encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line in f if line.strip()][:n_queries]
     queries = encode_queries(index_dir, texts)

@@ -90,7 +90,7 @@ def write_index(index_dir: Path, store: Path, n_shards: int, top_k: int, n_docs:
     ids = [f"s{i}" for i in range(n)]
     (index_dir / DOC_IDS).write_text(json.dumps(ids), encoding="utf-8")
     Manifest(
-        model={"name": "synthetic", "sha256": "synthetic"}, adapter=None, embedding={}, sparse={"top_k": top_k, "vocab_size": VOCAB, "weight": "logit"},
+        model={"name": "synthetic", "sha256": "synthetic"}, adapter=None, embedding={}, channels={"sparse": {"top_k": top_k, "vocab_size": VOCAB, "weight": "logit"}},
         n_docs=n, corpus={"synthetic": True}, files=record_files(index_dir),
     ).write(index_dir)
     return {"n_docs": n, "merge_seconds": round(seconds, 1)}

@@ -483,7 +483,7 @@ def _merge_into(spec: CorpusSpec, out: Path, store: ShardStore, encode: dict, em
         runtime=_runtime_record(embedder.runtime_info(), _runtimes_of(metas)),
         n_docs=len(ids),
         corpus=spec.describe(),
-        **Manifest.channel_fields({s.manifest_key: records.get(s.manifest_key) for s in CHANNEL_SPECS}),
+        channels=records,
         segments=segments_info,
         documents=stored_info,
         # 4-bit impacts are the aligned tokens' alone: an index without them is laid out as at 8 bits

@@ -129,13 +129,14 @@ def calibrate_index(directory: Path, manifest, encoders: dict | None = None, tok
     from indexer.stored_documents import StoredDocuments
 
     encoder_rows = [s for s in sentence_encoder_specs() if s.record(manifest)]
-    if manifest.lexical is None or not encoder_rows or not manifest.documents:
+    bm25 = spec("bm25")
+    if bm25.record(manifest) is None or not encoder_rows or not manifest.documents:
         return None
     n = cal.DEFAULT_QUERIES if n is None else n
     seed = cal.DEFAULT_SEED if seed is None else seed
     texts = _StoredTexts(StoredDocuments.open(Path(directory), manifest.n_docs))
-    analyze = make_analyzer(manifest.lexical["analyzer"], tokenizer)
-    lexical = LexicalChannel("bm25", spec("bm25").open(Path(directory), manifest), analyze, texts, seed)
+    analyze = make_analyzer(bm25.record(manifest)["analyzer"], tokenizer)
+    lexical = LexicalChannel("bm25", bm25.open(Path(directory), manifest), analyze, texts, seed)
     pqs = cal.pseudo_queries(texts, n, seed)
     record: dict = {"version": cal.CALIBRATION_VERSION, "n_docs": manifest.n_docs, "pairs": {}}
     if len(pqs) < cal.MIN_QUERIES:

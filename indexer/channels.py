@@ -197,7 +197,7 @@ class ChannelSpec:
     """One channel, every name and need of it (see the module docstring)."""
 
     mode: str  # the search mode and fusion weight key
-    manifest_key: str  # the Manifest field holding its record (None there: not built)
+    manifest_key: str  # its key in the manifest's ``channels`` dict (absent there: not built)
     name: str  # the file stem (or folder) its data is saved under
     attribute: str  # the Retriever's attribute holding the opened channel
     files: tuple[str, ...]  # glob patterns of its files, relative to the index directory
@@ -228,7 +228,7 @@ class ChannelSpec:
     @property
     def required(self) -> bool:
         """Built unless left out by name (the aligned-token channel: ``build_index(sparse=False)``,
-        ``build-index --channels`` without it); its manifest key is in every manifest (null where not built)."""
+        ``build-index --channels`` without it)."""
         return self.option is None
 
     @property
@@ -250,12 +250,9 @@ class ChannelSpec:
         return self.default() if callable(self.default) else self.default
 
     def record(self, manifest: Any) -> dict | None:
-        """The channel's manifest record (None, or empty: not built): a field of the manifest of its
-        own (the first six channels'), else an entry of its ``channels`` dict (indexer/manifest.py)."""
-        value = getattr(manifest, self.manifest_key, None)
-        if value is None:
-            value = (getattr(manifest, "channels", None) or {}).get(self.manifest_key)
-        return value or None
+        """The channel's manifest record, its entry in the manifest's ``channels`` dict (indexer/manifest.py;
+        None, or empty: not built)."""
+        return (manifest.channels or {}).get(self.manifest_key) or None
 
     def load_encoder(self, manifest: Any, device: str | None = None) -> Any:
         """The sentence encoder this encoder channel's manifest record names, loaded and checked
@@ -413,20 +410,12 @@ def flag_settings(args: Any) -> dict[str, Any]:
     return {mode: value for mode, value in given.items() if value not in (None, False)}
 
 
-def raw_record(data: dict, key: str) -> Any:
-    """A channel's record in a manifest's parsed JSON ``data``: its own field, else its entry in ``channels``."""
-    if key in data:
-        return data[key]
-    channels = data.get("channels")
-    return channels.get(key) if isinstance(channels, dict) else None
-
-
-def field_problem(data: dict) -> str | None:
-    """The first channel field of a manifest's ``data`` (parsed JSON) that a channel's loaders
-    cannot work with, as ``Manifest.read`` reports it; records that are not objects are the
-    manifest's own check (indexer/manifest.py)."""
+def field_problem(records: Mapping[str, Any]) -> str | None:
+    """The first channel field of a manifest's channel ``records`` ({manifest key: record}, as parsed)
+    that a channel's loaders cannot work with, as ``Manifest.read`` reports it; records that are not
+    objects are the manifest's own check (indexer/manifest.py)."""
     for s in CHANNEL_SPECS:
-        info = raw_record(data, s.manifest_key)
+        info = records.get(s.manifest_key)
         if not isinstance(info, dict):  # null, or not an object: the manifest's own check
             continue
         for name, kind in s.fields:
@@ -465,7 +454,6 @@ __all__ = [
     "flag_settings",
     "mode_of",
     "of_kind",
-    "raw_record",
     "sentence_encoder_specs",
     "spec",
     "with_need",

@@ -101,7 +101,7 @@ COMPACT_DENSE_KINDS: dict[str, str] = {s.mode: s.compact_kind for s in CHANNEL_S
 DEFAULT_COMPACT = True  # build-index's default; build_index()'s stays False (the exact float32 reference)
 PER_LIST, GLOBAL = "per-list", "global"
 QUANTISATIONS = (PER_LIST, GLOBAL)
-# the dense channels (FAISS files, the channel table's query_kind "dense"): (manifest field, file name)
+# the dense channels (FAISS files, the channel table's query_kind "dense"): (manifest key, file name)
 _DENSE_CHANNELS = tuple((s.manifest_key, s.name) for s in CHANNEL_SPECS if s.query_kind == "dense")
 _MODES = {s.manifest_key: s.mode for s in CHANNEL_SPECS}
 
@@ -337,13 +337,14 @@ def compact_copy(
         if m.compact:
             raise ValueError(f"{index_dir}: already compact (format {m.format_version})")
         verify_generation(index_dir, opened, "no copy was written")  # a damaged file is never carried into a copy under fresh checksums
-        if m.sparse is None:  # an index without the aligned tokens: BM25's postings and the dense channels are compacted
+        sparse, lexical_record = m.record("sparse"), m.record("bm25")
+        if sparse is None:  # an index without the aligned tokens: BM25's postings and the dense channels are compacted
             if top_k is not None:
                 raise ValueError(f"{index_dir}: top_k: the index holds no aligned tokens (built without the sparse channel)")
             version = compact_format(doc_ids, DEFAULT_IMPACT_BITS)
         if top_k is not None:
-            if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k < m.sparse["top_k"]:
-                raise ValueError(f"top_k must be an integer from 1 to {m.sparse['top_k'] - 1} (the index holds {m.sparse['top_k']} a document), not {top_k!r}")
+            if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k < sparse["top_k"]:
+                raise ValueError(f"top_k must be an integer from 1 to {sparse['top_k'] - 1} (the index holds {sparse['top_k']} a document), not {top_k!r}")
             if m.segments is not None:
                 raise ValueError(f"{index_dir}: top_k: an index of multi-vector documents (segments) cannot be cut down without its model")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -364,13 +365,12 @@ def compact_copy(
                         shutil.copyfile(src, tmp / rel)
                 if top_k is not None:
                     truncate_channel_files(tmp, m.n_docs, top_k)
-                sparse_info = None if m.sparse is None else {
-                    **m.sparse, **compact_channel_files(tmp, m.n_docs, quantisation, doc_ids, impact_bits, impact_levels),
-                    **({"top_k": top_k} if top_k is not None else {})}
-                lexical_info = None if any(s.manifest_key == "lexical" for s in dropped) else m.lexical
-                if lexical_info is not None and lexical:
-                    lexical_info = {**m.lexical, **compact_channel_files(tmp / LEXICAL_DIR, m.n_docs, quantisation, doc_ids)}
-                changed: dict = {s.manifest_key: None for s in dropped if s.manifest_key != "lexical"}
+                changed: dict = {s.manifest_key: None for s in dropped}  # {manifest key: its new record (None: dropped)}
+                if sparse is not None:
+                    changed["sparse"] = {**sparse, **compact_channel_files(tmp, m.n_docs, quantisation, doc_ids, impact_bits, impact_levels),
+                                         **({"top_k": top_k} if top_k is not None else {})}
+                if lexical_record is not None and lexical and "lexical" not in changed:
+                    changed["lexical"] = {**lexical_record, **compact_channel_files(tmp / LEXICAL_DIR, m.n_docs, quantisation, doc_ids)}
                 written: dict[str, str] = {}  # {dense channel: the kind it was written as}
                 for field, name in _DENSE_CHANNELS:
                     info = by_manifest_key(field).record(m)
@@ -384,16 +384,16 @@ def compact_copy(
                     index.save(tmp, name)
                     changed[field] = {**info, "kind": kind}
                 out = dataclasses.replace(
-                    m, format_version=version, sparse=sparse_info, lexical=lexical_info,
+                    m, format_version=version,
                     build={**m.build, "compacted": {"from": str(index_dir), "generation": opened.path.name,
                                                     "dense_kind": dense_kind if isinstance(dense_kind, str) else written,
                                                     **({"dropped": [s.mode for s in dropped]} if dropped else {}),
                                                     "quantisation": quantisation, "doc_ids": doc_ids or "int32",
                                                     **({"impact_bits": impact_bits} if impact_bits != DEFAULT_IMPACT_BITS else {}),
                                                     **({"impact_levels": impact_levels} if impact_levels is not None else {}),
-                                                    **({"top_k": {"from": m.sparse["top_k"], "to": top_k}} if top_k is not None else {}),
+                                                    **({"top_k": {"from": sparse["top_k"], "to": top_k}} if top_k is not None else {}),
                                                     "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}},
-                    files=None, checksum=None, **Manifest.channel_fields(changed, m.channels),
+                    files=None, checksum=None, channels=m.channels_with(changed),
                 )
                 out.files = record_files(tmp)
                 out.write(tmp)  # last: a directory without a manifest is not an index

@@ -2,7 +2,9 @@
 
 An index records its format version and the exact model (name + weights hash), adapter
 and embedding settings; loading checks both, so that queries are never encoded by a
-different model than the documents.
+different model than the documents. Every channel's record is its entry in the ``channels``
+dict (by its row's manifest key, indexer/channels.py); how manifests written before that map
+into it, and the deprecated top-level copies written beside it: LEGACY_CHANNEL_FIELDS.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from embedder.util import write_json_atomic
-from indexer.channels import CHANNEL_SPECS, field_problem, raw_record
+from indexer.channels import CHANNEL_SPECS, field_problem
 from indexer.channels import spec as channel_spec
 from indexer.checksums import json_checksum
 from indexer.codec import CODEC_FORMAT_VERSION
@@ -30,11 +32,19 @@ from indexer.layout import (  # also imported from here (their first home)
 )
 from indexer.regular_files import MAX_MANIFEST_BYTES, read_regular
 
-# ("sparse",): the aligned tokens' record, a key of every manifest; null in an index built without them (build-index
-# --channels naming other channels alone), which readers before that refuse ("not an object") rather than misread
-_REQUIRED_CHANNELS = tuple(s.manifest_key for s in CHANNEL_SPECS if s.required)
-# the channels with a Manifest field of their own (the fields below): the first six; a later row's record is in ``channels``
-_CHANNEL_FIELDS = ("sparse", "dense", "embedfilter", "lexical", "encoder", "encoder2")
+# The channels whose records were fields of the manifest's top level before its ``channels`` dict
+# held every channel's (issue 69). Frozen: a later row is never added here.
+# - Reading: a manifest without LEGACY_MARKER (formats 1-8, written before the dict, or rewritten
+#   by a release of then, which keeps the fields it knows and drops the marker) has its top-level
+#   records mapped into ``channels`` (each one there taking the place of a stale copy in the dict).
+# - Writing (DEPRECATED, for one release): every manifest also writes these six top-level fields,
+#   copies of their ``channels`` entries (null: not built), so that the previous release's readers
+#   (which read only these) read today's indexes; LEGACY_MARKER lists them. Dropping them later:
+#   write the marker as [] (``channels`` then stands alone), which readers of this release accept.
+LEGACY_CHANNEL_FIELDS = ("sparse", "dense", "embedfilter", "lexical", "encoder", "encoder2")
+# The top-level fields a manifest mirrors from ``channels`` (above); its presence says ``channels``
+# is the record, each mirror checked to equal its entry. Readers before it ignore it (and drop it when they rewrite).
+LEGACY_MARKER = "legacy_fields"
 
 FORMAT_VERSION = 1
 # Multi-vector documents (indexer/segments.py) are written as format 2, so that a reader that
@@ -77,19 +87,14 @@ class Manifest:
     model: dict  # {"name", "sha256"}
     adapter: dict | None  # {"path", "sha256"} or None for the raw backbone
     embedding: dict  # EmbedderConfig.to_dict()
-    # the channels' records, one field per row of indexer/channels.py (its manifest_key); None: not built
-    sparse: dict | None  # {"top_k", "vocab_size", "weight"}; None: built without the aligned tokens (--channels bm25)
     n_docs: int
     corpus: dict = field(default_factory=dict)
-    dense: dict | None = None  # {"kind", "dim", "normalised", "metric"} when stored
-    embedfilter: dict | None = None  # {"tau", "left", "right", "dim", "kind"} when stored
-    lexical: dict | None = None  # {"analyzer", "k1", "b", "n_terms"} when stored
-    encoder: dict | None = None  # {"name", "sha256", "dim", "max_seq_length", "kind", ...} when stored
-    encoder2: dict | None = None  # the second encoder channel's record, as ``encoder``'s
-    # the records of every other channel (a row of indexer/channels.py added after these six, which
-    # keep their own fields so that earlier readers read the indexes of today): {manifest key: record};
-    # None or {}: none, and not written
-    channels: dict | None = None
+    # every built channel's record, by its row's manifest key (indexer/channels.py): "sparse" {"top_k",
+    # "vocab_size", "weight", ...}, "dense" {"kind", "dim", "normalised", "metric"}, "embedfilter" {"tau",
+    # "left", "right", "dim", "kind"}, "lexical" {"analyzer", "k1", "b", "n_terms"}, "encoder" and
+    # "encoder2" {"name", "sha256", "dim", "max_seq_length", "kind", ...}, and any later row's; a channel
+    # not built has no entry. Read through :meth:`record` (or its row's ``record``).
+    channels: dict = field(default_factory=dict)
     # multi-vector documents: {"length", "max_segments", "n_segments", "max_per_doc", ...}; None: one vector per document
     segments: dict | None = None
     # the stored documents (indexer/stored_documents.py): {"file", "n_docs", "metadata_fields", "metadata_types"} (the
@@ -109,16 +114,36 @@ class Manifest:
     files: dict | None = None
     checksum: str | None = None  # of this manifest's other fields (json_checksum), set by write()
 
+    def __post_init__(self) -> None:
+        # the built channels' records in the table's order (a key no row has, from a newer version, last); none empty
+        order = {s.manifest_key: i for i, s in enumerate(CHANNEL_SPECS)}
+        self.channels = dict(sorted(((k, v) for k, v in (self.channels or {}).items() if v), key=lambda kv: order.get(kv[0], len(order))))
+
+    def record(self, channel: str) -> dict | None:
+        """The record of ``channel`` (any of its names: ``bm25``, ``lexical``...); None: not built."""
+        return self.channels.get(channel_spec(channel).manifest_key) or None
+
+    def channels_with(self, records: dict[str, dict | None]) -> dict:
+        """``channels`` with ``records`` ({manifest key: record}) in place of theirs: a None record removes its channel."""
+        out = {**self.channels, **records}
+        return {k: v for k, v in out.items() if v}
+
     def write(self, directory: Path) -> None:
-        data = {k: v for k, v in asdict(self).items() if k != "checksum" and not (k == "channels" and not v)}
+        data = {k: v for k, v in asdict(self).items() if k != "checksum"}
+        # DEPRECATED mirror, for the previous release's readers (LEGACY_CHANNEL_FIELDS says why and until when)
+        data |= {key: data["channels"].get(key) for key in LEGACY_CHANNEL_FIELDS} | {LEGACY_MARKER: list(LEGACY_CHANNEL_FIELDS)}
         self.checksum = json_checksum(data)
         write_json_atomic(directory / MANIFEST, {**data, "checksum": self.checksum})
+
+    def _postings(self) -> dict | None:
+        """The record of the format's postings: the first row with postings that is built (the aligned tokens', else BM25's)."""
+        return next((r for s in CHANNEL_SPECS if s.postings is not None and (r := s.record(self)) is not None), None)
 
     @property
     def compact(self) -> bool:
         """Quantised impacts (format 3 to 7, indexer/compact.py); in an index without the aligned tokens, BM25's
         (and in one without postings at all, its format)."""
-        postings = self.sparse if self.sparse is not None else self.lexical
+        postings = self._postings()
         if postings is None:
             return self.format_version in COMPACT_VERSIONS
         return postings.get("impacts") in IMPACTS
@@ -127,13 +152,13 @@ class Manifest:
     def packed(self) -> bool:
         """Bit-packed doc numbers in the aligned-token postings (formats 4 and 7, indexer/packed_docs.py); in an index
         without them, BM25's."""
-        return (self.sparse if self.sparse is not None else self.lexical or {}).get("doc_ids") in PACKED_DOC_IDS
+        return (self._postings() or {}).get("doc_ids") in PACKED_DOC_IDS
 
     @property
     def ranged(self) -> bool:
         """Range-blocked doc numbers in the aligned-token postings (format 5, indexer/range_docs.py); in an index
         without them, BM25's."""
-        return (self.sparse if self.sparse is not None else self.lexical or {}).get("doc_ids") == RANGE_DOC_IDS
+        return (self._postings() or {}).get("doc_ids") == RANGE_DOC_IDS
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
@@ -155,29 +180,24 @@ class Manifest:
             )
         if version not in COMPACT_VERSIONS and (version == SEGMENTS_FORMAT_VERSION) != isinstance(data.get("segments"), dict):
             raise IndexFormatError(f"{path}: field 'segments': format {version} {'needs' if version == SEGMENTS_FORMAT_VERSION else 'has no'} a segments object")
-        known = set(cls.__dataclass_fields__)
-        missing = [k for k in ("model", "embedding", *_REQUIRED_CHANNELS, "n_docs") if k not in data]
+        mirrored = data.get(LEGACY_MARKER, [])
+        if not isinstance(mirrored, list) or not all(isinstance(k, str) for k in mirrored):
+            raise IndexFormatError(f"{path}: field {LEGACY_MARKER!r}: not a list of field names")
+        # a manifest with the marker: ``channels`` is the record; without: its top-level fields are (LEGACY_CHANNEL_FIELDS)
+        current = LEGACY_MARKER in data
+        missing = [k for k in ("model", "embedding", "channels" if current else "sparse", "n_docs") if k not in data]
         if missing:
             raise IndexFormatError(f"{path}: missing field(s) {', '.join(missing)}")
-        problem = _field_problem(data) or _impacts_problem(data, version)
+        if data.get("channels") is not None and not isinstance(data["channels"], dict):
+            raise IndexFormatError(f"{path}: field 'channels': neither an object nor null")
+        records = dict(data.get("channels") or {})
+        if not current:
+            records |= {key: data[key] for key in LEGACY_CHANNEL_FIELDS if key in data}
+        problem = _field_problem(data, records) or _impacts_problem(records, version) or _mirror_problem(data, records)
         if problem:
             raise IndexFormatError(f"{path}: {problem}")
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    @classmethod
-    def channel_fields(cls, records: dict[str, dict | None], channels: dict | None = None) -> dict:
-        """Keyword arguments of :class:`Manifest` (or ``dataclasses.replace``) for channel ``records``
-        ({manifest key: record or None}): a channel with a field of its own sets it, any other one an
-        entry of ``channels`` (those given kept, a None record removed)."""
-        own = {k: v for k, v in records.items() if k in _CHANNEL_FIELDS}
-        others = dict(channels or {})
-        for k, v in records.items():
-            if k not in _CHANNEL_FIELDS:
-                if v is None:
-                    others.pop(k, None)
-                else:
-                    others[k] = v
-        return {**own, "channels": others or None}
+        known = set(cls.__dataclass_fields__) - {"channels"}
+        return cls(**{k: v for k, v in data.items() if k in known}, channels=records)
 
     def check_model(self, model_identity: dict, adapter_identity: dict | None) -> None:
         """Refuse an embedder other than the one the index was built with."""
@@ -214,19 +234,28 @@ def _positive_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
-def _field_problem(data: dict) -> str | None:
-    """The first field whose type or range the loaders cannot work with (hand edits, damage)."""
+def _mirror_problem(data: dict, records: dict) -> str | None:
+    """A top-level field the manifest says mirrors its ``channels`` entry (LEGACY_MARKER) that does not equal it."""
+    for key in data.get(LEGACY_MARKER, []):
+        if data.get(key) != records.get(key) or key not in data:
+            got = repr(data[key]) if key in data else "missing"
+            return f"field {key!r}: {got}, not a copy of its record in 'channels' ({LEGACY_MARKER} says it mirrors it)"
+    return None
+
+
+def _field_problem(data: dict, records: dict) -> str | None:
+    """The first field whose type or range the loaders cannot work with (hand edits, damage); ``records``:
+    the channels' records, as :meth:`Manifest.read` found them."""
     for key in ("model", "embedding"):
         if not isinstance(data[key], dict):
             return f"field {key!r}: not an object"
-    for key in _REQUIRED_CHANNELS:  # null: built without the aligned tokens
-        if data[key] is not None and not isinstance(data[key], dict):
+    for key, value in records.items():
+        if value is not None and not isinstance(value, dict):
             return f"field {key!r}: neither an object nor null"
-    if all(raw_record(data, s.manifest_key) is None for s in CHANNEL_SPECS):
+    if all(records.get(s.manifest_key) is None for s in CHANNEL_SPECS):
         return f"no channel: every channel's record ({', '.join(s.manifest_key for s in CHANNEL_SPECS)}) is null"
-    optional = tuple(s.manifest_key for s in CHANNEL_SPECS if not s.required)
-    for key in ("adapter", "channels", *optional, "documents", "files", "calibration"):
-        value = data.get(key) if key in ("adapter", "channels", "documents", "files", "calibration") else raw_record(data, key)
+    for key in ("adapter", "documents", "files", "calibration"):
+        value = data.get(key)
         if value is not None and not isinstance(value, dict):
             return f"field {key!r}: neither an object nor null"
     problem = _embedding_problem(data["embedding"])
@@ -236,7 +265,7 @@ def _field_problem(data: dict) -> str | None:
         return "field 'model': needs string 'name' and 'sha256'"
     if not _positive_int(data["n_docs"]):
         return f"field 'n_docs': {data['n_docs']!r} is not a positive integer"
-    problem = field_problem(data)  # every channel's own fields (its row's ``fields``)
+    problem = field_problem(records)  # every channel's own fields (its row's ``fields``)
     if problem:
         return problem
     if data.get("documents") is not None:
@@ -270,7 +299,7 @@ def _metadata_types_problem(documents: dict) -> str | None:
     return None
 
 
-def _impacts_problem(data: dict, version: int) -> str | None:
+def _impacts_problem(records: dict, version: int) -> str | None:
     """Formats 3-5 and 8-bit impacts go together: a format-1 manifest naming uint8 impacts (or a
     format-3 one without them) would have its postings read with the wrong element type. Format 4
     and bit-packed doc numbers go together too, and format 5 and range-blocked ones (in the
@@ -279,21 +308,21 @@ def _impacts_problem(data: dict, version: int) -> str | None:
     format 7 and stream-packed doc numbers go together, with 8-bit or 4-bit aligned-token impacts.
     BM25's impacts are 8-bit in every format."""
     for key in (s.manifest_key for s in CHANNEL_SPECS if s.postings is not None):
-        impacts = (raw_record(data, key) or {}).get("impacts")
+        impacts = (records.get(key) or {}).get("impacts")
         if impacts is not None and impacts not in (IMPACTS if key == "sparse" else (UINT8_IMPACTS,)):
             return f"field '{key}.impacts': {impacts!r} is not {UINT8_IMPACTS!r}" + (f" or {UINT4_IMPACTS!r}" if key == "sparse" else "")
         if key == "sparse" and ((impacts == UINT4_IMPACTS and version not in NIBBLE_VERSIONS)
                                 or (version == NIBBLE_FORMAT_VERSION and impacts != UINT4_IMPACTS)):
             return (f"field 'sparse.impacts': 4-bit impacts are format {NIBBLE_FORMAT_VERSION} (or {STREAM_FORMAT_VERSION}), and format "
                     f"{NIBBLE_FORMAT_VERSION} needs them (format {version}, impacts {impacts!r})")
-        levels = (raw_record(data, key) or {}).get("levels")
+        levels = (records.get(key) or {}).get("levels")
         most = 16 if impacts == UINT4_IMPACTS else 256
         if levels is not None and (not _positive_int(levels) or not 2 <= levels <= most or impacts is None):
             return f"field '{key}.levels': {levels!r} is not a count of impact levels (2 to {most}, with 'impacts')"
         if impacts is not None and version not in COMPACT_VERSIONS:
             return (f"field '{key}.impacts': 8-bit impacts in an index of format {version} "
                     f"(they are format {', '.join(map(str, COMPACT_VERSIONS))})")
-        doc_ids = (raw_record(data, key) or {}).get("doc_ids")
+        doc_ids = (records.get(key) or {}).get("doc_ids")
         if doc_ids is not None and doc_ids not in _DOC_ID_FORMATS:
             return f"field '{key}.doc_ids': {doc_ids!r} is not one of {sorted(_DOC_ID_FORMATS)}"
         allowed = ((STREAM_FORMAT_VERSION,) if doc_ids == BITSTREAM_DOC_IDS else (_DOC_ID_FORMATS.get(doc_ids), NIBBLE_FORMAT_VERSION)) + (CODEC_FORMAT_VERSION,)
@@ -304,10 +333,10 @@ def _impacts_problem(data: dict, version: int) -> str | None:
             what = "bit-packed" if doc_ids in PACKED_DOC_IDS else "range-blocked"
             return f"field '{key}.doc_ids': {what} doc numbers without 8-bit impacts ('{key}.impacts')"
     # the format's postings: the aligned tokens', else (an index built without them) BM25's; none: nothing to check
-    key = "sparse" if data.get("sparse") is not None else "lexical"
-    postings = data.get(key)
-    if postings is None:
+    key = next((s.manifest_key for s in CHANNEL_SPECS if s.postings is not None and records.get(s.manifest_key) is not None), None)
+    if key is None:
         return None
+    postings = records[key]
     if version in COMPACT_VERSIONS and version not in NIBBLE_VERSIONS and postings.get("impacts") != UINT8_IMPACTS:
         return f"field '{key}.impacts': format {version} needs {UINT8_IMPACTS!r}"
     for doc_ids, fmt in _DOC_ID_FORMATS.items():
@@ -336,6 +365,26 @@ def _embedding_problem(embedding: dict) -> str | None:
 
 
 
-__all__ = ["BITPACKED_DOC_IDS", "BITSTREAM_DOC_IDS", "COMPACT_FORMAT_VERSION", "COMPACT_VERSIONS", "DOC_IDS", "FORMAT_VERSION", "IMPACTS", "MANIFEST", "NIBBLE_FORMAT_VERSION",
-           "PACKED_FORMAT_VERSION", "RANGE_DOC_IDS", "RANGE_FORMAT_VERSION", "READABLE_VERSIONS", "SEGMENTS_FORMAT_VERSION", "STREAM_FORMAT_VERSION", "UINT4_IMPACTS",
-           "UINT8_IMPACTS", "IndexFormatError", "Manifest"]
+__all__ = [
+    "BITPACKED_DOC_IDS",
+    "BITSTREAM_DOC_IDS",
+    "COMPACT_FORMAT_VERSION",
+    "COMPACT_VERSIONS",
+    "DOC_IDS",
+    "FORMAT_VERSION",
+    "IMPACTS",
+    "LEGACY_CHANNEL_FIELDS",
+    "LEGACY_MARKER",
+    "MANIFEST",
+    "NIBBLE_FORMAT_VERSION",
+    "PACKED_FORMAT_VERSION",
+    "RANGE_DOC_IDS",
+    "RANGE_FORMAT_VERSION",
+    "READABLE_VERSIONS",
+    "SEGMENTS_FORMAT_VERSION",
+    "STREAM_FORMAT_VERSION",
+    "UINT4_IMPACTS",
+    "UINT8_IMPACTS",
+    "IndexFormatError",
+    "Manifest",
+]

@@ -282,7 +282,7 @@ def publish_update(prepared: PreparedUpdate) -> UpdateReport:
 
 def _encoding_key(m: Manifest) -> str:
     """What the added documents' arrays depend on in a manifest: the models, their settings and the channels built."""
-    return json.dumps([m.model, m.adapter, m.embedding, (m.sparse or {}).get("top_k"), (m.segments or {}).get("max_segments"),
+    return json.dumps([m.model, m.adapter, m.embedding, (m.record("sparse") or {}).get("top_k"), (m.segments or {}).get("max_segments"),
                        [s.mode for s in CHANNEL_SPECS if s.record(m) is not None],
                        [(s.record(m) or {}).get("sha256") for s in sentence_encoder_specs()]], sort_keys=True, default=str)
 
@@ -339,7 +339,7 @@ def _read_kept(path: Path, m: Manifest, channels: dict, keep: np.ndarray) -> _Ke
     sparse: InvertedIndex | None = channels.get("sparse")
     if sparse is not None:
         vectors = sparse.doc_vectors()[keep]
-        k = int(m.sparse["top_k"])
+        k = int(m.record("sparse")["top_k"])
         counts = np.diff(vectors.indptr)
         if len(counts) and (counts != k).any():
             raise UpdateError(f"{path}: postings do not hold {k} tokens for every document; rebuild the index")
@@ -418,7 +418,8 @@ def _encode(docs: list[Document], m: Manifest, embedder, encoders: Mapping[str, 
     if m.segments is not None:
         windows = m.segments.get("max_segments") or 0
     keep = any(s.record(m) is not None for s in CHANNEL_SPECS if LLM_EMBEDDINGS in s.build_needs)  # the LLM states kept
-    plan = ShardPlan(int((m.sparse or {}).get("top_k", 1)), keep, UPDATE_CHUNK, windows, tokens=m.sparse is not None)
+    sparse = m.record("sparse")
+    plan = ShardPlan(int((sparse or {}).get("top_k", 1)), keep, UPDATE_CHUNK, windows, tokens=sparse is not None)
     parts: list[dict] = []
     n_tokens, base = 0, 0
     bar = tqdm(total=len(docs), unit="doc", desc="encoding added documents", disable=not progress)
@@ -437,7 +438,8 @@ def _encode(docs: list[Document], m: Manifest, embedder, encoders: Mapping[str, 
 
 def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[Document], added: list[Document], new: _New | None, embedder) -> Manifest:
     """Every file of the updated index into ``out``; returns its manifest (files not yet recorded)."""
-    vocab = int((m.sparse or {}).get("vocab_size", 0))
+    sparse = m.record("sparse")
+    vocab = int((sparse or {}).get("vocab_size", 0))
 
     def sparse_parts() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         yield kept.tokens, kept.weights
@@ -445,11 +447,11 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
             yield new.tokens, new.weights
 
     n_docs = len(kept_docs) + len(added)
-    if m.sparse is not None:
+    if sparse is not None:
         n_docs = InvertedIndex.write_from_shards(sparse_parts, vocab, out)
         # a compact index stays compact: the kept weights were read back dequantised, so they are quantised again at
         # the record's bits and levels and the doc numbers of format 4 or 5 encoded again (the manifest's sparse record kept)
-        compact_as_recorded(out, n_docs, m.sparse)
+        compact_as_recorded(out, n_docs, sparse)
     ids = [d.doc_id for d in kept_docs] + [d.doc_id for d in added]
     write_bytes(out / DOC_IDS, json.dumps(ids).encode("utf-8"))
     n_kept = len(kept_docs)
@@ -460,7 +462,7 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
     if m.segments is not None and rows is not None:
         per_doc = np.bincount(rows, minlength=n_docs)
         segments = {**m.segments, "n_segments": len(rows), "max_per_doc": int(per_doc.max()), "docs_with_several": int((per_doc > 1).sum())}
-    records = {s.manifest_key: s.record(m) for s in CHANNEL_SPECS if not s.required}
+    records = dict(m.channels)  # the aligned tokens' record kept; the others' as rewritten below
     for s in DENSE_SPECS:
         name, info = s.name, s.record(m)
         if info is None:
@@ -507,9 +509,9 @@ def _write(out: Path, m: Manifest, current: Path, kept: _Kept, kept_docs: list[D
         records[BM25.manifest_key] = {**lexical, "n_terms": len(lex.vocab)}
     corpus = {**m.corpus, "updated": True}
     return Manifest(
-        model=m.model, adapter=m.adapter, embedding=m.embedding, sparse=m.sparse, n_docs=n_docs, corpus=corpus,
+        model=m.model, adapter=m.adapter, embedding=m.embedding, channels=records, n_docs=n_docs, corpus=corpus,
         segments=segments, documents=stored, runtime=m.runtime, build=dict(m.build), format_version=m.format_version,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), **Manifest.channel_fields(records, m.channels),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
 
 

@@ -105,7 +105,8 @@ class Retriever:
             self.token_idf = np.log((manifest.n_docs + 1) / (df + 1)).astype(np.float32)
         else:  # no aligned tokens: no query weighs its tokens by them
             self.token_idf = np.ones(int(embedder.vocab_size), np.float32)
-        analyze = make_analyzer(manifest.lexical["analyzer"], embedder.tokenizer) if manifest.lexical else None
+        lexical = manifest.record("bm25")
+        analyze = make_analyzer(lexical["analyzer"], embedder.tokenizer) if lexical else None
         given, deferred = sentence_models(manifest, encoders_by_mode(None, encoders), self.fusion, getattr(embedder, "device", None))
         # the pieces; a fusion view (with_fusion) shares them all, and with them what each builds on first use
         self.queries = QueryEncoding(embedder, self.settings.query_encoder, self.token_idf, given, deferred, asked.expansion_m, asked.literal,

@@ -200,13 +200,18 @@ def write_corpus(directory: Path, docs: list[dict[str, str]], fmt: str) -> Path:
 
 def reseal(index: Path) -> None:
     """Record an index's current files' sizes and checksums in its manifest, as a (buggy) builder
-    would have: damage done to a file is then visible to the structural checks only."""
+    would have: damage done to a file is then visible to the structural checks only (a channel's
+    record edited in ``channels``: copied to its top-level mirror, as Manifest.write does)."""
     from indexer.checksums import json_checksum
     from indexer.integrity import record_files
     from indexer.layout import MANIFEST
+    from indexer.manifest import LEGACY_MARKER
 
     data = json.loads((index / MANIFEST).read_text())
     data.pop("checksum", None)
+    # the channels' records are ``channels``' entries: the top-level copies it names (the deprecated mirror) follow them
+    for key in data.get(LEGACY_MARKER, []):
+        data[key] = data["channels"].get(key)
     data["files"] = record_files(index)
     data["checksum"] = json_checksum(data)
     (index / MANIFEST).write_text(json.dumps(data))
@@ -224,7 +229,7 @@ def format_4_copy(compact: Path, out: Path) -> None:
     shutil.copytree(Path(compact).resolve(), out)
     data = json.loads((out / MANIFEST).read_text())
     for d, key in ((out, "sparse"), (out / "lexical", "lexical")):
-        data[key] |= pack_channel_files(d, BITPACKED_DOC_IDS)
+        data["channels"][key] |= pack_channel_files(d, BITPACKED_DOC_IDS)
     data["format_version"] = PACKED_FORMAT_VERSION
     (out / MANIFEST).write_text(json.dumps(data))
     reseal(out)

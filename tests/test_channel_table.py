@@ -1,5 +1,6 @@
-"""The channel table (indexer/channels.py, issue 49): every row is built, validated by the
-manifest check, verified by verify-index and searched through the public Retriever API, on one
+"""The channel table (indexer/channels.py, issue 49): every row is built, round-trips through the
+manifest (its ``channels`` entry), is validated by the manifest check, verified by verify-index,
+searched and explained through the public Retriever API, compacted, updated and exported, on one
 tiny index with every channel; and every layer that names channels reads its names from the table.
 
 A new channel is one more row: the parametrised tests below then cover it without an edit (its
@@ -19,7 +20,7 @@ from embedder.encoder import Embedder, EmbedderConfig
 from indexer import channel_set, channels
 from indexer.build import BuildPlan, build, build_index
 from indexer.channels import ANALYSED_TERMS, CHANNEL_SPECS, MODES, ChannelSpec, spec
-from indexer.manifest import MANIFEST, IndexFormatError, Manifest
+from indexer.manifest import LEGACY_CHANNEL_FIELDS, LEGACY_MARKER, MANIFEST, IndexFormatError, Manifest
 from indexer.verify import CHANNELS as VERIFY_CHANNELS
 from indexer.verify import open_channels, verify
 from retriever.backends import DENSE_CHANNELS, SPARSE_CHANNELS
@@ -68,10 +69,9 @@ def test_every_name_is_said_once_and_old_names_resolve():
             assert spec(name) is s
         assert s.build_needs <= set(channels.BUILD_NEEDS) and s.query_needs <= set(channels.QUERY_NEEDS)
         assert s.query_kind in channels.QUERY_KINDS
-        # its record: a Manifest field of its own (the first six rows) or an entry of the manifest's channels dict
-        m = Manifest(**({"model": {}, "adapter": None, "embedding": {}, "sparse": None, "n_docs": 1}
-                        | Manifest.channel_fields({s.manifest_key: {"x": 1}})))
-        assert s.record(m) == {"x": 1}
+        # its record: an entry of the manifest's channels dict, by its manifest key
+        m = Manifest(model={}, adapter=None, embedding={}, n_docs=1, channels={s.manifest_key: {"x": 1}})
+        assert s.record(m) == m.record(s.mode) == {"x": 1} and all(m.record(n) == {"x": 1} for n in s.names)
     # the spellings the layers used before the table (manifest keys, file stems, attributes)
     assert spec("lexical").mode == "bm25" and spec("embedfilter").mode == spec("dense_ef").mode == "dense-ef"
     assert spec("encoder_index").mode == "encoder" and channels.mode_of("lexical") == "bm25"
@@ -126,6 +126,27 @@ def test_row_is_built(built, row):
     assert row.mode in open_channels(built.index, m)
 
 
+def test_row_round_trips_through_the_manifest(built, row, tmp_path):
+    """The row's record, alone in a manifest, written and read back: its entry in ``channels`` (one of
+    the six rows that had a top-level field: an equal copy there too, the others' copies null; a later
+    row: in ``channels`` alone); in the layout releases before the dict wrote (those six as top-level
+    fields, a later row in ``channels``), read as the same manifest."""
+    record = row.record(Manifest.read(built.index))
+    one = dataclasses.replace(Manifest.read(built.index), channels={row.manifest_key: record}, files=None)
+    one.write(tmp_path)
+    data = json.loads((tmp_path / MANIFEST).read_text())
+    assert data["channels"] == {row.manifest_key: record} and data[LEGACY_MARKER] == list(LEGACY_CHANNEL_FIELDS)
+    assert {k: data[k] for k in LEGACY_CHANNEL_FIELDS} == {k: record if k == row.manifest_key else None for k in LEGACY_CHANNEL_FIELDS}
+    assert row.manifest_key in LEGACY_CHANNEL_FIELDS or row.manifest_key not in data
+    back = Manifest.read(tmp_path)
+    assert back == one and row.record(back) == back.record(row.mode) == record and list(back.channels) == [row.manifest_key]
+    old = {k: v for k, v in data.items() if k not in (LEGACY_MARKER, "channels", "checksum")}
+    if row.manifest_key not in LEGACY_CHANNEL_FIELDS:
+        old["channels"] = {row.manifest_key: record}
+    (tmp_path / MANIFEST).write_text(json.dumps(old))
+    assert dataclasses.replace(Manifest.read(tmp_path), checksum=one.checksum) == one
+
+
 def test_row_is_validated_by_the_manifest_check(built, row, tmp_path):
     index = _copy(built, tmp_path)
     original = json.loads((index / MANIFEST).read_text())
@@ -135,8 +156,9 @@ def test_row_is_validated_by_the_manifest_check(built, row, tmp_path):
     assert damages
     for name, value in damages:
         data = json.loads(json.dumps(original))
-        # its record: a field of its own (the first six rows), else an entry of the manifest's channels dict
-        holder = data if row.manifest_key in data else data["channels"]
+        # its record: its entry of the manifest's channels dict (a top-level copy of one of the first six rows', the
+        # deprecated mirror, is checked to equal it: test_manifest_channels.py)
+        holder = data["channels"]
         if name is None:
             holder[row.manifest_key] = value
         else:
@@ -198,6 +220,34 @@ def test_row_is_explained(built, row):
     assert all(raw) and all(sum(x.values()) == pytest.approx(h.score, rel=1e-4) for x, h in zip(raw, alone))
     prefix = "" if row.required else f"{row.mode}:"
     assert any(t.startswith(prefix) for h in fused for t in h.matched_tokens)
+
+
+@pytest.fixture(scope="module")
+def compacted(built) -> Path:
+    """A compact copy of the every-row index (indexer/compact.py), as ``compact-index`` writes it."""
+    from indexer.compact import compact_copy
+
+    compact_copy(built.index, built.root / "compact")
+    return built.root / "compact"
+
+
+def test_row_is_compacted(built, compacted, row):
+    """A compact copy keeps the row (its record and files, verified): a row with postings holds 8-bit impacts,
+    a dense row its compact kind (its row's ``compact_kind``, else SQ8); the row alone still finds the
+    documents it found before among its first hits (quantisation moves near-ties)."""
+    from indexer.compact import compact_dense_kind
+
+    m = Manifest.read(compacted)
+    record = row.record(m)
+    assert isinstance(record, dict) and m.compact and verify(compacted).ok
+    if row.postings is not None:
+        assert record["impacts"] == "uint8"
+    if row.query_kind == "dense":
+        assert record["kind"] == compact_dense_kind("Flat", True, row.mode) == (row.compact_kind or "SQ8")
+    compact_built = dataclasses.replace(built, index=compacted)
+    before, _ = searched_alone_and_fused(built, row, k=10)
+    after, _ = searched_alone_and_fused(compact_built, row, k=10)
+    assert after and {h.doc_id for h in before[:3]} & {h.doc_id for h in after}
 
 
 def _encoders(built: Built) -> dict:

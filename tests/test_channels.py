@@ -305,9 +305,9 @@ def test_index_with_every_channel_records_them(all_channels):
     r = all_channels
     assert r.modes == ALL_MODES
     assert r.embedder.dim == 32  # EmbedFilter tau 2 keeps 16 dimensions, from the 8th
-    embedfilter = {k: r.manifest.embedfilter[k] for k in ("tau", "left", "right", "dim")}
+    embedfilter = {k: r.manifest.record("embedfilter")[k] for k in ("tau", "left", "right", "dim")}
     assert embedfilter == {"tau": 2, "left": 8, "right": 24, "dim": 16}
-    assert {k: r.manifest.lexical[k] for k in ("analyzer", "k1", "b")} == {"analyzer": "words", "k1": 0.9, "b": 0.4}
+    assert {k: r.manifest.record("lexical")[k] for k in ("analyzer", "k1", "b")} == {"analyzer": "words", "k1": 0.9, "b": 0.4}
     assert {"dense.faiss", "dense_ef.faiss", "dense_ef_projection.npy", "lexical"} <= {p.name for p in r.index_dir.iterdir()}
 
 

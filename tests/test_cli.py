@@ -40,7 +40,7 @@ def test_build_index_reports_what_it_did(toy_corpus, tiny_model_dir, tmp_path, c
     out = capsys.readouterr().out
     assert f"indexed 40 documents into {tmp_path / 'index'}" in out and "skipped 0 empty" in out
     m = Manifest.read(tmp_path / "index")
-    assert m.n_docs == 40 and m.sparse["top_k"] == 16 and m.dense is None and "sparse" not in default_channels("fast")
+    assert m.n_docs == 40 and m.record("sparse")["top_k"] == 16 and m.record("dense") is None and "sparse" not in default_channels("fast")
     assert m.model["name"] == str(tiny_model_dir.resolve())
     assert (m.embedding["pooling"], m.embedding["max_length"], m.embedding["batch_size"]) == ("mean", 32, 8)
     assert m.embedding["fold_all_caps"] is True
@@ -86,9 +86,9 @@ def test_build_index_without_flags_builds_the_fast_profiles_index(toy_corpus, ti
 
     m = Manifest.read(tmp_path / "i")
     # no aligned tokens in fast since issue 71: BM25's 8-bit postings carry the layout
-    assert m.format_version == STREAM_FORMAT_VERSION and m.packed and m.sparse is None and m.lexical["impacts"] != UINT4_IMPACTS
+    assert m.format_version == STREAM_FORMAT_VERSION and m.packed and m.record("sparse") is None and m.record("lexical")["impacts"] != UINT4_IMPACTS
     for mode in ("dense", "encoder", "encoder2"):
-        assert (getattr(m, mode) or {}).get("kind") == (compact_dense_kind("Flat", True, mode) if mode in want else None), mode
+        assert (m.record(mode) or {}).get("kind") == (compact_dense_kind("Flat", True, mode) if mode in want else None), mode
 
 
 @pytest.mark.parametrize("profile", ["best", "both"])
@@ -101,10 +101,10 @@ def test_build_index_profile_best_or_both(toy_corpus, tiny_model_dir, tmp_path, 
     want = default_channels(profile)
     m = Manifest.read(tmp_path / "i")
     # best's layout: 8 bits, range16 (on BM25's postings: no aligned tokens in best or both since issue 71)
-    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.sparse is None and m.lexical["impacts"] == "uint8"
+    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.record("sparse") is None and m.record("lexical")["impacts"] == "uint8"
     from indexer.channels import CHANNEL_SPECS
 
-    assert [c.mode for c in CHANNEL_SPECS if getattr(m, c.manifest_key, None)] == list(want)
+    assert [c.mode for c in CHANNEL_SPECS if c.record(m)] == list(want)
     if "encoder2" not in want:
         pytest.skip("mpnet is not installed here: best falls back to the LLM's dense channel and MiniLM (checked above)")
     best = PROFILES["best"]
@@ -119,13 +119,13 @@ def test_build_index_is_compact_unless_no_compact(toy_corpus, tiny_model_dir, tm
 
     assert build(toy_corpus, tmp_path / "c", tiny_model_dir, "--dense", "--profile", "both") == 0
     m = Manifest.read(tmp_path / "c")
-    assert m.compact and m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.dense["kind"] == COMPACT_DENSE_KIND
+    assert m.compact and m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.record("dense")["kind"] == COMPACT_DENSE_KIND
     assert build(toy_corpus, tmp_path / "i32", tiny_model_dir, "--dense", "--doc-ids", "int32", "--impact-bits", "8") == 0
     m = Manifest.read(tmp_path / "i32")
     assert m.compact and m.format_version == COMPACT_FORMAT_VERSION and not m.ranged
     assert build(toy_corpus, tmp_path / "f", tiny_model_dir, "--dense", "--no-compact") == 0
     m = Manifest.read(tmp_path / "f")
-    assert not m.compact and m.format_version == FORMAT_VERSION and m.dense["kind"] == "Flat" and "impacts" not in m.sparse
+    assert not m.compact and m.format_version == FORMAT_VERSION and m.record("dense")["kind"] == "Flat" and "impacts" not in m.record("sparse")
 
 
 def test_build_index_doc_ids(toy_corpus, tiny_model_dir, tmp_path, capsys):
@@ -149,9 +149,9 @@ def test_build_index_doc_ids(toy_corpus, tiny_model_dir, tmp_path, capsys):
 def test_build_index_channels(toy_corpus, tiny_model_dir, tmp_path, capsys, flags, channels):
     assert build(toy_corpus, tmp_path / "i", tiny_model_dir, *flags) == 0
     m = Manifest.read(tmp_path / "i")
-    assert bool(m.dense) == ("dense" in channels) and bool(m.lexical) == ("bm25" in channels) and not m.encoder
+    assert bool(m.record("dense")) == ("dense" in channels) and bool(m.record("lexical")) == ("bm25" in channels) and not m.record("encoder")
     if "--lexical" in flags:
-        assert m.lexical["analyzer"] == "tokens"
+        assert m.record("lexical")["analyzer"] == "tokens"
 
 
 def test_build_index_unknown_channel(toy_corpus, tiny_model_dir, tmp_path, capsys):

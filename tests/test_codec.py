@@ -99,8 +99,8 @@ def test_every_layout_builds_verifies_searches_updates_and_exports_as_int32(tmp_
     _build(corpus, tmp_path / "ref", tiny_embedder, INT32, bits)
     m = _build(corpus, tmp_path / "coded", tiny_embedder, name, bits)
     # each postings channel's record names its codec; BM25's impacts are 8-bit in a compact index
-    assert (m.sparse["doc_layout"], m.sparse["impact_bits"]) == (name, bits)
-    assert (m.lexical["doc_layout"], m.lexical["impact_bits"]) == (name, 32 if bits == 32 else 8)
+    assert (m.record("sparse")["doc_layout"], m.record("sparse")["impact_bits"]) == (name, bits)
+    assert (m.record("lexical")["doc_layout"], m.record("lexical")["impact_bits"]) == (name, 32 if bits == 32 else 8)
     for sub in ("", "lexical"):
         assert not DOC_LAYOUTS[name].csr or (tmp_path / "coded" / sub / "postings_docs.npy").exists()
         assert all((tmp_path / "coded" / sub / f"postings_{f}.npy").exists() for f in DOC_LAYOUTS[name].files)
@@ -124,9 +124,9 @@ def test_every_layout_builds_verifies_searches_updates_and_exports_as_int32(tmp_
                 report = update_index(tmp_path / index, add=add, delete=[docs[0]["_id"], docs[7]["_id"]], embedder=tiny_embedder, progress=False)
                 assert (report.added, report.deleted, report.n_docs) == (6, 2, 34)
             after = Manifest.read((tmp_path / "coded").resolve())
-            assert (after.sparse["doc_layout"], after.sparse["impact_bits"], after.format_version) == (name, bits, m.format_version)
+            assert (after.record("sparse")["doc_layout"], after.record("sparse")["impact_bits"], after.format_version) == (name, bits, m.format_version)
     # the Pyserini export reads the postings through the codec: the same collection, byte for byte
-    tokens = [f"t{i}" for i in range(int(m.sparse["vocab_size"]))]
+    tokens = [f"t{i}" for i in range(int(m.record("sparse")["vocab_size"]))]
     for index in ("ref", "coded"):
         export_pyserini(tmp_path / index, tmp_path / f"export-{index}", tokens=tokens, build_lucene=False, progress=False)
     got = sorted(p.relative_to(tmp_path / "export-coded") for p in (tmp_path / "export-coded").rglob("*.jsonl"))
@@ -139,7 +139,7 @@ def _edit_records(index, edit) -> None:
     d = index.resolve()
     data = json.loads((d / MANIFEST).read_text())
     for key in ("sparse", "lexical"):
-        edit(data[key])
+        edit(data["channels"][key])
     (d / MANIFEST).write_text(json.dumps(data))
     reseal(d)
 
@@ -154,7 +154,7 @@ def test_records_written_before_the_codec_read_the_same(tmp_path, tiny_embedder,
     shutil.copytree((tmp_path / "new").resolve(), tmp_path / "old")
     _edit_records(tmp_path / "old", lambda r: (r.pop("doc_layout"), r.pop("impact_bits")))
     old = Manifest.read(tmp_path / "old")
-    assert "doc_layout" not in old.sparse and old.sparse["impacts"] == "uint4" and old.sparse.get("doc_ids") == DOC_LAYOUTS[name].doc_ids
+    assert "doc_layout" not in old.record("sparse") and old.record("sparse")["impacts"] == "uint4" and old.record("sparse").get("doc_ids") == DOC_LAYOUTS[name].doc_ids
     assert verify(tmp_path / "old").ok
     for mode in ("sparse", "bm25"):
         assert _hits(tmp_path / "old", tiny_embedder, mode) == _hits(tmp_path / "new", tiny_embedder, mode)
@@ -181,6 +181,6 @@ def test_an_unknown_layout_is_refused_by_name(tmp_path, tiny_embedder):
 def _edit_one(index, key, edit) -> None:
     d = index.resolve()
     data = json.loads((d / MANIFEST).read_text())
-    edit(data[key])
+    edit(data["channels"][key])
     (d / MANIFEST).write_text(json.dumps(data))
     reseal(d)

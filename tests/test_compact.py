@@ -170,10 +170,10 @@ def test_a_compact_build_loads_verifies_and_ranks_as_float32(pair, tiny_embedder
     plain, compact = pair
     mp, mc = Manifest.read(plain), Manifest.read(compact)
     # the plain index is what it was: format 1, float32, Flat, no impacts recorded
-    assert mp.format_version == FORMAT_VERSION and "impacts" not in mp.sparse and "impacts" not in mp.lexical
-    assert mp.dense["kind"] == mp.encoder["kind"] == "Flat"
-    assert mc.sparse["impacts"] == mc.lexical["impacts"] == "uint8"
-    assert mc.dense["kind"] == mc.encoder["kind"] == COMPACT_DENSE_KIND
+    assert mp.format_version == FORMAT_VERSION and "impacts" not in mp.record("sparse") and "impacts" not in mp.record("lexical")
+    assert mp.record("dense")["kind"] == mp.record("encoder")["kind"] == "Flat"
+    assert mc.record("sparse")["impacts"] == mc.record("lexical")["impacts"] == "uint8"
+    assert mc.record("dense")["kind"] == mc.record("encoder")["kind"] == COMPACT_DENSE_KIND
     assert verify(compact).ok, verify(compact).problems
     opened = open_index(compact)
     try:
@@ -213,8 +213,8 @@ def test_a_compact_index_stays_compact_through_an_update(pair, tiny_embedder, en
     report = update_index(compact, add=added, delete=deleted, embedder=tiny_embedder, encoder=encoder, progress=False)
     assert report.added == 10 and report.deleted == 3
     m = Manifest.read(compact.resolve())
-    assert m.format_version == COMPACT_FORMAT_VERSION and m.compact and m.lexical["impacts"] == "uint8"
-    assert m.dense["kind"] == m.encoder["kind"] == COMPACT_DENSE_KIND
+    assert m.format_version == COMPACT_FORMAT_VERSION and m.compact and m.record("lexical")["impacts"] == "uint8"
+    assert m.record("dense")["kind"] == m.record("encoder")["kind"] == COMPACT_DENSE_KIND
     assert verify(compact).ok, verify(compact).problems
     # against a compact rebuild of the final corpus: the same documents, nearly the same ranking
     opened = open_index(compact)
@@ -269,7 +269,7 @@ def test_format_and_impacts_must_agree(pair, tmp_path):
     for rel, change, says in (
         ("compact-as-1", lambda m: m.update(format_version=FORMAT_VERSION), "8-bit impacts in an index of format 1"),
         ("plain-as-3", None, "format 3 needs"),
-        ("unknown", lambda m: m["sparse"].update(impacts="int4"), "is not 'uint8'"),
+        ("unknown", lambda m: m["channels"]["sparse"].update(impacts="int4"), "is not 'uint8'"),
     ):
         src = pair[0] if change is None else pair[1]
         index = tmp_path / rel
@@ -302,7 +302,7 @@ def test_build_index_cli_compact(tmp_path, tiny_model_dir):
     assert build_cli.main(argv) == 0
     m = Manifest.read((tmp_path / "i").resolve())
     # --profile fast's layout (--channels does not change it): 4-bit impacts, bit-packed doc numbers, format 7
-    assert m.compact and m.dense["kind"] == COMPACT_DENSE_KIND and m.format_version == STREAM_FORMAT_VERSION and m.packed
+    assert m.compact and m.record("dense")["kind"] == COMPACT_DENSE_KIND and m.format_version == STREAM_FORMAT_VERSION and m.packed
     assert verify(tmp_path / "i").ok
 
 
@@ -351,7 +351,7 @@ def test_compact_command_converts_a_plain_index(pair, tmp_path, capsys):
     assert main([str(plain), str(tmp_path / "out"), "--dense-kind", "SQfp16"]) == 0
     assert "bytes per document" in capsys.readouterr().out
     m = Manifest.read((tmp_path / "out").resolve())
-    assert m.compact and m.dense["kind"] == "SQfp16" and verify(tmp_path / "out").ok
+    assert m.compact and m.record("dense")["kind"] == "SQfp16" and verify(tmp_path / "out").ok
     assert main([str(compact), str(tmp_path / "again")]) == 2
     assert "already compact" in capsys.readouterr().err
     assert main([str(plain), str(tmp_path / "out")]) == 2  # exists
@@ -365,7 +365,7 @@ def test_compact_copy_with_fewer_tokens_writes_what_a_build_with_that_top_k_writ
     build(corpus, tmp_path / "k16", tiny_embedder, encoder)
     build_index(corpus, tmp_path / "k8", tiny_embedder, top_k=8, dense=True, lexical="words", encoder=encoder, progress=False, compact=True)
     m = compact_copy(tmp_path / "k16", tmp_path / "cut", top_k=8)
-    assert m.sparse["top_k"] == 8 and m.build["compacted"]["top_k"] == {"from": 16, "to": 8} and verify(tmp_path / "cut").ok
+    assert m.record("sparse")["top_k"] == 8 and m.build["compacted"]["top_k"] == {"from": 16, "to": 8} and verify(tmp_path / "cut").ok
     a, b = (tmp_path / "k8").resolve(), (tmp_path / "cut").resolve()
     for rel in ("postings_indptr.npy", "postings_docs.npy", "postings_weights.npy", "postings_scale.npy", "postings_offset.npy"):
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
@@ -439,7 +439,7 @@ def test_compact_copy_drops_channels_and_quantises_each_dense_channel_its_own_wa
     plain, _ = pair
     full = compact_copy(plain, tmp_path / "full")
     m = compact_copy(plain, tmp_path / "slim", dense_kind={"encoder": "SQ4"}, drop=["dense"])
-    assert m.dense is None and full.dense is not None and m.encoder["kind"] == "SQ4" and full.encoder["kind"] == COMPACT_DENSE_KIND
+    assert m.record("dense") is None and full.record("dense") is not None and m.record("encoder")["kind"] == "SQ4" and full.record("encoder")["kind"] == COMPACT_DENSE_KIND
     assert m.build["compacted"]["dropped"] == ["dense"] and m.build["compacted"]["dense_kind"]["encoder"] == "SQ4"
     assert verify(tmp_path / "slim").ok, verify(tmp_path / "slim").problems
     slim, whole = (tmp_path / "slim").resolve(), (tmp_path / "full").resolve()
@@ -454,7 +454,7 @@ def test_compact_copy_drops_channels_and_quantises_each_dense_channel_its_own_wa
         assert top(tmp_path / "slim", tiny_embedder, mode) == top(tmp_path / "full", tiny_embedder, mode)
     assert overlap(top(tmp_path / "slim", tiny_embedder, "encoder"), top(tmp_path / "full", tiny_embedder, "encoder")) >= 0.8
     m = compact_copy(plain, tmp_path / "no-bm25", drop=["lexical"])  # by its manifest name
-    assert m.lexical is None and not (tmp_path / "no-bm25").resolve().joinpath("lexical").exists() and verify(tmp_path / "no-bm25").ok
+    assert m.record("lexical") is None and not (tmp_path / "no-bm25").resolve().joinpath("lexical").exists() and verify(tmp_path / "no-bm25").ok
     for bad, says in (({"drop": ["sparse"]}, "cannot be dropped"), ({"drop": ["nothing"]}, "unknown channel"),
                       ({"dense_kind": {"bm25": "SQ4"}}, "not a dense channel")):
         with pytest.raises(ValueError, match=says):
@@ -469,7 +469,7 @@ def test_a_copy_without_a_channel_and_with_its_own_kinds_keeps_them_through_an_u
     added = [document_from_object(d, "test", i) for i, d in enumerate(toy_docs(46, seed=9)[40:], start=1)]
     update_index(tmp_path / "slim", add=added, embedder=tiny_embedder, encoder=encoder, progress=False)
     m = Manifest.read((tmp_path / "slim").resolve())
-    assert m.n_docs == 46 and m.dense is None and m.encoder["kind"] == "SQ6" and m.ranged and verify(tmp_path / "slim").ok
+    assert m.n_docs == 46 and m.record("dense") is None and m.record("encoder")["kind"] == "SQ6" and m.ranged and verify(tmp_path / "slim").ok
     assert top(tmp_path / "slim", tiny_embedder, "encoder")[0] and top(tmp_path / "slim", tiny_embedder, "hybrid")[0]
 
 
@@ -482,7 +482,7 @@ def test_compact_command_takes_dense_kinds_per_channel_and_drops(pair, tmp_path)
         parse_dense_kind("encoder=")
     assert main([str(plain), str(tmp_path / "out"), "--dense-kind", "encoder=SQ4", "--drop", "dense"]) == 0
     m = Manifest.read((tmp_path / "out").resolve())
-    assert m.dense is None and m.encoder["kind"] == "SQ4" and verify(tmp_path / "out").ok
+    assert m.record("dense") is None and m.record("encoder")["kind"] == "SQ4" and verify(tmp_path / "out").ok
 
 
 def test_a_copy_with_fewer_impact_levels_records_them_and_keeps_them_through_an_update(pair, tiny_embedder, encoder, tmp_path):
@@ -493,8 +493,8 @@ def test_a_copy_with_fewer_impact_levels_records_them_and_keeps_them_through_an_
 
     plain, _ = pair
     m = compact_copy(plain, tmp_path / "l16", impact_levels=16, range_doc_ids=True)
-    assert m.sparse["levels"] == 16 and "levels" not in m.lexical and m.build["compacted"]["impact_levels"] == 16
-    assert "levels" not in compact_copy(plain, tmp_path / "l256").sparse  # the default record is unchanged
+    assert m.record("sparse")["levels"] == 16 and "levels" not in m.record("lexical") and m.build["compacted"]["impact_levels"] == 16
+    assert "levels" not in compact_copy(plain, tmp_path / "l256").record("sparse")  # the default record is unchanged
     opened = open_index(tmp_path / "l16")
     try:
         sparse, bm25 = opened.channels["sparse"], opened.channels["bm25"]
@@ -505,10 +505,10 @@ def test_a_copy_with_fewer_impact_levels_records_them_and_keeps_them_through_an_
     added = [document_from_object(d, "test", i) for i, d in enumerate(toy_docs(46, seed=9)[40:], start=1)]
     update_index(tmp_path / "l16", add=added, embedder=tiny_embedder, encoder=encoder, progress=False)
     after = Manifest.read((tmp_path / "l16").resolve())
-    assert after.n_docs == 46 and after.sparse["levels"] == 16 and after.ranged and verify(tmp_path / "l16").ok
+    assert after.n_docs == 46 and after.record("sparse")["levels"] == 16 and after.ranged and verify(tmp_path / "l16").ok
     assert int(np.max(np.load((tmp_path / "l16").resolve() / "postings_weights.npy"))) == 15
     assert main([str(plain), str(tmp_path / "cli"), "--impact-levels", "16"]) == 0
-    assert Manifest.read((tmp_path / "cli").resolve()).sparse["levels"] == 16
+    assert Manifest.read((tmp_path / "cli").resolve()).record("sparse")["levels"] == 16
     assert main([str(plain), str(tmp_path / "bad"), "--impact-levels", "300"]) == 2
 
 
@@ -518,7 +518,7 @@ def test_impact_levels_in_a_manifest_are_checked(pair, tmp_path):
         index = tmp_path / f"levels-{i}"
         shutil.copytree(pair[src].resolve(), index)
         data = json.loads((index / MANIFEST).read_text())
-        data["sparse"]["levels"] = levels
+        data["channels"]["sparse"]["levels"] = levels
         (index / MANIFEST).write_text(json.dumps(data))
         with pytest.raises(IndexFormatError, match=f"sparse.levels.*{says}"):
             Manifest.read(index)

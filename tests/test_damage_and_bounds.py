@@ -266,10 +266,9 @@ def test_a_field_of_several_types_takes_no_range_and_an_old_manifest_infers_the_
         assert [h.doc_id for h in r.search("cat", mode="bm25", where={"year": "nineteen"})] == ["odd"]
     # an index written before the types were recorded: inferred from its stored documents on the first filter
     gen = index.resolve()
-    data = json.loads((gen / "manifest.json").read_text())
-    del data["documents"]["metadata_types"]
-    data.pop("checksum")
-    Manifest(**data).write(gen)
+    m = Manifest.read(gen)
+    del m.documents["metadata_types"]
+    m.write(gen)
     with Retriever.load(index, query_encoder="llm", warm=False) as r:
         with pytest.raises(ValueError, match="filter field 'lang': gte 3 is a number, but the field holds strings"):
             r.search("cat", mode="bm25", where={"lang": {"gte": 3}})
@@ -434,7 +433,7 @@ def test_channels_bm25_builds_bm25_alone_and_runs_no_llm(tmp_path, tiny_model_di
     monkeypatch.setattr(Embedder, "load", no_llm)
     assert build_cli.main(argv) == 0, capsys.readouterr().err
     m = Manifest.read(tmp_path / "bm25")
-    assert m.lexical is not None and m.sparse is None and m.dense is None and m.encoder is None
+    assert m.record("lexical") is not None and m.record("sparse") is None and m.record("dense") is None and m.record("encoder") is None
     assert not list((tmp_path / "bm25").glob("postings_*")) and verify(tmp_path / "bm25").ok
     with Retriever.load(tmp_path / "bm25", warm=False) as r:
         assert r.default_mode == "bm25" and r.search("cat", k=3)[0].doc_id in {d["_id"] for d in tagged()}
@@ -459,7 +458,7 @@ def test_channels_bm25_and_an_encoder_build_and_search_without_the_llm(tmp_path,
             "--channels", "bm25,encoder", "--encoder", str(encoder), "--quiet"]  # fmt: skip
     assert build_cli.main(argv) == 0, capsys.readouterr().err
     m = Manifest.read(tmp_path / "index")
-    assert m.sparse is None and m.lexical is not None and m.encoder is not None and m.dense is None
+    assert m.record("sparse") is None and m.record("lexical") is not None and m.record("encoder") is not None and m.record("dense") is None
     with Retriever.load(tmp_path / "index", warm=False) as r:
         assert r.default_mode == "hybrid" and set(r.channels_of("hybrid")) == {"bm25", "encoder"}
         assert len(r.search("cat and dog", k=3)) == 3
@@ -473,7 +472,7 @@ def test_channels_dense_alone_runs_the_llm_for_its_vectors_only(tmp_path, tiny_m
             "--channels", "dense", "--no-compact", "--quiet"]  # fmt: skip
     assert build_cli.main(argv) == 0
     m = Manifest.read(tmp_path / "index")
-    assert m.sparse is None and m.dense is not None and not list((tmp_path / "index").glob("postings_*"))
+    assert m.record("sparse") is None and m.record("dense") is not None and not list((tmp_path / "index").glob("postings_*"))
     with Retriever.load(tmp_path / "index", query_encoder="llm", warm=False) as r:
         assert r.default_mode == "dense" and len(r.search("cat", k=3)) == 3
     update_index(tmp_path / "index", add=[Document("n1", "zebra lion")], progress=False)
@@ -481,4 +480,4 @@ def test_channels_dense_alone_runs_the_llm_for_its_vectors_only(tmp_path, tiny_m
         assert len(r.doc_ids) == 21
     assert verify(tmp_path / "index").ok
     compact_copy(tmp_path / "index", tmp_path / "compact")
-    assert Manifest.read(tmp_path / "compact").dense["kind"] == "SQ8" and verify(tmp_path / "compact").ok
+    assert Manifest.read(tmp_path / "compact").record("dense")["kind"] == "SQ8" and verify(tmp_path / "compact").ok

@@ -96,7 +96,7 @@ def test_minilm_names_the_packaged_model_and_unknown_names_are_refused(tmp_path)
 def test_index_records_the_encoder_and_searches_it_by_cosine(encoder_index, tiny_embedder, encoder, docs_factory):
     r = Retriever.load(encoder_index, embedder=tiny_embedder)  # loads the encoder its manifest names
     m = r.manifest
-    assert {k: m.encoder[k] for k in ("name", "sha256", "dim", "kind", "normalised")} == {
+    assert {k: m.record("encoder")[k] for k in ("name", "sha256", "dim", "kind", "normalised")} == {
         **encoder.identity, "dim": 32, "kind": "Flat", "normalised": True,
     }
     assert "encoder_seconds" in m.build and (encoder_index / "encoder.faiss").exists()
@@ -222,14 +222,14 @@ def test_damaged_encoder_fields_are_one_line_never_a_traceback(encoder_index, ti
     """The encoder's manifest fields are validated like the other channels' (issue 49): a bad
     ``encoder.dim`` is an IndexFormatError naming the field from the loader, one problem line from
     verify-index (exit 1: damaged) and one error line from search-index (exit 2), never a raw
-    TypeError / KeyError out of ``int(m.encoder["dim"])``."""
+    TypeError / KeyError out of ``int(m.record("encoder")["dim"])``."""
     from indexer import verify_cli
     from retriever import cli as search_cli
 
     for case, (field, change) in DAMAGED_ENCODER_FIELDS.items():
         index = tmp_path / case
         shutil.copytree(encoder_index, index)
-        _reseal(index, lambda m, change=change: change(m["encoder"]))
+        _reseal(index, lambda m, change=change: change(m["channels"]["encoder"]))
         expected = rf"manifest\.json: field '{field}': "
         with pytest.raises(IndexFormatError, match=expected):
             Manifest.read(index)
@@ -248,7 +248,7 @@ def test_damaged_encoder_fields_are_one_line_never_a_traceback(encoder_index, ti
     # an encoder that is not an object at all
     index = tmp_path / "not-an-object"
     shutil.copytree(encoder_index, index)
-    _reseal(index, lambda m: m.update(encoder=32))
+    _reseal(index, lambda m: m["channels"].update(encoder=32))
     with pytest.raises(IndexFormatError, match="field 'encoder': neither an object nor null"):
         Manifest.read(index)
 
@@ -261,7 +261,7 @@ def test_build_and_search_index_cli_with_an_encoder(toy_corpus, tiny_model_dir, 
     index = tmp_path / "index"
     argv = ["--corpus", str(toy_corpus), "--index", str(index), "--model", str(tiny_model_dir), "--adapter", "none", "--top-k", "16", "--quiet"]
     assert build_cli.main([*argv, "--lexical", "words", "--encoder", str(st_dir)]) == 0
-    assert Manifest.read(index).encoder["name"] == str(st_dir.resolve())
+    assert Manifest.read(index).record("encoder")["name"] == str(st_dir.resolve())
     capsys.readouterr()
     for mode in ("encoder", "hybrid"):
         assert search_cli.main(["--index", str(index), "--mode", mode, "--json", "-k", "3", "cat and dog"]) == 0

@@ -47,8 +47,8 @@ def test_manifest_fields(toy_corpus, tiny_embedder):
     assert m.model == tiny_embedder.identity and m.adapter is None
     assert m.embedding == tiny_embedder.config.to_dict()
     # the postings codec (indexer/codec.py): int32 doc numbers, float32 weights
-    assert m.sparse == {"top_k": 16, "vocab_size": tiny_embedder.vocab_size, "weight": "logit", "doc_layout": "int32", "impact_bits": 32}
-    assert m.n_docs == 40 and m.dense is None
+    assert m.record("sparse") == {"top_k": 16, "vocab_size": tiny_embedder.vocab_size, "weight": "logit", "doc_layout": "int32", "impact_bits": 32}
+    assert m.n_docs == 40 and m.record("dense") is None
     assert m.corpus == {"path": str(toy_corpus), "format": "beir", "n_empty_skipped": 0}
     for key in ("seconds", "encode_seconds", "docs_per_s", "tokens_per_s", "n_tokens"):
         assert m.build[key] > 0, key
@@ -63,7 +63,7 @@ def test_manifest_fields(toy_corpus, tiny_embedder):
 
 def test_top_k_is_capped_by_the_vocabulary(toy_corpus, tiny_embedder):
     m = build_index(toy_corpus, toy_corpus.parent / "index", tiny_embedder, top_k=100_000, progress=False)
-    assert m.sparse["top_k"] == tiny_embedder.vocab_size
+    assert m.record("sparse")["top_k"] == tiny_embedder.vocab_size
 
 
 def test_loaded_arrays_equal_the_embedder_output(make_corpus, docs_factory, tiny_embedder):
@@ -113,7 +113,7 @@ def test_overwrite_replaces_an_index(toy_corpus, tiny_embedder):
     index_dir = toy_corpus.parent / "index"
     build_index(toy_corpus, index_dir, tiny_embedder, top_k=16, progress=False)
     build_index(toy_corpus, index_dir, tiny_embedder, top_k=8, overwrite=True, progress=False)
-    assert Manifest.read(index_dir).sparse["top_k"] == 8
+    assert Manifest.read(index_dir).record("sparse")["top_k"] == 8
     assert len(Retriever.load(index_dir, embedder=tiny_embedder).sparse.docs) == 40 * 8
     # the replaced generation is removed (no reader holds it): the new one remains
     assert sorted(p.name for p in index_dir.parent.iterdir() if p.name.startswith(".")) == [".index.gen-000002"]
@@ -136,7 +136,7 @@ def test_manifest_written_atomically_is_readable_json(toy_corpus, tiny_embedder)
     index_dir = toy_corpus.parent / "index"
     build_index(toy_corpus, index_dir, tiny_embedder, top_k=16, dense=True, progress=False)
     data = json.loads((index_dir / MANIFEST).read_text(encoding="utf-8"))
-    assert data["dense"] == {"kind": "Flat", "dim": 32, "normalised": True, "metric": "inner_product"}
+    assert data["channels"]["dense"] == data["dense"] == {"kind": "Flat", "dim": 32, "normalised": True, "metric": "inner_product"}
     assert (index_dir / DENSE_FILE).exists()
     assert json.loads((index_dir / DOC_IDS).read_text(encoding="utf-8")) == Retriever.load(
         index_dir, embedder=tiny_embedder

@@ -398,7 +398,7 @@ def test_export_records_checksums_and_verifies(index, tmp_path, capsys, tiny_tok
     from indexer.exports.lucene import EXPORT_MANIFEST, export_pyserini, vocabulary_strings
 
     assert verify.EXPORT_MANIFEST == EXPORT_MANIFEST
-    vocab = Manifest.read(index).sparse["vocab_size"]
+    vocab = Manifest.read(index).record("sparse")["vocab_size"]
     out = tmp_path / "export"
     info = export_pyserini(index, out, tokens=vocabulary_strings(tiny_tokenizer, vocab), build_lucene=False, progress=False)
     assert sorted(info["files"]) == ["collection/docs.jsonl", "token_map.json"]

@@ -142,9 +142,9 @@ def test_a_4_bit_copy_is_format_6_half_the_code_bytes_and_ranks_as_16_levels_a_b
     m4 = compact_copy(plain, tmp_path / "u4", impact_bits=4, **layout)
     m8 = compact_copy(plain, tmp_path / "l16", impact_levels=16, **layout)
     version = STREAM_FORMAT_VERSION if doc_ids == "packed" else NIBBLE_FORMAT_VERSION  # bit-packed doc numbers: format 7, either width
-    assert m4.format_version == version and m4.sparse["impacts"] == UINT4_IMPACTS and "levels" not in m4.sparse
-    assert m4.lexical["impacts"] == "uint8" and m4.compact and m4.build["compacted"]["impact_bits"] == 4
-    assert m4.sparse.get("doc_ids") == m8.sparse.get("doc_ids")
+    assert m4.format_version == version and m4.record("sparse")["impacts"] == UINT4_IMPACTS and "levels" not in m4.record("sparse")
+    assert m4.record("lexical")["impacts"] == "uint8" and m4.compact and m4.build["compacted"]["impact_bits"] == 4
+    assert m4.record("sparse").get("doc_ids") == m8.record("sparse").get("doc_ids")
     u4, l16 = (tmp_path / "u4").resolve(), (tmp_path / "l16").resolve()
     nnz = int(np.load(u4 / "postings_indptr.npy")[-1])
     assert np.load(u4 / "postings_weights.npy").shape == ((nnz + 1) // 2,) and np.load(l16 / "postings_weights.npy").shape == (nnz,)
@@ -158,7 +158,7 @@ def test_a_4_bit_index_stays_4_bit_through_an_update(plain, tiny_embedder, encod
     added = [document_from_object(d, "test", i) for i, d in enumerate(toy_docs(46, seed=9)[40:], start=1)]
     update_index(tmp_path / "u4", add=added, embedder=tiny_embedder, encoder=encoder, progress=False)
     m = Manifest.read((tmp_path / "u4").resolve())
-    assert m.n_docs == 46 and m.format_version == NIBBLE_FORMAT_VERSION and m.sparse["impacts"] == UINT4_IMPACTS and m.ranged
+    assert m.n_docs == 46 and m.format_version == NIBBLE_FORMAT_VERSION and m.record("sparse")["impacts"] == UINT4_IMPACTS and m.ranged
     assert verify(tmp_path / "u4").ok, verify(tmp_path / "u4").problems
     opened = open_index(tmp_path / "u4")
     try:
@@ -173,8 +173,8 @@ def test_build_index_writes_4_bit_impacts(tmp_path, tiny_embedder, encoder):
     corpus = write_corpus(tmp_path / "c", toy_docs(30, seed=5), "beir")
     m = build_index(corpus, tmp_path / "u4", tiny_embedder, top_k=16, lexical="words", compact=True, doc_ids="bitstream-128",
                     impact_bits=4, progress=False)
-    assert m.format_version == STREAM_FORMAT_VERSION and m.sparse["impacts"] == UINT4_IMPACTS and m.packed
-    assert m.lexical["impacts"] == "uint8" and verify(tmp_path / "u4").ok
+    assert m.format_version == STREAM_FORMAT_VERSION and m.record("sparse")["impacts"] == UINT4_IMPACTS and m.packed
+    assert m.record("lexical")["impacts"] == "uint8" and verify(tmp_path / "u4").ok
     build_index(corpus, tmp_path / "plain", tiny_embedder, top_k=16, lexical="words", progress=False)
     compact_copy(tmp_path / "plain", tmp_path / "copy", impact_bits=4, pack_doc_ids=True)
     built, copied = (tmp_path / "u4").resolve(), (tmp_path / "copy").resolve()
@@ -197,11 +197,11 @@ def test_format_6_and_4_bit_impacts_must_agree(plain, tmp_path, monkeypatch):
     compact_copy(plain, tmp_path / "u4", impact_bits=4)
     compact_copy(plain, tmp_path / "u8", range_doc_ids=True)
     for i, (src, change, says) in enumerate([
-        ("u8", lambda d: d["sparse"].update(impacts="uint4"), "4-bit impacts are format 6"),
+        ("u8", lambda d: d["channels"]["sparse"].update(impacts="uint4"), "4-bit impacts are format 6"),
         ("u4", lambda d: d.update(format_version=RANGE_FORMAT_VERSION), "4-bit impacts are format 6"),
-        ("u4", lambda d: d["sparse"].update(impacts="uint8"), "format 6 needs them"),
-        ("u4", lambda d: d["lexical"].update(impacts="uint4"), "lexical.impacts"),
-        ("u4", lambda d: d["sparse"].update(levels=32), "sparse.levels"),
+        ("u4", lambda d: d["channels"]["sparse"].update(impacts="uint8"), "format 6 needs them"),
+        ("u4", lambda d: d["channels"]["lexical"].update(impacts="uint4"), "lexical.impacts"),
+        ("u4", lambda d: d["channels"]["sparse"].update(levels=32), "sparse.levels"),
     ]):
         index = tmp_path / f"bad-{i}"
         shutil.copytree((tmp_path / src).resolve(), index)

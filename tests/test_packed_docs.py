@@ -213,7 +213,7 @@ def indexes(tmp_path_factory, tiny_tokenizer):
 def test_a_packed_copy_is_its_format_and_verifies(indexes, name, version, doc_ids, head):
     root, _ = indexes
     m = Manifest.read((root / name).resolve())
-    assert m.format_version == version and m.packed and m.compact and m.sparse["doc_ids"] == m.lexical["doc_ids"] == doc_ids
+    assert m.format_version == version and m.packed and m.compact and m.record("sparse")["doc_ids"] == m.record("lexical")["doc_ids"] == doc_ids
     assert Manifest.read((root / "compact").resolve()).format_version == COMPACT_FORMAT_VERSION
     d = (root / name).resolve()
     assert not (d / "postings_docs.npy").exists() and not (d / "lexical" / "postings_docs.npy").exists()
@@ -304,8 +304,8 @@ def test_format_and_packed_doc_ids_must_agree(indexes, tmp_path):
         ("blocks-as-7", "blocks", lambda m: m.update(format_version=STREAM_FORMAT_VERSION), "doc numbers in an index of format 7"),
         ("compact-as-4", "compact", lambda m: m.update(format_version=PACKED_FORMAT_VERSION), "format 4 needs 'bitpacked-128'"),
         ("compact-as-7", "compact", lambda m: m.update(format_version=STREAM_FORMAT_VERSION), "format 7 needs 'bitstream-128'"),
-        ("unknown", "packed", lambda m: m["sparse"].update(doc_ids="vbyte"), "'vbyte' is not one of"),
-        ("no-impacts", "packed", lambda m: m["lexical"].pop("impacts"), "without 8-bit impacts"),
+        ("unknown", "packed", lambda m: m["channels"]["sparse"].update(doc_ids="vbyte"), "'vbyte' is not one of"),
+        ("no-impacts", "packed", lambda m: m["channels"]["lexical"].pop("impacts"), "without 8-bit impacts"),
     ):
         index = tmp_path / name
         shutil.copytree((root / src).resolve(), index)

@@ -105,7 +105,7 @@ def test_a_point_loads_only_the_encoder_its_hybrid_weighs(full_index, tiny_embed
     assert set(fast.sentence_encoders) == {"encoder"} and "encoder2" not in fast.sentence_encoders
     hits = fast.search("cat and dog near the river", k=3, mode="encoder2")
     assert len(hits) == 3 and set(fast.sentence_encoders) == {"encoder", "encoder2"}
-    assert fast.sentence_encoders["encoder2"].identity["sha256"] == Manifest.read(full_index).encoder2["sha256"]
+    assert fast.sentence_encoders["encoder2"].identity["sha256"] == Manifest.read(full_index).record("encoder2")["sha256"]
     best = Retriever.load(full_index, embedder=tiny_embedder, profile="best")
     assert set(best.sentence_encoders) == {"encoder2"}
     view = best.with_fusion({"method": "minmax", "weights": {"bm25": 0.5, "encoder": 0.5}})
@@ -174,7 +174,7 @@ def test_search_index_cli_profile(toy_corpus, tiny_model_dir, st_dir, st2_dir, t
     assert build_cli.main(["--corpus", str(toy_corpus), "--index", str(index), "--model", str(tiny_model_dir), "--adapter", "none",
                            "--top-k", "16", "--quiet", "--channels", "sparse,dense,bm25,encoder,encoder2", "--encoder", str(st_dir),
                            "--encoder2", str(st2_dir)]) == 0  # fmt: skip
-    assert Manifest.read(index).encoder2["name"] != Manifest.read(index).encoder["name"]
+    assert Manifest.read(index).record("encoder2")["name"] != Manifest.read(index).record("encoder")["name"]
     capsys.readouterr()
     for profile, channels in (("fast", {"bm25", "encoder"}), ("best", {"bm25", "encoder2"})):
         assert search_cli.main(["--index", str(index), "--profile", profile, "--json", "-k", "3", "cat and dog"]) == 0
@@ -227,7 +227,7 @@ def test_the_server_serves_either_point_of_one_index(full_index, tiny_embedder):
             assert info["profile"] == profile and info["query_encoder"] == "none"
             assert info["fusion_source"] == r.fusion_source and info["fusion"] == r.fusion.as_dict()  # which weights, and why
             assert info["settings"] == r.settings.explain() and info["settings"]["profile"] == {"value": profile, "why": "asked"}
-            assert (info["encoder"], info["encoder2"]) == (m.encoder["name"], m.encoder2["name"])
+            assert (info["encoder"], info["encoder2"]) == (m.record("encoder")["name"], m.record("encoder2")["name"])
             assert info["channels"] == ["sparse", "bm25", "encoder", "encoder2"]  # dense has no query without the LLM
             hits = client.post("/search", json={"query": "cat and dog near the river", "k": 3}).json()["hits"]
             assert len(hits) == 3 and set().union(*(h["channels"] for h in hits)) <= channels

@@ -206,7 +206,7 @@ def test_a_ranged_copy_is_format_5_verifies_and_searches_as_the_compact_one(inde
 
     root, embedder = indexes
     m = Manifest.read((root / "ranged").resolve())
-    assert m.ranged and m.compact and not m.packed and m.sparse["doc_ids"] == m.lexical["doc_ids"] == RANGE_DOC_IDS
+    assert m.ranged and m.compact and not m.packed and m.record("sparse")["doc_ids"] == m.record("lexical")["doc_ids"] == RANGE_DOC_IDS
     d = (root / "ranged").resolve()
     assert not (d / "postings_docs.npy").exists() and not (d / "lexical" / "postings_docs.npy").exists()
     assert {"postings_low.npy", "postings_rangestart.npy", "lexical/postings_low.npy"} <= set(m.files)
@@ -242,7 +242,7 @@ def test_format_and_range_doc_ids_must_agree(indexes, tmp_path):
         ("ranged-as-3", "ranged", lambda m: m.update(format_version=COMPACT_FORMAT_VERSION), "range-blocked doc numbers in an index of format 3"),
         ("ranged-as-4", "ranged", lambda m: m.update(format_version=PACKED_FORMAT_VERSION), "in an index of format 4"),
         ("compact-as-5", "compact", lambda m: m.update(format_version=RANGE_FORMAT_VERSION), "format 5 needs 'range16-65536'"),
-        ("no-impacts", "ranged", lambda m: m["lexical"].pop("impacts"), "range-blocked doc numbers without 8-bit impacts"),
+        ("no-impacts", "ranged", lambda m: m["channels"]["lexical"].pop("impacts"), "range-blocked doc numbers without 8-bit impacts"),
     ):
         index = tmp_path / name
         shutil.copytree((root / src).resolve(), index)
@@ -271,7 +271,7 @@ def test_a_compact_build_writes_format_5_as_the_compact_copy_does(indexes, tiny_
     embedder = build_every_channel(tmp_path, tiny_tokenizer, "built", compact=True, doc_ids=RANGE_DOC_IDS)
     m = Manifest.read(tmp_path / "built")
     corpus = write_corpus(tmp_path / "c", toy_docs(40, seed=3), "beir")
-    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.lexical["doc_ids"] == RANGE_DOC_IDS
+    assert m.format_version == RANGE_FORMAT_VERSION and m.ranged and m.record("lexical")["doc_ids"] == RANGE_DOC_IDS
     built, copied = (tmp_path / "built").resolve(), (root / "ranged").resolve()
     for rel in ("postings_low.npy", "postings_rangestart.npy", "postings_weights.npy", "lexical/postings_low.npy"):
         assert (built / rel).read_bytes() == (copied / rel).read_bytes(), rel

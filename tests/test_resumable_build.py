@@ -51,7 +51,7 @@ def test_another_command_does_not_resume_and_sweeps_the_old_shards(corpus_and_re
     cmd[cmd.index("--top-k") + 1] = "8"
     run(cmd)
     manifest = json.loads((target / "manifest.json").read_text())
-    assert manifest["build"]["shards_resumed"] == 0 and manifest["sparse"]["top_k"] == 8
+    assert manifest["build"]["shards_resumed"] == 0 and manifest["channels"]["sparse"]["top_k"] == 8
     assert listing(tmp_path) == ["index"]
 
 

@@ -64,7 +64,7 @@ def test_index_with_segments(make_corpus, docs_factory, make_embedder, tmp_path)
     m = build_index(corpus, tmp_path / "multi", emb, top_k=8, dense=True, embedfilter_tau=2, progress=False, segments=True)
     assert m.format_version == SEGMENTS_FORMAT_VERSION
     assert m.segments["max_per_doc"] > 1 and m.segments["docs_with_several"] >= 1
-    assert m.dense["n_vectors"] == m.segments["n_segments"] > m.n_docs
+    assert m.record("dense")["n_vectors"] == m.segments["n_segments"] > m.n_docs
     assert Manifest.read(tmp_path / "multi").segments == m.segments
     r = Retriever.load(tmp_path / "multi", embedder=emb)
     # dense: a document scores as its best segment (brute force over the segment embeddings)

@@ -341,7 +341,7 @@ def _tokenizer_strings(manifest: Manifest) -> list[str | None]:
     resolved = resolve_model(manifest.model["name"])
     if resolved.identity().get("sha256") != manifest.model.get("sha256"):
         raise IndexFormatError(f"model {manifest.model['name']!r} resolves to other weights than the index was built with; pass its tokenizer")
-    return vocabulary_strings(AutoTokenizer.from_pretrained(resolved.directory), int(manifest.sparse["vocab_size"]))
+    return vocabulary_strings(AutoTokenizer.from_pretrained(resolved.directory), int(manifest.record("sparse")["vocab_size"]))
 
 
 def export_pyserini(
@@ -366,16 +366,17 @@ def export_pyserini(
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
     manifest = Manifest.read(index_dir)
-    if manifest.sparse is None:
+    sparse = manifest.record("sparse")
+    if sparse is None:
         raise ExportError(f"{index_dir}: holds no aligned tokens (built without the sparse channel): nothing to export as an impact index")
     doc_ids: list[str] = json.loads((index_dir / DOC_IDS).read_text(encoding="utf-8"))
-    vocab_size = int(manifest.sparse["vocab_size"])
+    vocab_size = int(sparse["vocab_size"])
     tokens = list(tokens) if tokens is not None else _tokenizer_strings(manifest)
     if len(tokens) != vocab_size:
         raise ValueError(f"{len(tokens)} vocabulary strings for an index over {vocab_size} tokens")
 
     t0 = time.perf_counter()
-    floats = InvertedIndex.load(index_dir, manifest.n_docs, mmap=True, codec=PostingsCodec.of_record(manifest.sparse, index_dir, "sparse"))
+    floats = InvertedIndex.load(index_dir, manifest.n_docs, mmap=True, codec=PostingsCodec.of_record(sparse, index_dir, "sparse"))
     quantised, n_dropped = quantise_index(floats, scale)
     spellings = token_spellings(tokens)
     max_doc_sum = int(quantised.doc_vectors().astype(np.float64).sum(axis=1).max()) if quantised.weights.size else 0

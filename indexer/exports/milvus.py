@@ -134,7 +134,7 @@ def export_info(manifest: Manifest, index_dir: Path, channels: list[str], exact:
         "doc_ids_sha256": file_sha256(index_dir / DOC_IDS),
         "channels": channels,
         "exact": exact,
-        "lexical": manifest.lexical,
+        "lexical": manifest.record("bm25"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -155,7 +155,7 @@ def export_milvus(
     """
     index_dir = Path(index_dir)
     manifest = Manifest.read(index_dir)
-    if manifest.sparse is None:
+    if SPARSE.record(manifest) is None:
         raise MilvusExportError(f"{index_dir}: holds no aligned tokens (built without the sparse channel); the export's collection needs them")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, not {batch_size}")

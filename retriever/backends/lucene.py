@@ -134,7 +134,7 @@ class LuceneBackend:
         if self._quantised is None:
             manifest = Manifest.read(self.index_dir)
             self._quantised, _ = quantise_index(InvertedIndex.load(self.index_dir, manifest.n_docs,
-                                                                 codec=PostingsCodec.of_record(manifest.sparse, self.index_dir, "sparse")),
+                                                                 codec=PostingsCodec.of_record(manifest.record("sparse"), self.index_dir, "sparse")),
                                                  self.doc_scale)
         return self._quantised
 

@@ -15,7 +15,6 @@ again; the next one published is.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from indexer.channels import sentence_encoder_specs
+from indexer.manifest import IndexFormatError, Manifest
 from retriever.retriever import Retriever
 from retriever.server.documents import Documents
 
@@ -167,17 +167,17 @@ class LiveIndex:
 
 
 # what a generation must share with the served one to reuse its models: the LLM's, and each sentence-encoder channel's record
-MODEL_FIELDS = ("model", "adapter", *(s.manifest_key for s in sentence_encoder_specs()), "embedding")
+MODEL_FIELDS = ("model", "adapter", "embedding")
 
 
 def same_models(previous: Retriever, index_dir: Path) -> bool:
     """Does the generation ``index_dir`` points at now name the models ``previous`` runs?"""
     try:
-        with open(Path(index_dir) / "manifest.json", encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError):
+        manifest = Manifest.read(Path(index_dir))
+    except (OSError, ValueError, IndexFormatError):
         return False  # the load says what is wrong
-    return all(manifest.get(name) == getattr(previous.manifest, name, None) for name in MODEL_FIELDS)
+    return (all(getattr(manifest, name) == getattr(previous.manifest, name) for name in MODEL_FIELDS)
+            and all(s.record(manifest) == s.record(previous.manifest) for s in sentence_encoder_specs()))
 
 
 def reload_with_models(previous: Retriever | None, load: Callable[..., Retriever]) -> Retriever:
