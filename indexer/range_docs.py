@@ -113,7 +113,7 @@ def _scan(postings, indptr, t, lo, hi, buf, codes, qa, qb, scores, seen, touched
     return term_at_a_time.add_postings(low, a, 0, codes, a, indptr[t] + starts[t, r + 1] - a, qa, qb, scores, seen, touched, n_touched, flags, whole)
 
 
-TAG = term_at_a_time.register(NAME, _scan, __file__, window_bits=RANGE_BITS)
+TAG = term_at_a_time.register(NAME, _scan, __file__, window_bits=RANGE_BITS, positive_pass=True)
 
 
 @nb.njit(cache=True)

@@ -5,7 +5,7 @@ A query is scored a *window* of documents at a time: the window's accumulators (
 document, a seen flag where needed, the list of documents touched), every query token's postings
 in the window added in query order, then the window's top k (indexer/kernels.py: a touched list or
 one pass over the accumulators, :func:`indexer.kernels.accumulator_plan`; without flags where every
-posting adds a positive amount, :func:`indexer.kernels.positive_query`), and the windows' lists
+posting adds a positive amount and the layout asks for it: :func:`register`), and the windows' lists
 merged. The windows are the whole collection (one), ``parts`` equal ranges over Numba's threads (a
 split search: ``InvertedIndex.search`` from ``SPLIT_MIN_POSTINGS`` on), or, for a layout whose doc
 numbers are stored relative to fixed ranges (range16), those ranges. Every document is scored by one
@@ -55,24 +55,30 @@ class _Layout:
     scan: object  # the scan, jitted (inlined where the driver calls it)
     window_bits: int  # > 0: doc numbers relative to fixed ranges of 2**window_bits documents, the search's windows
     scratch: int  # int64 entries of the scan's scratch buffer
+    positive_pass: bool  # rank a positive query's accumulators without seen flags
 
 
 _LAYOUTS: dict[str, _Layout] = {}  # by tag field
 
 
-def register(name: str, scan, source: str | Path, window_bits: int = 0, scratch: int = 0) -> np.ndarray:
+def register(name: str, scan, source: str | Path, window_bits: int = 0, scratch: int = 0, positive_pass: bool = False) -> np.ndarray:
     """Register a doc layout's scan (a plain function, jitted here; module docstring) and return its
     tag, the first element of its ``postings`` tuple. ``source``: the layout module's file (its
     digest is part of the tag, so the driver's cached kernels follow edits to the scan);
     ``window_bits``: the doc numbers are stored relative to ranges of ``2**window_bits`` documents,
     which are then the search's windows (``[lo, hi)`` one such range); ``scratch``: the size of
-    ``buf``."""
+    ``buf``; ``positive_pass``: where the query ranks its accumulators in one pass and every posting
+    it reads adds a positive amount (:func:`indexer.kernels.positive_query`), keep no seen flags and
+    rank the documents of positive score (the same ranking, bit for bit). Chosen by measurement,
+    per layout: ~10% faster a posting on range16's scan (a scratch trial on 1M synthetic documents),
+    but 1.15-1.3x slower on the int32 and bit-packed scans of 4-bit codes (cisi, paired runs against
+    their kernels before the driver), which therefore keep their flags as they did."""
     try:
         digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16]
     except OSError:  # no source beside the module (a zip, say): no digest; the cache is Numba's as ever
         digest = "-"
     field = f"{name}:{digest}"
-    _LAYOUTS[field] = _Layout(name, field, nb.njit(inline="always")(scan), int(window_bits), int(scratch))
+    _LAYOUTS[field] = _Layout(name, field, nb.njit(inline="always")(scan), int(window_bits), int(scratch), bool(positive_pass))
     return np.zeros(0, np.dtype([(field, np.uint8)]))
 
 
@@ -105,7 +111,7 @@ def _scan(postings, indptr, t, lo, hi, buf, codes, qa, qb, scores, seen, touched
 
 
 def _traits(postings):
-    """(window_bits, scratch) of the layout ``postings`` names. Numba only."""
+    """(window_bits, scratch, positive_pass) of the layout ``postings`` names. Numba only."""
     raise NotImplementedError
 
 
@@ -114,8 +120,8 @@ def _traits_overload(postings):
     layout = _layout(postings)
     if layout is None:
         return None
-    bits, scratch = layout.window_bits, layout.scratch
-    return lambda postings: (bits, scratch)
+    bits, scratch, positive = layout.window_bits, layout.scratch, layout.positive_pass
+    return lambda postings: (bits, scratch, positive)
 
 
 # --------------------------------------------------------------------- the accumulate loop
@@ -200,16 +206,20 @@ def _affine_overload(q_weight, scale, offset, t):
     return lambda q_weight, scale, offset, t: (q_weight * scale[t], q_weight * offset[t])
 
 
-def _positive(indptr, scale, offset, q_tokens, q_weights):
-    """:func:`indexer.kernels.positive_query` (never, for float32 weights). Numba only."""
+def _positive(postings, indptr, scale, offset, q_tokens, q_weights):
+    """:func:`indexer.kernels.positive_query` where the layout takes the positive pass, else a
+    constant False (so is float32 weights'). Numba only."""
     raise NotImplementedError
 
 
 @overload(_positive, inline="always")
-def _positive_overload(indptr, scale, offset, q_tokens, q_weights):
-    if isinstance(scale, (types.NoneType, types.Omitted)):
-        return lambda indptr, scale, offset, q_tokens, q_weights: False
-    return lambda indptr, scale, offset, q_tokens, q_weights: positive_query(indptr, scale, offset, q_tokens, q_weights)
+def _positive_overload(postings, indptr, scale, offset, q_tokens, q_weights):
+    layout = _layout(postings)
+    if layout is None:
+        return None
+    if isinstance(scale, (types.NoneType, types.Omitted)) or not layout.positive_pass:
+        return lambda postings, indptr, scale, offset, q_tokens, q_weights: False
+    return lambda postings, indptr, scale, offset, q_tokens, q_weights: positive_query(indptr, scale, offset, q_tokens, q_weights)
 
 
 # --------------------------------------------------------------------- windows
@@ -232,12 +242,12 @@ def _window(postings, n_docs, parts, i):
     return np.int64(n_docs) * i // parts, np.int64(n_docs) * (i + 1) // parts
 
 
-@nb.njit
-def _score_window(postings, indptr, codes, scale, offset, q_tokens, q_weights, lo, hi, k, whole, room, positive):
+def _score_window_py(postings, indptr, codes, scale, offset, q_tokens, q_weights, lo, hi, k, whole, room):
     """The top k (doc numbers relative to ``lo``, scores) of the documents [lo, hi). The
     accumulators are allocated here, not passed in: LLVM then knows they alias no input (3.6 ms a
     query against 4.1 ms passed in: indexer/kernels.py's 8-bit impacts set-up)."""
-    flags = not (whole and positive)  # loop-invariant: LLVM makes a loop of each case
+    # loop-invariant (a constant where the layout takes no positive pass): LLVM makes a loop of each case
+    flags = not (whole and _positive(postings, indptr, scale, offset, q_tokens, q_weights))
     size = hi - lo
     scores = np.zeros(size, dtype=np.float32)
     seen = np.zeros(size if flags else 0, dtype=np.bool_)
@@ -255,21 +265,29 @@ def _score_window(postings, indptr, codes, scale, offset, q_tokens, q_weights, l
     return _top_k_positive(scores, k)
 
 
+# Compiled twice from the one source: called where the windows run one after another, and inlined
+# into the split search's parallel loop, whose body Numba compiles as a kernel of its own with its
+# array arguments marked as not aliasing (parfor lowering's noalias): called from there instead, the
+# 4-bit and bit-packed scans ran 2-9x slower (the 4-bit pairs and the block decode do not get that
+# kernel's code; cisi, BM25 queries, contended cores, scratch measurement).
+_score_window = nb.njit(_score_window_py)
+_score_window_inline = nb.njit(inline="always")(_score_window_py)
+
+
 # --------------------------------------------------------------------- the kernels
 @nb.njit(cache=True)
 def search_one(postings, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts, whole_from):
     """Top-k (doc numbers int32, scores float32) of one query, best first, the windows one after
     another (one window unless the layout has fixed ranges or ``parts`` > 1)."""
     whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
-    positive = _positive(indptr, scale, offset, q_tokens, q_weights)
     n_w = _windows(postings, n_docs, parts)
     if n_w == 1:
-        return _score_window(postings, indptr, codes, scale, offset, q_tokens, q_weights, 0, n_docs, k, whole, room, positive)
+        return _score_window(postings, indptr, codes, scale, offset, q_tokens, q_weights, 0, n_docs, k, whole, room)
     part_d = np.full((n_w, k), -1, dtype=np.int32)
     part_s = np.full((n_w, k), -np.inf, dtype=np.float32)
     for i in range(n_w):
         lo, hi = _window(postings, n_docs, parts, i)
-        top_d, top_s = _score_window(postings, indptr, codes, scale, offset, q_tokens, q_weights, lo, hi, k, whole, room, positive)
+        top_d, top_s = _score_window(postings, indptr, codes, scale, offset, q_tokens, q_weights, lo, hi, k, whole, room)
         part_d[i, : top_d.shape[0]] = top_d + lo
         part_s[i, : top_s.shape[0]] = top_s
     return _merge_parts(part_d, part_s, k)
@@ -279,13 +297,12 @@ def search_one(postings, indptr, codes, scale, offset, q_tokens, q_weights, n_do
 def search_split(postings, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts, whole_from):
     """:func:`search_one` with the windows spread over Numba's threads: the same top k, bit for bit."""
     whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
-    positive = _positive(indptr, scale, offset, q_tokens, q_weights)
     n_w = _windows(postings, n_docs, parts)
     part_d = np.full((n_w, k), -1, dtype=np.int32)
     part_s = np.full((n_w, k), -np.inf, dtype=np.float32)
     for i in nb.prange(n_w):
         lo, hi = _window(postings, n_docs, parts, i)
-        top_d, top_s = _score_window(postings, indptr, codes, scale, offset, q_tokens, q_weights, lo, hi, k, whole, room, positive)
+        top_d, top_s = _score_window_inline(postings, indptr, codes, scale, offset, q_tokens, q_weights, lo, hi, k, whole, room)
         part_d[i, : top_d.shape[0]] = top_d + lo
         part_s[i, : top_s.shape[0]] = top_s
     return _merge_parts(part_d, part_s, k)
