@@ -100,8 +100,6 @@ def time_numba(index, queries, k: int) -> dict:
     """p50/p95 of one-query searches and QPS of batch search at 1 and 2 Numba threads."""
     import numba
 
-    from indexer import kernels
-
     res: dict = {}
     for q in queries[:3]:
         index.search(q[0], q[1], k)  # compile / warm the page cache of the touched lists
@@ -109,7 +107,7 @@ def time_numba(index, queries, k: int) -> dict:
     lat = []
     for t, w in queries:
         t0 = time.perf_counter()
-        kernels.search_one(index.indptr, index.docs, index.weights, t, w, index.n_docs, k)
+        index.numbers.search(index.indptr, index.weights, index.scale, index.offset, t, w, index.n_docs, k)
         lat.append(time.perf_counter() - t0)
     res["p50_ms"] = round(1000 * float(np.percentile(lat, 50)), 2)
     res["p95_ms"] = round(1000 * float(np.percentile(lat, 95)), 2)
@@ -117,13 +115,14 @@ def time_numba(index, queries, k: int) -> dict:
     # one query split by document range over 2 threads (what InvertedIndex.search does for a query
     # reading SPLIT_MIN_POSTINGS postings or more); the ranking must be the exact one, bit for bit
     numba.set_num_threads(2)
-    kernels.search_one_split(index.indptr, index.docs, index.weights, queries[0][0], queries[0][1], index.n_docs, k, 2)  # compile
+    args = (index.indptr, index.weights, index.scale, index.offset)
+    index.numbers.search(*args, queries[0][0], queries[0][1], index.n_docs, k, 2)  # compile
     lat, same = [], True
     for t, w in queries:
         t0 = time.perf_counter()
-        got = kernels.search_one_split(index.indptr, index.docs, index.weights, t, w, index.n_docs, k, 2)
+        got = index.numbers.search(*args, t, w, index.n_docs, k, 2)
         lat.append(time.perf_counter() - t0)
-        exact = kernels.search_one(index.indptr, index.docs, index.weights, t, w, index.n_docs, k)
+        exact = index.numbers.search(*args, t, w, index.n_docs, k)
         same = same and np.array_equal(got[0], exact[0]) and np.array_equal(got[1], exact[1])
     res["split_2_threads_p50_ms"] = round(1000 * float(np.percentile(lat, 50)), 2)
     res["split_2_threads_p95_ms"] = round(1000 * float(np.percentile(lat, 95)), 2)
@@ -188,10 +187,10 @@ def write_scale_table(result: dict, path: Path) -> Path:
         + "Build s (Numba) = merging the committed shards into the postings (`InvertedIndex.write_from_shards`, memory-mapped "
         "output), what a build does after encoding; generating the synthetic shards stands in for encoding and is not a build "
         f"cost ({result.get('shards_generated_this_run', '?')} of {result.get('shards', '?')} shards generated in the final run took "
-        f"{result['generate_commit_seconds']} s, generation + atomic commit). Latency: one query at a time (Numba `search_one`; "
+        f"{result['generate_commit_seconds']} s, generation + atomic commit). Latency: one query at a time (Numba `term_at_a_time.search_one`; "
         "Milvus: one `search` call), "
         f"{result.get('queries', '?')} queries of {result.get('query_tokens', '?')} IDF-weighted tokens, top-{result.get('k', '?')}. "
-        "Split: the same queries, each over 2 threads by document range (`kernels.search_one_split`, what "
+        "Split: the same queries, each over 2 threads by document range (`term_at_a_time.search_split`, what "
         "`InvertedIndex.search` does for a query reading `SPLIT_MIN_POSTINGS` postings or more; its ranking checked identical to `search_one`'s). "
         "QPS: Numba `batch_search` with 1 and 2 Numba threads; Milvus: 1 and 2 client threads. Peak RSS: the process's "
         "maximum resident set, memory-mapped index pages included (the merge writes the 4 GB of postings through a memory map: "

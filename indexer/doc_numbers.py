@@ -20,13 +20,18 @@ from typing import ClassVar
 
 import numpy as np
 
+from indexer import term_at_a_time
+from indexer.kernels import SCAN_WHOLE_FROM
+
 
 class DocNumbers:
     """The doc numbers of a CSR index's postings in one layout (``indptr`` is always the index's).
 
-    A layout implements :meth:`decode`, :attr:`nbytes`, :meth:`save`, :meth:`find`,
-    :meth:`search` and :meth:`search_many`; :meth:`contributions` and :meth:`add_dropped` have
-    generic versions here (through :meth:`find`) that a layout may replace with a kernel.
+    A layout implements :meth:`decode`, :attr:`nbytes`, :meth:`save`, :meth:`find` and
+    :attr:`postings` (its arrays for the search, after the tag its module registered with
+    indexer/term_at_a_time.py: :meth:`search` and :meth:`search_many` are that driver's, whatever
+    the layout); :meth:`contributions` and :meth:`add_dropped` have generic versions here (through
+    :meth:`find`) that a layout may replace with a kernel.
     ``codes``, ``scale`` and ``offset`` are the index's weights: quantised impacts
     (``offset[t] + scale[t] * code``); float32 weights (``scale`` None) only where the layout
     accepts them (:attr:`DocLayout.float_weights`)."""
@@ -49,14 +54,22 @@ class DocNumbers:
         """The posting of ``doc`` in list ``t``, or -1."""
         raise NotImplementedError
 
-    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs: int, k: int, parts: int = 1):
-        """Top-k (doc numbers int32, scores float32) of one query, best first; ``parts`` > 1: split
-        over Numba's threads (the same ranking, bit for bit; the caller holds the parallel lock)."""
+    @property
+    def postings(self) -> tuple:
+        """``(tag, arrays...)``: what the layout's scan reads (indexer/term_at_a_time.py), its tag
+        (what :func:`indexer.term_at_a_time.register` returned) first."""
         raise NotImplementedError
+
+    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs: int, k: int, parts: int = 1,
+               whole_from: float = SCAN_WHOLE_FROM):
+        """Top-k (doc numbers int32, scores float32) of one query, best first; ``parts`` > 1: split
+        over Numba's threads (the same ranking, bit for bit; the caller holds the parallel lock).
+        ``whole_from``: :func:`indexer.kernels.accumulator_plan`'s (0 or inf force one way, for tests)."""
+        return term_at_a_time.search(self.postings, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts, False, whole_from)
 
     def search_many(self, indptr, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs: int, k: int):
         """Top-k of many CSR-packed queries in parallel, padded with doc -1 and score -inf."""
-        raise NotImplementedError
+        return term_at_a_time.search_many(self.postings, indptr, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k)
 
     def contributions(self, indptr, codes, scale, offset, q_tokens, doc: int) -> np.ndarray:
         """The document's weight for each query token (0 where the document lacks it)."""

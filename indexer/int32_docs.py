@@ -1,9 +1,9 @@
 """Doc numbers as int32, one a posting (``postings_docs.npy``; formats 1-3, and 6 with them): the
 reference layout, the only one that also holds float32 weights (an index that is not compact).
 
-Its kernels are indexer/kernels.py's (the CSR scoring loops every other layout is measured against);
-this module is its entry in the codec (indexer/codec.py) and :class:`Int32Docs`, its
-:class:`indexer.doc_numbers.DocNumbers`.
+Its search is indexer/term_at_a_time.py's driver with :func:`_scan` (a list's postings are one run;
+a window short of the whole collection found by binary search); this module is its entry in the
+codec (indexer/codec.py) and :class:`Int32Docs`, its :class:`indexer.doc_numbers.DocNumbers`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import numba as nb
 import numpy as np
 
-from indexer import kernels
+from indexer import kernels, term_at_a_time
 from indexer.diskspace import save_npy
 from indexer.doc_numbers import DocLayout, DocNumbers
 from indexer.integrity import load_npy
@@ -44,19 +44,9 @@ class Int32Docs(DocNumbers):
         p = lo + int(np.searchsorted(self.docs[lo:hi], doc))
         return p if p < hi and self.docs[p] == doc else -1
 
-    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts=1):
-        if parts > 1:
-            if scale is None:
-                return kernels.search_one_split(indptr, self.docs, codes, q_tokens, q_weights, n_docs, k, parts)
-            return kernels.search_one_u8_split(indptr, self.docs, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts)
-        if scale is None:
-            return kernels.search_one(indptr, self.docs, codes, q_tokens, q_weights, n_docs, k)
-        return kernels.search_one_u8(indptr, self.docs, codes, scale, offset, q_tokens, q_weights, n_docs, k)
-
-    def search_many(self, indptr, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
-        if scale is None:
-            return kernels.search_many(indptr, self.docs, codes, q_indptr, q_tokens, q_weights, n_docs, k)
-        return kernels.search_many_u8(indptr, self.docs, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k)
+    @property
+    def postings(self) -> tuple:
+        return (TAG, self.docs)
 
     def contributions(self, indptr, codes, scale, offset, q_tokens, doc: int) -> np.ndarray:
         q_tokens = np.asarray(q_tokens, np.int64)
@@ -102,6 +92,30 @@ def _add_dropped(indptr, docs, weights, scale, offset, cands, tokens, q_weights,
                 scores[i] += q_weights[j] * w
 
 
+def _scan(postings, indptr, t, lo, hi, buf, codes, qa, qb, scores, seen, touched, n_touched, flags, whole):
+    """List ``t``'s postings with doc numbers in ``[lo, hi)`` (the whole list where the window holds
+    it: no search) to the window's accumulators (indexer/term_at_a_time.py)."""
+    docs = postings[1]
+    a, b = indptr[t], indptr[t + 1]
+    if a < b and docs[a] < lo:
+        a += np.searchsorted(docs[a:b], lo)
+    if a < b and docs[b - 1] >= hi:
+        b = a + np.searchsorted(docs[a:b], hi)
+    return term_at_a_time.add_postings(docs, a, lo, codes, a, b - a, qa, qb, scores, seen, touched, n_touched, flags, whole)
+
+
+TAG = term_at_a_time.register(NAME, _scan, __file__)
+
+
+def search(indptr, docs, codes, q_tokens, q_weights, n_docs: int, k: int, scale=None, offset=None, parts: int = 1,
+           whole_from: float = kernels.SCAN_WHOLE_FROM):
+    """Top-k (doc numbers int32, scores float32) of one query on int32 doc numbers ``docs`` and
+    ``codes`` (float32 weights, or 8- or 4-bit codes with ``scale`` and ``offset``): the driver's
+    search, ``parts`` > 1 split over Numba's threads (for tests and studies; an index calls
+    :meth:`Int32Docs.search`)."""
+    return Int32Docs(docs).search(indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts, whole_from)
+
+
 def _load(directory: Path, indptr: np.ndarray, n_docs: int, mmap: bool = True) -> Int32Docs:
     # not called by InvertedIndex.load (csr=True: checked with the CSR there); for completeness
     return Int32Docs(load_npy(Path(directory) / f"postings_{FILE}.npy", "int32", 1, mmap))
@@ -118,4 +132,4 @@ LAYOUT = DocLayout(
     summary="int32 doc numbers, 4 bytes a posting (postings_docs.npy)",
 )
 
-__all__ = ["LAYOUT", "NAME", "Int32Docs"]
+__all__ = ["LAYOUT", "NAME", "TAG", "Int32Docs", "search"]

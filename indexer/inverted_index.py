@@ -33,7 +33,7 @@ IMPACT_LEVELS = 256
 # TBB nor OpenMP is installed, aborts the process when two threads enter one at once)
 _PARALLEL_KERNEL = threading.Lock()
 # From this many postings on, one query's search is split by document range over Numba's threads
-# (kernels.search_one_split: the same ranking, bit for bit). Served, a search follows a query
+# (term_at_a_time.search_split: the same ranking, bit for bit). Served, a search follows a query
 # encoder's forward, which leaves Numba's threads asleep: on 2 cores, each search after a MiniLM
 # forward (benchmarks/results/scale/split-search.json; synthetic 512-token documents, the one-pass
 # kernels), queries reading 21k and 42k postings were 0.83x and 0.91x as fast split, 120k-240k

@@ -1,5 +1,9 @@
 """Scoring kernels of the inverted index: Numba (fast) beside NumPy/SciPy (reference).
 
+The search loop itself, one for every doc layout and impact width, is indexer/term_at_a_time.py's
+driver; here are the parts it and the layouts share (the accumulators' top k, the plan, the impact
+readers), the lookups of the int32 layout, the quantisation and the reference search.
+
 The index is CSR by token: the postings of token t are ``docs[indptr[t]:indptr[t+1]]``
 (ascending doc numbers) with ``weights`` alongside. A query is a set of token ids with
 weights; score(q, d) = sum over matched tokens of q_weight * d_weight (Eq. 16 of
@@ -42,57 +46,6 @@ def _code_at(codes, p):
     if isinstance(codes, types.Array) and codes.dtype == types.int8:
         return lambda codes, p: (np.uint8(codes[p >> 1]) >> ((p & 1) << 2)) & 15
     return lambda codes, p: codes[p]
-
-
-@nb.njit(cache=True, inline="always")
-def _add(d, code, qa, qb, scores, seen, touched, n_touched, flags, whole):
-    """One posting's score added to document ``d``'s accumulator (listed as touched on first sight
-    where the query ranks only the documents it touches); returns the touched count."""
-    if flags:
-        if not whole and not seen[d]:
-            touched[n_touched] = d
-            n_touched += 1
-        seen[d] = True
-    scores[d] += qa * np.float32(code) + qb
-    return n_touched
-
-
-def scan_postings(docs, first, codes, start, n, qa, qb, scores, seen, touched, n_touched, flags, whole):
-    """The scoring loop every layout shares: for the ``n`` postings from ``start``, document
-    ``docs[first + i]`` gains ``qa * code + qb`` (``flags``: keep the seen flags and, unless
-    ``whole``, the touched list); returns the touched count. Plain Python here; in a kernel, the
-    overload below: one posting at a time for 8-bit codes (and float32 weights), two at a time for
-    4-bit ones, which then cost one byte load per pair (a posting at a time, the half-byte shift
-    made them 1.5x slower: benchmarks/results/scale/one-million-4-bit.json)."""
-    for i in range(n):
-        n_touched = _add(int(docs[first + i]), code_at(codes, start + i), qa, qb, scores, seen, touched, n_touched, flags, whole)
-    return n_touched
-
-
-@overload(scan_postings, inline="always")
-def _scan_postings(docs, first, codes, start, n, qa, qb, scores, seen, touched, n_touched, flags, whole):
-    if isinstance(codes, types.Array) and codes.dtype == types.int8:
-        def pairs(docs, first, codes, start, n, qa, qb, scores, seen, touched, n_touched, flags, whole):
-            i = 0
-            if n > 0 and start & 1:  # a segment starting in a byte's high half
-                n_touched = _add(np.int64(docs[first]), np.uint8(codes[start >> 1]) >> 4, qa, qb, scores, seen, touched, n_touched, flags, whole)
-                i = 1
-            while i + 1 < n:
-                byte = np.uint8(codes[(start + i) >> 1])
-                n_touched = _add(np.int64(docs[first + i]), byte & 15, qa, qb, scores, seen, touched, n_touched, flags, whole)
-                n_touched = _add(np.int64(docs[first + i + 1]), byte >> 4, qa, qb, scores, seen, touched, n_touched, flags, whole)
-                i += 2
-            if i < n:
-                n_touched = _add(np.int64(docs[first + i]), np.uint8(codes[(start + i) >> 1]) & 15, qa, qb, scores, seen, touched, n_touched,
-                                 flags, whole)
-            return n_touched
-        return pairs
-
-    def each(docs, first, codes, start, n, qa, qb, scores, seen, touched, n_touched, flags, whole):
-        for i in range(n):
-            n_touched = _add(np.int64(docs[first + i]), codes[start + i], qa, qb, scores, seen, touched, n_touched, flags, whole)
-        return n_touched
-    return each
 
 
 def pack_nibbles(codes: np.ndarray) -> np.ndarray:
@@ -271,47 +224,6 @@ def ranked(scores, seen, touched, n_touched, k, whole):
 
 
 @nb.njit(cache=True)
-def search_one(indptr, docs, weights, q_tokens, q_weights, n_docs, k, whole_from=SCAN_WHOLE_FROM):
-    """Top-k (doc numbers int32, scores float32) of one query, best first."""
-    whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
-    scores = np.zeros(n_docs, dtype=np.float32)
-    seen = np.zeros(n_docs, dtype=np.bool_)
-    touched = np.empty(room, dtype=np.int32)
-    n_touched = 0
-    for j in range(q_tokens.shape[0]):
-        t = q_tokens[j]
-        if t < 0 or t >= indptr.shape[0] - 1:
-            continue
-        qw = q_weights[j]
-        for p in range(indptr[t], indptr[t + 1]):
-            d = docs[p]
-            if not whole and not seen[d]:  # a loop-invariant first test: LLVM makes two loops of it
-                touched[n_touched] = d
-                n_touched += 1
-            seen[d] = True
-            scores[d] += qw * weights[p]
-    return ranked(scores, seen, touched, n_touched, k, whole)
-
-
-@nb.njit(cache=True, parallel=True)
-def search_many(indptr, docs, weights, q_indptr, q_tokens, q_weights, n_docs, k):
-    """Top-k of many queries (CSR-packed: query i owns q_tokens[q_indptr[i]:q_indptr[i+1]]).
-
-    Returns (docs int32 (n_q, k), scores float32 (n_q, k)); rows with fewer than k
-    matching docs are padded with doc -1 and score -inf.
-    """
-    n_q = q_indptr.shape[0] - 1
-    out_d = np.full((n_q, k), -1, dtype=np.int32)
-    out_s = np.full((n_q, k), -np.inf, dtype=np.float32)
-    for i in nb.prange(n_q):
-        a, b = q_indptr[i], q_indptr[i + 1]
-        top_d, top_s = search_one(indptr, docs, weights, q_tokens[a:b], q_weights[a:b], n_docs, k)
-        out_d[i, : top_d.shape[0]] = top_d
-        out_s[i, : top_s.shape[0]] = top_s
-    return out_d, out_s
-
-
-@nb.njit(cache=True)
 def contributions(indptr, docs, weights, q_tokens, doc):
     """Weight of each query token in one document's vector (0 where absent): binary search
     in each posting list, which is sorted by doc number."""
@@ -384,41 +296,6 @@ def dequantise(indptr, codes, scale, offset):
 
 
 @nb.njit(cache=True)
-def search_one_u8(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_docs, k, whole_from=SCAN_WHOLE_FROM):
-    """:func:`search_one` on 8-bit impacts. The accumulators are allocated here rather than
-    passed in: LLVM then knows they alias no input, which
-    measured 3.6 ms a query against 4.1 ms passed in (the set-up above)."""
-    whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
-    scores = np.zeros(n_docs, dtype=np.float32)
-    seen = np.zeros(n_docs, dtype=np.bool_)
-    touched = np.empty(room, dtype=np.int32)
-    n_touched = 0
-    for j in range(q_tokens.shape[0]):
-        t = q_tokens[j]
-        if t < 0 or t >= indptr.shape[0] - 1:
-            continue
-        a = q_weights[j] * scale[t]
-        b = q_weights[j] * offset[t]
-        s = indptr[t]
-        n_touched = scan_postings(docs, s, codes, s, indptr[t + 1] - s, a, b, scores, seen, touched, n_touched, True, whole)
-    return ranked(scores, seen, touched, n_touched, k, whole)
-
-
-@nb.njit(cache=True, parallel=True)
-def search_many_u8(indptr, docs, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
-    """:func:`search_many` on 8-bit impacts."""
-    n_q = q_indptr.shape[0] - 1
-    out_d = np.full((n_q, k), -1, dtype=np.int32)
-    out_s = np.full((n_q, k), -np.inf, dtype=np.float32)
-    for i in nb.prange(n_q):
-        a, b = q_indptr[i], q_indptr[i + 1]
-        top_d, top_s = search_one_u8(indptr, docs, codes, scale, offset, q_tokens[a:b], q_weights[a:b], n_docs, k)
-        out_d[i, : top_d.shape[0]] = top_d
-        out_s[i, : top_s.shape[0]] = top_s
-    return out_d, out_s
-
-
-@nb.njit(cache=True)
 def contributions_u8(indptr, docs, codes, scale, offset, q_tokens, doc):
     """:func:`contributions` on 8-bit impacts (the dequantised weights)."""
     out = np.zeros(q_tokens.shape[0], dtype=np.float32)
@@ -434,25 +311,12 @@ def contributions_u8(indptr, docs, codes, scale, offset, q_tokens, doc):
 
 
 # ------------------------------------------------------------ one query, several threads
-# One query's postings split by document range: part i scores the documents [lo_i, hi_i) of every
-# list (found by binary search in the list's ascending doc numbers) into accumulators of its own,
-# keeps its top k, and the parts' lists are merged. Each document is scored by one part, adding its
-# query tokens in the same order as search_one: the scores and the ranking are search_one's, bit
-# for bit. Worth it only where a query reads many postings;
-# each part pays a binary search per query token and a top-k of its own (InvertedIndex.search splits a
-# query from SPLIT_MIN_POSTINGS postings on).
-@nb.njit(cache=True, inline="always")
-def _range_bounds(n_docs, parts, i):
-    return n_docs * i // parts, n_docs * (i + 1) // parts
-
-
-@nb.njit(cache=True, inline="always")
-def _list_range(indptr, docs, t, lo, hi):
-    """Postings of list t whose doc numbers lie in [lo, hi)."""
-    s, e = indptr[t], indptr[t + 1]
-    return s + np.searchsorted(docs[s:e], lo), s + np.searchsorted(docs[s:e], hi)
-
-
+# One query's postings split by document range (indexer/term_at_a_time.py's windows): each range
+# scored into accumulators of its own keeps its top k, and the ranges' lists are merged here. Each
+# document is scored by one range, adding its query tokens in the same order as a search in one
+# piece: the scores and the ranking are that search's, bit for bit. Worth it only where a query
+# reads many postings; each range pays a binary search per query token and a top-k of its own
+# (InvertedIndex.search splits a query from SPLIT_MIN_POSTINGS postings on).
 @nb.njit(cache=True)
 def _merge_parts(part_d, part_s, k):
     """The k best of the parts' top-k lists (each best first, padded with doc -1)."""
@@ -476,59 +340,11 @@ def _merge_parts(part_d, part_s, k):
     return out_d[:n], out_s[:n]
 
 
-@nb.njit(cache=True, parallel=True)
-def _split_search(indptr, docs, values, scale, offset, stride, q_tokens, q_weights, n_docs, k, parts, whole_from):
-    """Both split searches: a posting's weight is ``offset[t * stride] + scale[t * stride] * value``,
-    per list for 8-bit impacts (stride 1), and 0 + 1 * value for float32 weights (stride 0; adding
-    0 and multiplying by 1 are exact, so the scores are search_one's)."""
-    whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
-    part_d = np.full((parts, k), -1, dtype=np.int32)
-    part_s = np.full((parts, k), -np.inf, dtype=np.float32)
-    for i in nb.prange(parts):
-        lo, hi = _range_bounds(n_docs, parts, i)
-        scores = np.zeros(hi - lo, dtype=np.float32)
-        seen = np.zeros(hi - lo, dtype=np.bool_)
-        touched = np.empty(min(room, hi - lo), dtype=np.int32)
-        n_touched = 0
-        for j in range(q_tokens.shape[0]):
-            t = q_tokens[j]
-            if t < 0 or t >= indptr.shape[0] - 1:
-                continue
-            qa = q_weights[j] * scale[t * stride]
-            qb = q_weights[j] * offset[t * stride]
-            a, b = _list_range(indptr, docs, t, lo, hi)
-            for p in range(a, b):
-                d = docs[p] - lo
-                if not whole and not seen[d]:
-                    touched[n_touched] = d
-                    n_touched += 1
-                seen[d] = True
-                scores[d] += qa * np.float32(code_at(values, p)) + qb
-        top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole)
-        part_d[i, : top_d.shape[0]] = top_d + lo
-        part_s[i, : top_s.shape[0]] = top_s
-    return _merge_parts(part_d, part_s, k)
-
-
-_UNIT_SCALE = np.ones(1, dtype=np.float32)
-_ZERO_OFFSET = np.zeros(1, dtype=np.float32)
-
-
-def search_one_split(indptr, docs, weights, q_tokens, q_weights, n_docs, k, parts, whole_from=SCAN_WHOLE_FROM):
-    """:func:`search_one` with the documents split into ``parts`` ranges scored in parallel."""
-    return _split_search(indptr, docs, weights, _UNIT_SCALE, _ZERO_OFFSET, 0, q_tokens, q_weights, n_docs, k, parts, whole_from)
-
-
-def search_one_u8_split(indptr, docs, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts, whole_from=SCAN_WHOLE_FROM):
-    """:func:`search_one_u8` with the documents split into ``parts`` ranges scored in parallel."""
-    return _split_search(indptr, docs, codes, scale, offset, 1, q_tokens, q_weights, n_docs, k, parts, whole_from)
-
-
 # --------------------------------------------------------------------- reference
 def reference_search(
     indptr: np.ndarray, docs: np.ndarray, weights: np.ndarray, q_tokens: np.ndarray, q_weights: np.ndarray, n_docs: int, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Brute-force SciPy version of :func:`search_one`: full matrix-vector product, full sort."""
+    """Brute-force SciPy version of the search (indexer/term_at_a_time.py): full matrix-vector product, full sort."""
     vocab = indptr.shape[0] - 1
     term_doc = sp.csr_matrix((weights, docs, indptr), shape=(vocab, n_docs))
     q = np.zeros(vocab, dtype=np.float64)

@@ -31,12 +31,11 @@ LLVM keeps in registers inside the scoring loop, and on the short, dense gaps of
 lists it is also the smaller of the two (a byte at least per integer in Stream VByte, plus two
 bits of control).
 
-The search kernels (:func:`search_one`, :func:`search_many`) decode block by block inside the
-scoring loop (each block's gaps into a 128-entry buffer, summed, then scored): no posting list
-is decompressed to a temporary array; :func:`search_one_split` splits one query's documents into
-ranges over Numba's threads, each range decoding only the blocks that can hold its documents
-(found by binary search over the blocks' first doc numbers), as the unpacked index's split
-search does (indexer/kernels.py). With quantised impacts only (a compact index; 8 or 4 bits): the codes stay
+The search is indexer/term_at_a_time.py's driver with :func:`_scan`, which decodes block by block
+inside the scoring loop (each block's gaps into a 128-entry buffer, summed, then scored): no posting
+list is decompressed to a temporary array; a split search (one query's documents cut into ranges
+over Numba's threads) decodes in each range only the blocks that can hold its documents (found by
+binary search over the blocks' first doc numbers). With quantised impacts only (a compact index; 8 or 4 bits): the codes stay
 at their posting positions in ``postings_weights.npy``. Not yet as fast as int32 doc numbers:
 on 50k synthetic Zipfian documents x 256 tokens, 80-token queries, 2 contended cores, 4.4 ms a
 query against 2.2 ms (one run, indicative only); 1.01 bytes a posting against 4.
@@ -49,11 +48,11 @@ from pathlib import Path
 import numba as nb
 import numpy as np
 
+from indexer import term_at_a_time
 from indexer.diskspace import save_npy
 from indexer.doc_numbers import DocLayout, DocNumbers
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.kernels import SCAN_WHOLE_FROM, _merge_parts, _range_bounds, accumulator_plan, code_at, ranked, scan_postings
 
 BLOCK = 128
 FILES = ("blockfirst", "blockwidth", "packed")  # postings_<name>.npy of the blocks layout (format 4)
@@ -255,48 +254,6 @@ def _first_bad(indptr, list_block, block_bit, first, width, words, n_docs):
 
 
 # --------------------------------------------------------------------- search (quantised impacts)
-@nb.njit(cache=True)
-def search_one(indptr, list_block, block_bit, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k,
-               whole_from=SCAN_WHOLE_FROM):
-    """:func:`indexer.kernels.search_one_u8` with the doc numbers decoded block by block in the
-    scoring loop: the same sums in the same order, so the same top-k ids and scores."""
-    whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
-    scores = np.zeros(n_docs, dtype=np.float32)
-    seen = np.zeros(n_docs, dtype=np.bool_)
-    touched = np.empty(room, dtype=np.int32)
-    buf = np.empty(BLOCK, dtype=np.int64)  # one block's doc numbers: the gaps decoded (independent), then summed
-    n_touched = 0
-    for j in range(q_tokens.shape[0]):
-        t = q_tokens[j]
-        if t < 0 or t >= indptr.shape[0] - 1:
-            continue
-        qa = q_weights[j] * scale[t]
-        qb = q_weights[j] * offset[t]
-        a, b = indptr[t], indptr[t + 1]
-        blk = list_block[t]
-        for s in range(a, b, BLOCK):
-            size = min(s + BLOCK, b) - s
-            _block_docs(words, block_bit[blk], first[blk], np.int64(width[blk]), size, buf)
-            n_touched = scan_postings(buf, 0, codes, s, size, qa, qb, scores, seen, touched, n_touched, True, whole)
-            blk += 1
-    return ranked(scores, seen, touched, n_touched, k, whole)
-
-
-@nb.njit(cache=True, parallel=True)
-def search_many(indptr, list_block, block_bit, first, width, words, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
-    """:func:`search_one` of many queries (CSR-packed), padded with doc -1 and score -inf."""
-    n_q = q_indptr.shape[0] - 1
-    out_d = np.full((n_q, k), -1, dtype=np.int32)
-    out_s = np.full((n_q, k), -np.inf, dtype=np.float32)
-    for i in nb.prange(n_q):
-        a, b = q_indptr[i], q_indptr[i + 1]
-        top_d, top_s = search_one(indptr, list_block, block_bit, first, width, words, codes, scale, offset, q_tokens[a:b], q_weights[a:b],
-                                  n_docs, k)
-        out_d[i, : top_d.shape[0]] = top_d
-        out_s[i, : top_s.shape[0]] = top_s
-    return out_d, out_s
-
-
 @nb.njit(cache=True, inline="always")
 def _first_block_from(list_block, first, t, lo):
     """The first block of list ``t`` that can hold doc numbers >= ``lo``: the last whose first doc
@@ -313,51 +270,31 @@ def _first_block_from(list_block, first, t, lo):
     return a
 
 
-@nb.njit(cache=True, parallel=True)
-def search_one_split(indptr, list_block, block_bit, first, width, words, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts,
-                     whole_from=SCAN_WHOLE_FROM):
-    """:func:`search_one` with the documents split into ``parts`` ranges scored in parallel (as
-    :func:`indexer.kernels.search_one_u8_split`): each part decodes only the blocks that can hold
-    its documents (found from the blocks' first doc numbers; a block across a boundary is decoded
-    by both parts, each keeping its own documents). Each document is scored by one part with its
-    query tokens added in the same order, so the top-k ids and scores are search_one's."""
-    whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
-    part_d = np.full((parts, k), -1, dtype=np.int32)
-    part_s = np.full((parts, k), -np.inf, dtype=np.float32)
-    for i in nb.prange(parts):
-        lo, hi = _range_bounds(n_docs, parts, i)
-        scores = np.zeros(hi - lo, dtype=np.float32)
-        seen = np.zeros(hi - lo, dtype=np.bool_)
-        touched = np.empty(min(room, hi - lo), dtype=np.int32)
-        buf = np.empty(BLOCK, dtype=np.int64)
-        n_touched = 0
-        for j in range(q_tokens.shape[0]):
-            t = q_tokens[j]
-            if t < 0 or t >= indptr.shape[0] - 1:
-                continue
-            qa = q_weights[j] * scale[t]
-            qb = q_weights[j] * offset[t]
-            end = indptr[t + 1]
-            blk = _first_block_from(list_block, first, t, lo)
-            while blk < list_block[t + 1] and first[blk] < hi:
-                s = indptr[t] + (blk - list_block[t]) * BLOCK
-                size = min(s + BLOCK, end) - s
-                _block_docs(words, block_bit[blk], first[blk], np.int64(width[blk]), size, buf)
-                for m in range(size):
-                    d = buf[m]
-                    if d < lo or d >= hi:
-                        continue
-                    d -= lo
-                    if not whole and not seen[d]:
-                        touched[n_touched] = d
-                        n_touched += 1
-                    seen[d] = True
-                    scores[d] += qa * np.float32(code_at(codes, s + m)) + qb
-                blk += 1
-        top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole)
-        part_d[i, : top_d.shape[0]] = top_d + lo
-        part_s[i, : top_s.shape[0]] = top_s
-    return _merge_parts(part_d, part_s, k)
+def _scan(postings, indptr, t, lo, hi, buf, codes, qa, qb, scores, seen, touched, n_touched, flags, whole):
+    """List ``t``'s postings with doc numbers in ``[lo, hi)`` to the window's accumulators
+    (indexer/term_at_a_time.py), a block at a time: only the blocks that can hold them (found from
+    the blocks' first doc numbers), each decoded into ``buf`` relative to ``lo`` (its gaps decoded,
+    independent of each other, then summed), its run in the window found by binary search where
+    the block crosses the window's edge. No list is decompressed to a temporary array."""
+    list_block, block_bit, first, width, words = postings[1], postings[2], postings[3], postings[4], postings[5]
+    end = indptr[t + 1]
+    blk = _first_block_from(list_block, first, t, lo)
+    size_hi = hi - lo
+    while blk < list_block[t + 1] and first[blk] < hi:
+        s = indptr[t] + (blk - list_block[t]) * BLOCK
+        size = min(s + BLOCK, end) - s
+        _block_docs(words, block_bit[blk], np.int64(first[blk]) - lo, np.int64(width[blk]), size, buf)
+        m0, m1 = 0, size
+        if buf[0] < 0:  # a block that starts before the window
+            m0 = np.searchsorted(buf[:size], 0)
+        if buf[size - 1] >= size_hi:  # ... or ends after it
+            m1 = np.searchsorted(buf[:size], size_hi)
+        n_touched = term_at_a_time.add_postings(buf, m0, 0, codes, s + m0, m1 - m0, qa, qb, scores, seen, touched, n_touched, flags, whole)
+        blk += 1
+    return n_touched
+
+
+TAG = term_at_a_time.register("packed", _scan, __file__, scratch=BLOCK)  # both layouts: the same arrays in memory
 
 
 @nb.njit(cache=True)
@@ -506,19 +443,12 @@ class PackedDocs(DocNumbers):
             raise IndexFormatError(f"{f['packed']}: doc number {int(doc)} decoded at posting {int(at)} is outside 0..{n_docs - 1} (undecodable)")
         return out
 
-    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts=1):
-        if parts > 1:
-            return self.search_split(indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts)
-        return search_one(indptr, self.list_block, self.block_bit, self.first, self.width, self.words, codes, scale, offset, q_tokens, q_weights,
-                          n_docs, k)
+    @property
+    def postings(self) -> tuple:
+        return (TAG, self.list_block, self.block_bit, self.first, self.width, self.words)
 
     def search_split(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts):
-        return search_one_split(indptr, self.list_block, self.block_bit, self.first, self.width, self.words, codes, scale, offset, q_tokens,
-                                q_weights, n_docs, k, parts)
-
-    def search_many(self, indptr, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
-        return search_many(indptr, self.list_block, self.block_bit, self.first, self.width, self.words, codes, scale, offset, q_indptr, q_tokens,
-                           q_weights, n_docs, k)
+        return term_at_a_time.search(self.postings, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts, True)
 
     def find(self, indptr, t: int, doc: int) -> int:
         return int(find(indptr, self.list_block, self.block_bit, self.first, self.width, self.words, t, doc))
@@ -568,14 +498,12 @@ __all__ = [
     "STREAM",
     "STREAM_FILES",
     "STREAM_LAYOUT",
+    "TAG",
     "PackedDocs",
     "block_bits",
     "decode_into",
     "find",
     "list_blocks",
     "pack_saved",
-    "search_many",
-    "search_one",
-    "search_one_split",
     "stream_bits",
 ]

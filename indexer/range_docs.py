@@ -18,12 +18,13 @@ but about twice as slow a posting; format 5 is the one that fits ten million syn
 documents in 24 GB (3 bytes a posting with the impact code: 15.4 GB), and it scans 1.4x faster than
 format 3 (a million synthetic documents: benchmarks/results/scale/one-million-format-5.json).
 
-Search (:func:`search`): every range is scored into accumulators of its own (the two ways of
+Search (:meth:`RangeDocs.search`: indexer/term_at_a_time.py's driver, its windows the ranges, with
+:func:`_scan`): every range is scored into accumulators of its own (the two ways of
 indexer/kernels.py: a touched list or one pass, chosen for the whole query) and keeps its top k;
 the ranges' lists are merged. Ranges run in parallel over Numba's threads with ``parallel`` True,
 one after another otherwise. Each document is scored by one range with its query tokens added in
-the same order as :func:`indexer.kernels.search_one_u8`, so the ranking and the scores are format
-3's, bit for bit (tests/test_range_docs.py). With quantised impacts only (a compact index; 8 or 4 bits).
+the same order as the int32 layout's search, so the ranking and the scores are format 3's, bit for
+bit (tests/test_range_docs.py). With quantised impacts only (a compact index; 8 or 4 bits).
 """
 from __future__ import annotations
 
@@ -33,20 +34,12 @@ from pathlib import Path
 import numba as nb
 import numpy as np
 
+from indexer import term_at_a_time
 from indexer.diskspace import save_npy
 from indexer.doc_numbers import DocLayout, DocNumbers
 from indexer.errors import IndexFormatError
 from indexer.integrity import load_npy
-from indexer.kernels import (
-    SCAN_WHOLE_FROM,
-    _merge_parts,
-    _top_k_positive,
-    accumulator_plan,
-    code_at,
-    positive_query,
-    ranked,
-    scan_postings,
-)
+from indexer.kernels import SCAN_WHOLE_FROM, code_at
 
 NAME = "range16"  # the codec's name (indexer/codec.py)
 RANGE_BITS = 16
@@ -110,72 +103,17 @@ def _first_bad(indptr, starts, low, n_docs):
 
 
 # --------------------------------------------------------------------- search (quantised impacts)
-@nb.njit(cache=True, inline="always")
-def _score_range(indptr, starts, low, codes, scale, offset, q_tokens, q_weights, n_docs, k, r, whole, room, positive):
-    """The top k (doc numbers, scores) of range ``r``'s documents. ``positive`` (with ``whole``):
-    every posting adds a positive amount, so no flag is kept (~10% faster a posting in a scratch
-    trial on 1M synthetic documents, 80-token queries; not a study)."""
-    lo = np.int64(r) << RANGE_BITS
-    size = min(RANGE, n_docs - lo)
-    flags = not (whole and positive)  # loop-invariant: LLVM makes a loop of each case
-    scores = np.zeros(size, dtype=np.float32)
-    seen = np.zeros(size if flags else 0, dtype=np.bool_)
-    touched = np.empty(min(room, size), dtype=np.int32)
-    n_touched = 0
-    for j in range(q_tokens.shape[0]):
-        t = q_tokens[j]
-        if t < 0 or t >= indptr.shape[0] - 1:
-            continue
-        qa = q_weights[j] * scale[t]
-        qb = q_weights[j] * offset[t]
-        a = indptr[t] + starts[t, r]
-        n_touched = scan_postings(low, a, codes, a, indptr[t] + starts[t, r + 1] - a, qa, qb, scores, seen, touched, n_touched, flags, whole)
-    top_d, top_s = ranked(scores, seen, touched, n_touched, k, whole) if flags else _top_k_positive(scores, k)
-    return top_d + np.int32(lo), top_s
+def _scan(postings, indptr, t, lo, hi, buf, codes, qa, qb, scores, seen, touched, n_touched, flags, whole):
+    """List ``t``'s postings in range ``lo >> RANGE_BITS`` (the driver's windows are the ranges:
+    ``[lo, hi)`` is one) to the range's accumulators (indexer/term_at_a_time.py): one run, read
+    from the range table, its 16-bit offsets the accumulators' indices as they are."""
+    starts, low = postings[1], postings[2]
+    r = lo >> RANGE_BITS
+    a = indptr[t] + starts[t, r]
+    return term_at_a_time.add_postings(low, a, 0, codes, a, indptr[t] + starts[t, r + 1] - a, qa, qb, scores, seen, touched, n_touched, flags, whole)
 
 
-@nb.njit(cache=True)
-def search_one(indptr, starts, low, codes, scale, offset, q_tokens, q_weights, n_docs, k, whole_from=SCAN_WHOLE_FROM):
-    """Top-k (doc numbers int32, scores float32) of one query, best first, the ranges one after another."""
-    whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
-    positive = positive_query(indptr, scale, offset, q_tokens, q_weights)
-    n_r = starts.shape[1] - 1
-    part_d = np.full((n_r, k), -1, dtype=np.int32)
-    part_s = np.full((n_r, k), -np.inf, dtype=np.float32)
-    for r in range(n_r):
-        top_d, top_s = _score_range(indptr, starts, low, codes, scale, offset, q_tokens, q_weights, n_docs, k, r, whole, room, positive)
-        part_d[r, : top_d.shape[0]] = top_d
-        part_s[r, : top_s.shape[0]] = top_s
-    return _merge_parts(part_d, part_s, k)
-
-
-@nb.njit(cache=True, parallel=True)
-def search_one_parallel(indptr, starts, low, codes, scale, offset, q_tokens, q_weights, n_docs, k, whole_from=SCAN_WHOLE_FROM):
-    """:func:`search_one` with the ranges spread over Numba's threads: the same top k, bit for bit."""
-    whole, room = accumulator_plan(indptr, q_tokens, n_docs, whole_from)
-    positive = positive_query(indptr, scale, offset, q_tokens, q_weights)
-    n_r = starts.shape[1] - 1
-    part_d = np.full((n_r, k), -1, dtype=np.int32)
-    part_s = np.full((n_r, k), -np.inf, dtype=np.float32)
-    for r in nb.prange(n_r):
-        top_d, top_s = _score_range(indptr, starts, low, codes, scale, offset, q_tokens, q_weights, n_docs, k, r, whole, room, positive)
-        part_d[r, : top_d.shape[0]] = top_d
-        part_s[r, : top_s.shape[0]] = top_s
-    return _merge_parts(part_d, part_s, k)
-
-
-@nb.njit(cache=True, parallel=True)
-def search_many(indptr, starts, low, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
-    """:func:`search_one` of many queries (CSR-packed) in parallel, padded with doc -1 and score -inf."""
-    n_q = q_indptr.shape[0] - 1
-    out_d = np.full((n_q, k), -1, dtype=np.int32)
-    out_s = np.full((n_q, k), -np.inf, dtype=np.float32)
-    for i in nb.prange(n_q):
-        a, b = q_indptr[i], q_indptr[i + 1]
-        top_d, top_s = search_one(indptr, starts, low, codes, scale, offset, q_tokens[a:b], q_weights[a:b], n_docs, k)
-        out_d[i, : top_d.shape[0]] = top_d
-        out_s[i, : top_s.shape[0]] = top_s
-    return out_d, out_s
+TAG = term_at_a_time.register(NAME, _scan, __file__, window_bits=RANGE_BITS, positive_pass=True)
 
 
 @nb.njit(cache=True)
@@ -249,13 +187,14 @@ class RangeDocs(DocNumbers):
                                    "or not above the one before it")
         return cls(np.ascontiguousarray(starts), low)
 
-    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts: int = 1, parallel: bool = False):
-        """``parts`` > 1 (or ``parallel``): the ranges spread over Numba's threads (however many parts)."""
-        kernel = search_one_parallel if parallel or parts > 1 else search_one
-        return kernel(indptr, self.starts, self.low, codes, scale, offset, q_tokens, q_weights, n_docs, k)
+    @property
+    def postings(self) -> tuple:
+        return (TAG, self.starts, self.low)
 
-    def search_many(self, indptr, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k):
-        return search_many(indptr, self.starts, self.low, codes, scale, offset, q_indptr, q_tokens, q_weights, n_docs, k)
+    def search(self, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts: int = 1, parallel: bool = False,
+               whole_from: float = SCAN_WHOLE_FROM):
+        """``parts`` > 1 (or ``parallel``): the ranges spread over Numba's threads (however many parts)."""
+        return term_at_a_time.search(self.postings, indptr, codes, scale, offset, q_tokens, q_weights, n_docs, k, parts, parallel, whole_from)
 
     def find(self, indptr, t: int, doc: int) -> int:
         return int(find(indptr, self.starts, self.low, t, doc))
@@ -392,5 +331,4 @@ LAYOUT = DocLayout(
     summary="16-bit offsets within ranges of 65,536 documents, 2 bytes a posting (format 5)",
 )
 
-__all__ = ["FILES", "LAYOUT", "NAME", "RANGE", "RANGE_BITS", "RangeDocs", "decode_into", "find", "n_ranges", "search_many", "search_one", "search_one_parallel",
-           "split_saved", "write_from_shards"]
+__all__ = ["FILES", "LAYOUT", "NAME", "RANGE", "RANGE_BITS", "TAG", "RangeDocs", "decode_into", "find", "n_ranges", "split_saved", "write_from_shards"]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from indexer import kernels
+from indexer import int32_docs, kernels, term_at_a_time
 from indexer.inverted_index import InvertedIndex
 
 
@@ -55,7 +55,12 @@ def dense_scores(index: InvertedIndex, tokens: np.ndarray, w: np.ndarray) -> np.
 
 
 def search(index: InvertedIndex, tokens: np.ndarray, w: np.ndarray, k: int):
-    return kernels.search_one(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k)
+    return int32_docs.search(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k)
+
+
+def split(indptr, docs, codes, scale, offset, tokens, w, n_docs, k, parts, whole_from=kernels.SCAN_WHOLE_FROM):
+    """One query split into ``parts`` document ranges over Numba's threads (even one part)."""
+    return term_at_a_time.search((int32_docs.TAG, docs), indptr, codes, scale, offset, tokens, w, n_docs, k, parts, True, whole_from)
 
 
 def reference(index: InvertedIndex, tokens: np.ndarray, w: np.ndarray, k: int):
@@ -257,22 +262,21 @@ def test_one_query_split_by_document_range_is_the_exact_search_bit_for_bit(weigh
         offset = rng.uniform(-1.0, 1.0, index.vocab_size).astype(np.float32)
         for k in (0, 1, 3, index.n_docs + 5):
             exact = search(index, tokens, w, k)
-            exact_u8 = kernels.search_one_u8(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k)
+            exact_u8 = int32_docs.search(index.indptr, index.docs, codes, tokens, w, index.n_docs, k, scale, offset)
             for parts in (1, 2, 3, index.n_docs + 2):  # more parts than documents: empty ranges
-                got = kernels.search_one_split(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k, parts)
+                got = split(index.indptr, index.docs, index.weights, None, None, tokens, w, index.n_docs, k, parts)
                 np.testing.assert_array_equal(got[0], exact[0])
                 np.testing.assert_array_equal(got[1], exact[1])
-                got = kernels.search_one_u8_split(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k, parts)
+                got = split(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k, parts)
                 np.testing.assert_array_equal(got[0], exact_u8[0])
                 np.testing.assert_array_equal(got[1], exact_u8[1])
             # either way of ranking the accumulators (forced), one thread or split: the same ranking
             for whole_from in (0.0, np.inf):
                 for got, want in (
-                    (kernels.search_one(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k, whole_from), exact),
-                    (kernels.search_one_split(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k, 2, whole_from), exact),
-                    (kernels.search_one_u8(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k, whole_from), exact_u8),
-                    (kernels.search_one_u8_split(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k, 3, whole_from),
-                     exact_u8),
+                    (int32_docs.search(index.indptr, index.docs, index.weights, tokens, w, index.n_docs, k, whole_from=whole_from), exact),
+                    (split(index.indptr, index.docs, index.weights, None, None, tokens, w, index.n_docs, k, 2, whole_from), exact),
+                    (int32_docs.search(index.indptr, index.docs, codes, tokens, w, index.n_docs, k, scale, offset, whole_from=whole_from), exact_u8),
+                    (split(index.indptr, index.docs, codes, scale, offset, tokens, w, index.n_docs, k, 3, whole_from), exact_u8),
                 ):
                     np.testing.assert_array_equal(got[0], want[0])
                     np.testing.assert_array_equal(got[1], want[1])
@@ -293,8 +297,8 @@ def test_the_index_splits_a_query_only_from_its_threshold_of_postings_on(monkeyp
     exact = index.search(tokens, w, 5)
     assert index.search_parts() == index.search_parts(tokens) == 1  # a small index: one thread
     calls = []
-    real = kernels.search_one_split
-    monkeypatch.setattr(kernels, "search_one_split", lambda *a: calls.append(a[-1]) or real(*a))
+    real = term_at_a_time.search_split
+    monkeypatch.setattr(term_at_a_time, "search_split", lambda *a: calls.append(a[-2]) or real(*a))
     monkeypatch.setattr(inverted_index, "SPLIT_MIN_POSTINGS", kernels.query_postings(index.indptr, tokens))
     assert index.search_parts(tokens) == min(numba.get_num_threads(), index.n_docs)  # a query reading that many postings
     assert index.search_parts(tokens[:0]) == 1  # one reading fewer

@@ -76,7 +76,7 @@ def test_nibble_kernels_score_as_the_same_codes_one_a_byte(seed, layout):
     t = np.asarray(tokens, np.int64)
     args = (bytes8.scale, bytes8.offset, t, w, index.n_docs, 5)
     if layout == "int32":  # one query split across document ranges
-        split = [kernels.search_one_u8_split(bytes8.indptr, bytes8.docs, x.weights, *args, 3) for x in (bytes4, bytes8)]
+        split = [x.numbers.search(x.indptr, x.weights, *args, 3) for x in (bytes4, bytes8)]
     elif layout == "packed":
         split = [x.packed.search_split(x.indptr, x.weights, *args, 3) for x in (bytes4, bytes8)]
     else:

@@ -132,7 +132,6 @@ def test_random_lists_search_exactly_as_unpacked(seed, stream):
 @pytest.mark.parametrize("seed", [4, 5])
 def test_one_query_split_by_document_range_is_the_packed_search_bit_for_bit(seed, monkeypatch):
     from indexer import inverted_index
-    from indexer.packed_docs import search_one, search_one_split
 
     rng = np.random.default_rng(seed)
     n_docs = int(rng.integers(300, 5000))
@@ -147,13 +146,14 @@ def test_one_query_split_by_document_range_is_the_packed_search_bit_for_bit(seed
         weights = rng.normal(size=n).astype(np.float32)  # negative weights too
         for k in (0, 1, 10, n_docs + 3):
             want = packed.search(tokens, weights, k)
-            arrays = (packed.indptr, p.list_block, p.block_bit, p.first, p.width, p.words, packed.weights, packed.scale, packed.offset)
+            arrays = (packed.indptr, packed.weights, packed.scale, packed.offset)
             for parts in (1, 2, 3, 7, n_docs + 2):  # more parts than documents: empty ranges
-                got = search_one_split(*arrays, tokens, weights, n_docs, k, parts)
+                got = p.search_split(*arrays, tokens, weights, n_docs, k, parts)
                 np.testing.assert_array_equal(got[0], want[0])
                 np.testing.assert_array_equal(got[1], want[1])
             for whole_from in (0.0, np.inf):  # either way of ranking the accumulators, forced
-                for got in (search_one(*arrays, tokens, weights, n_docs, k, whole_from), search_one_split(*arrays, tokens, weights, n_docs, k, 2, whole_from)):
+                for got in (p.search(*arrays, tokens, weights, n_docs, k, whole_from=whole_from),
+                            p.search(*arrays, tokens, weights, n_docs, k, 2, whole_from=whole_from)):
                     np.testing.assert_array_equal(got[0], want[0])
                     np.testing.assert_array_equal(got[1], want[1])
     # and through InvertedIndex.search once the index is over the threshold

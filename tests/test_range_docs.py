@@ -65,10 +65,10 @@ def test_search_is_the_compact_search_bit_for_bit(n_docs, negative):
         cases += positive
         for k in (1, 10, 10**6):
             for whole_from in (0.0, np.inf):  # one pass over every range, or a touched list in each
-                want = kernels.search_one_u8(idx.indptr, idx.docs, idx.weights, idx.scale, idx.offset, q_tokens, q_weights, n_docs, k, whole_from)
-                for kernel in (range_docs.search_one, range_docs.search_one_parallel):
-                    got = kernel(idx.indptr, ranged.ranges.starts, ranged.ranges.low, idx.weights, idx.scale, idx.offset, q_tokens, q_weights,
-                                 n_docs, k, whole_from)
+                want = idx.numbers.search(idx.indptr, idx.weights, idx.scale, idx.offset, q_tokens, q_weights, n_docs, k, whole_from=whole_from)
+                for parallel in (False, True):
+                    got = ranged.ranges.search(idx.indptr, idx.weights, idx.scale, idx.offset, q_tokens, q_weights, n_docs, k, parallel=parallel,
+                                               whole_from=whole_from)
                     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
             got = ranged.search(q_tokens, q_weights, k)
             want = idx.search(q_tokens, q_weights, k)
