@@ -50,6 +50,36 @@ class PlainAnalyzer:
         return re.findall(r"\w+", text.lower())
 
 
+def morphological_variants(texts: list[str], rate: float):
+    """A function (query, seed) -> the query with each word of more than three letters replaced, with
+    probability ``rate``, by another word of ``texts`` with the same Porter stem ("retrieval" ->
+    "retrieving"). A held-out sentence shares its document's exact word forms, so an analyser that
+    does not stem finds it as well as one that does; a query written by someone else does not."""
+    import re
+    from collections import defaultdict
+
+    import Stemmer
+
+    stem = Stemmer.Stemmer("porter").stemWord
+    forms: dict[str, set[str]] = defaultdict(set)
+    for text in texts:
+        for w in re.findall(r"[a-z]{4,}", text.lower()):
+            forms[stem(w)].add(w)
+    groups = {s: sorted(f) for s, f in forms.items() if len(f) > 1}
+
+    def vary(query: str, seed: int) -> str:
+        rng = np.random.default_rng(seed)
+
+        def swap(m: re.Match) -> str:
+            w = m.group(0).lower()
+            others = [f for f in groups.get(stem(w), []) if f != w] if len(w) > 3 else []
+            return others[int(rng.integers(len(others)))] if others and rng.random() < rate else m.group(0)
+
+        return re.sub(r"[A-Za-z]+", swap, query)
+
+    return vary
+
+
 def stored_vectors(path: Path, n: int) -> np.ndarray:
     """The document vectors of an exact (flat) FAISS index a beir-eval baseline wrote, in corpus order."""
     import faiss
@@ -125,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matrices", type=Path, default=None,
                    help="also write every variant's (settings, queries) matrices here (.npz): the real queries' nDCG@10 and the "
                         "pseudo-queries' source ranks, for judging other selection rules without recomputing")
+    p.add_argument("--variant-rate", type=float, default=0.0,
+                   help="rewrite each word of a pseudo-query into another form of the corpus with the same Porter stem, with this "
+                        "probability (0: the held-out sentence as it is): a probe of the analyser blind spot")
     p.add_argument("--plain", action="store_true",
                    help="fuse listed documents only, 0 where a list lacks one (calibration version 1); default: completed scores")
     p.add_argument("--out", type=Path, required=True)
@@ -156,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                     pyserini = dict(read_trec(path))
         details.setdefault("pyserini_runs", {})[ds.name] = pyserini is not None
         pqs_by_seed = {s: cal.pseudo_queries(texts, args.queries, s) for s in seeds}
+        if args.variant_rate > 0:  # the held-out sentences in other word forms of the corpus (morphological_variants)
+            vary = morphological_variants(texts, args.variant_rate)
+            pqs_by_seed = {s: [cal.PseudoQuery(q.doc, vary(q.query, s * 7919 + i), q.rest) for i, q in enumerate(pqs)]
+                           for s, pqs in pqs_by_seed.items()}
         lexical = {}
         for a in chosen_analyzers:
             t0 = time.perf_counter()

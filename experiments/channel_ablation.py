@@ -10,7 +10,8 @@ nDCG@10 and Recall@100, its query cost (end-to-end ms of searching it alone) and
 their indexes are ``default-fast/NAME/aligned-tokens`` and ``default-best/NAME/aligned-tokens``. Each index
 is searched as ``search-index --profile P`` searches it (the fusion its calibration chose); "without C"
 is the same fusion with C's weight removed (one channel left: that channel's own mode). Query encoding
-is not cached between the runs (``query_cache_size=0``), so each e2e figure pays its encoder.
+is not cached (``query_cache_size=0``), so each e2e figure pays its encoder; the configurations answer
+each query in turn, timed over the same minutes.
 """
 from __future__ import annotations
 
@@ -30,20 +31,22 @@ POINTS = {"fast": "default-fast", "best": "default-best"}  # search profile -> b
 TIMED_REPEATS = 2  # each query is answered this many times per configuration, the minimum kept
 
 
-def _run(retriever, queries: dict[str, str], mode: str | None, depth: int) -> tuple[Run, list[float]]:
-    """The run of ``retriever`` over ``queries`` (one search per query, as a user sends them) and
-    each query's fastest end-to-end seconds over TIMED_REPEATS."""
-    run: Run = {}
-    seconds: list[float] = []
+def _runs(configs: dict[str, tuple], queries: dict[str, str], depth: int) -> tuple[dict[str, Run], dict[str, list[float]]]:
+    """Each configuration's run over ``queries`` (one search per query, as a user sends them) and
+    each query's fastest end-to-end seconds over TIMED_REPEATS. The configurations answer each
+    query in turn, so that they are timed over the same minutes (a shared machine slows all alike)."""
+    runs: dict[str, Run] = {name: {} for name in configs}
+    seconds: dict[str, list[float]] = {name: [] for name in configs}
     for qid, text in queries.items():
-        best = float("inf")
-        for _ in range(TIMED_REPEATS):
-            t0 = time.perf_counter()
-            hits = retriever.search(text, k=depth, mode=mode)
-            best = min(best, time.perf_counter() - t0)
-        run[qid] = {h.doc_id: float(h.score) for h in hits}
-        seconds.append(best)
-    return run, seconds
+        for name, (searcher, mode) in configs.items():
+            best = float("inf")
+            for _ in range(TIMED_REPEATS):
+                t0 = time.perf_counter()
+                hits = searcher.search(text, k=depth, mode=mode)
+                best = min(best, time.perf_counter() - t0)
+            runs[name][qid] = {h.doc_id: float(h.score) for h in hits}
+            seconds[name].append(best)
+    return runs, seconds
 
 
 def _build_costs(manifest: dict, channels: list[str]) -> dict[str, dict]:
@@ -83,12 +86,10 @@ def ablate(index_dir: Path, profile: str, ds, depth: int = 100) -> dict:
                 configs[f"without {c}"] = (r, next(iter(rest)))
             else:
                 configs[f"without {c}"] = (r.with_fusion({**r.fusion.as_dict(), "weights": rest}), None)
-        runs, out = {}, {"fusion": r.fusion.as_dict(), "configs": {}}
-        for name, (searcher, mode) in configs.items():
-            run, seconds = _run(searcher, ds.queries, mode, depth)
-            runs[name] = run
-            out["configs"][name] = {**evaluate_run(ds.qrels, run, metrics),
-                                    "e2e_p50_ms": round(float(np.percentile(seconds, 50)) * 1e3, 3)}
+        runs, seconds = _runs(configs, ds.queries, depth)
+        out = {"fusion": r.fusion.as_dict(), "configs": {
+            name: {**evaluate_run(ds.qrels, run, metrics), "e2e_p50_ms": round(float(np.percentile(seconds[name], 50)) * 1e3, 3)}
+            for name, run in runs.items()}}
         p = compare_runs(ds.qrels, runs, metrics)["p_values"]
         hybrid = out["configs"]["hybrid"]
         out["gain"] = {c: {"ndcg@10": hybrid["ndcg@10"] - out["configs"][f"without {c}"]["ndcg@10"],
