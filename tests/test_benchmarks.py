@@ -506,7 +506,8 @@ def test_default_system_is_build_index_and_search_index_without_flags(tmp_path: 
     built = Manifest.read(r.index_dir)  # what build-index writes with no flags: compact, laid out as --profile fast says
     fast = BUILD_PROFILES["fast"]
     assert built.compact and built.packed == (fast.doc_ids == "bitpacked")
-    assert built.sparse is None or (built.sparse["impacts"] == "uint4") == (fast.impact_bits == 4)  # fast holds no aligned tokens (issue 71)
+    sparse = built.record("sparse")
+    assert sparse is None or (sparse["impacts"] == "uint4") == (fast.impact_bits == 4)  # fast holds no aligned tokens (issue 71)
     texts = list(ds.queries.values())
     reference = Retriever.load(r.index_dir, embedder=tiny_embedder)
     encoded, _ = default.encode(texts)
