@@ -325,7 +325,8 @@ def test_calibration_writes_a_row_per_collection_encoder_and_analyser(toy_beir, 
     for row in data["rows"]:
         oracle, calibrated = row[cols.index("oracle nDCG@10")], row[cols.index("calibrated nDCG@10")]
         assert _finite(oracle, calibrated) and 0 <= calibrated <= oracle <= 1  # the oracle is the best the grid holds
-    # the noise floor read off the same matrices: a row per pair, then the mean and the count within 0.005
+    # experiments.calibration_noise, the noise floor read off the same matrices: a row per pair, then the mean
+    # and the count within 0.005
     noise = tmp_path / "noise.json"
     assert calibration_noise.main(["--matrices", str(matrices), "--splits", "20", "--out", str(noise)]) == 0
     rows = _table(noise)["rows"]
