@@ -516,6 +516,38 @@ def test_default_system_is_build_index_and_search_index_without_flags(tmp_path: 
     assert [[d for d, _ in hits] for hits in got] == [[h.doc_id for h in hits] for hits in want]
 
 
+def test_the_first_timed_build_follows_an_untimed_warm_up_build(tmp_path: Path, make_corpus, tiny_embedder, monkeypatch):
+    """Compilation is not build time: before its first timed build an engine builds the first
+    WARMUP_DOCS documents with the same channels into a temporary folder, once; the warm-up's
+    seconds are reported apart and its folder is gone."""
+    import indexer.build
+    from benchmarks.systems import engine as engine_module
+
+    docs, ds = _toy_collection(tmp_path, make_corpus)
+    monkeypatch.setattr(engine_module, "WARMUP_DOCS", 3)
+    calls: list[tuple[int, Path, frozenset]] = []
+    real = indexer.build.build_index
+
+    def recording(spec, index_dir, *args, **kwargs):
+        calls.append((len(Path(spec.path).read_text().splitlines()), Path(index_dir), frozenset(kwargs.get("channels") or {})))
+        return real(spec, index_dir, *args, **kwargs)
+
+    monkeypatch.setattr(indexer.build, "build_index", recording)
+    shared: dict = {}
+    settings = systems.Settings(work_dir=tmp_path / "work", progress=False, top_k=8)
+    sparse = systems.make("sparse", settings, shared)
+    engine = systems.shared_engine(settings, shared)
+    engine.embedder = tiny_embedder
+    stats = sparse.index(ds).to_dict()
+    assert [(n, channels) for n, _, channels in calls] == [(3, calls[1][2]), (len(docs), calls[1][2])]
+    warm_dir, timed_dir = calls[0][1], calls[1][1]
+    assert timed_dir == engine.retriever.index_dir and not warm_dir.exists() and warm_dir.parent.parent == timed_dir.parent
+    assert stats["n_docs"] == len(docs) and stats["warmup_build_seconds"] > 0
+    engine.retriever = None  # the next collection's build: the engine is warm
+    sparse.index(ds)
+    assert len(calls) == 3 and calls[2][0] == len(docs) and engine.build_stats["warmup_build_seconds"] is None
+
+
 def test_text2token_table_reads_ndcg_and_refuses_a_run_of_another_adapter(tmp_path):
     import argparse
 
