@@ -640,3 +640,18 @@ def test_the_default_system_takes_the_query_encoder_and_feedback_it_is_given(tmp
     assert params["query_encoder"] == "none" and params["feedback"] == {"docs": 2, "tokens": 4, "weight": 0.5}
     with pytest.raises(ValueError, match="no aligned tokens"):
         Retriever.load(r.index_dir, embedder=tiny_embedder, query_encoder="none", feedback=fb)
+
+
+def test_the_headline_says_fast_and_best_shared_a_build_only_when_they_did():
+    """One index serving both points reports the same build seconds to each; two builds do not."""
+    from benchmarks.report.headline import _footnotes
+
+    def row(name: str, record: tuple | None) -> dict:
+        return {"name": name, "cached": False, "float32_index": False, "build_record": record}
+
+    def says_shared(rows: list[dict]) -> bool:
+        return any("one index holding both" in note for note in _footnotes(rows))
+
+    assert says_shared([row("default", (1.5, 20.0)), row("default-best", (1.5, 20.0)), row("bm25+minilm", None)])
+    assert not says_shared([row("default", (11.2, 25.9)), row("default-best", (14.5, 200.4))])
+    assert not says_shared([row("default", (1.5, 20.0)), row("bm25+minilm", None)])
