@@ -139,6 +139,24 @@ def as_run(lists, qids: list[str], doc_ids: list[str]) -> dict:
     return {q: {doc_ids[d]: float(s) for d, s in zip(docs, scores) if d >= 0} for q, (docs, scores) in zip(qids, lists)}
 
 
+def written_queries(folder: Path, collection: str, texts: list[str]) -> list[cal.PseudoQuery]:
+    """The queries experiments.generated_queries wrote for ``collection``'s sampled documents, as
+    pseudo-queries whose source is scored as its whole text (nothing was held out of it)."""
+    import json
+
+    path = folder / f"{collection}.jsonl"
+    if not path.exists():
+        raise SystemExit(f"{path}: no written queries for {collection} (run python -m experiments.generated_queries)")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        row = json.loads(line)
+        if not isinstance(row.get("doc"), int) or not 0 <= row["doc"] < len(texts):
+            raise ValueError(f"{path}, line {n}: field 'doc' is not a document number of {collection}")
+        if str(row.get("query", "")).strip():
+            out.append(cal.PseudoQuery(row["doc"], row["query"], texts[row["doc"]]))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.calibration", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", action="append", required=True, help="collections (benchmarks.datasets.resolve); repeatable")
@@ -158,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant-rate", type=float, default=0.0,
                    help="rewrite each word of a pseudo-query into another form of the corpus with the same Porter stem, with this "
                         "probability (0: the held-out sentence as it is): a probe of the analyser blind spot")
+    p.add_argument("--pseudo-from", type=Path, default=None,
+                   help="a folder of experiments.generated_queries (COLLECTION.jsonl): each pair is also calibrated on those "
+                        "written queries (row seed 'gen', matrices '|pseudo|gen'), the source scored as its whole text")
     p.add_argument("--plain", action="store_true",
                    help="fuse listed documents only, 0 where a list lacks one (calibration version 1); default: completed scores")
     p.add_argument("--out", type=Path, required=True)
@@ -189,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                     pyserini = dict(read_trec(path))
         details.setdefault("pyserini_runs", {})[ds.name] = pyserini is not None
         pqs_by_seed = {s: cal.pseudo_queries(texts, args.queries, s) for s in seeds}
+        written = written_queries(args.pseudo_from, ds.name, texts) if args.pseudo_from is not None else None
         if args.variant_rate > 0:  # the held-out sentences in other word forms of the corpus (morphological_variants)
             vary = morphological_variants(texts, args.variant_rate)
             pqs_by_seed = {s: [cal.PseudoQuery(q.doc, vary(q.query, s * 7919 + i), q.rest) for i, q in enumerate(pqs)]
@@ -244,9 +266,11 @@ def main(argv: list[str] | None = None) -> int:
                 alone = [float(per_query(qrels, fused(runs, cal.Setting("minmax", w)), qids).mean()) for w in ((1.0, 0.0), (0.0, 1.0))]
                 recall_user = float(per_query(qrels, fused([ref_bm25, dense_run], USER[0]), qids, "recall@100").mean())
                 oracle = int(np.argmax(real))
-                for seed in seeds:
+                sources = [(seed, pqs_by_seed[seed]) for seed in seeds] + ([("gen", written)] if written else [])
+                for seed, pqs in sources:
                     t0 = time.perf_counter()
-                    c, ranks = cal.choose([lex, dense], pqs_by_seed[seed], settings, seed=seed, with_ranks=True, complete=not args.plain)
+                    c, ranks = cal.choose([lex, dense], pqs, settings, seed=seed if isinstance(seed, int) else 0,
+                                          with_ranks=True, complete=not args.plain)
                     took = time.perf_counter() - t0
                     store[f"{ds.name}|{e}|{a}|pseudo|{seed}"] = ranks
                     pick = next(i for i, s in enumerate(settings) if s.as_fusion([lex.name, dense.name], not args.plain) == c.fusion)

@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import save_tiny_sentence_encoder
 
@@ -333,6 +334,79 @@ def test_calibration_writes_a_row_per_collection_encoder_and_analyser(toy_beir, 
     assert sorted(tuple(r[:3]) for r in rows[:-2]) == sorted(pairs) and [r[0] for r in rows[-2:]] == ["mean", "within 0.005 (pairs)"]
     for row in rows[:-2]:
         assert row[3] == 3 and all(_finite(v) and v >= 0 for v in row[4:])  # regrets against the held-out half's best
+
+
+def test_calibration_also_reads_written_queries_and_compares_the_sources(toy_beir, tiny_model_dir, tmp_path, monkeypatch):
+    from embedder.sentence_encoder import SentenceEncoder
+    from experiments import calibration, calibration_sources, generated_queries
+
+    # experiments.generated_queries: one query per sampled document, the documents calibration samples
+    written = tmp_path / "written"
+    assert generated_queries.main(["--data", str(toy_beir), "--model", str(tiny_model_dir), "--queries", "8", "--new-tokens", "4",
+                                   "--threads", "1", "--out", str(written)]) == 0  # fmt: skip
+    from benchmarks.datasets import resolve
+    from indexer import calibration as cal
+
+    texts = [d.text for d in resolve(str(toy_beir))[0].docs]
+    lines = [json.loads(line) for line in (written / "toy.jsonl").read_text().splitlines()]
+    assert [r["doc"] for r in lines] == [q.doc for q in cal.pseudo_queries(texts, 8, 0)]
+    assert all(isinstance(r["query"], str) for r in lines)
+    if not any(r["query"].strip() for r in lines):  # a random tiny model may write only blanks: give the study words to read
+        (written / "toy.jsonl").write_text("".join(json.dumps({**r, "query": texts[r["doc"]][:20]}) + "\n" for r in lines))
+
+    tiny_encoder = SentenceEncoder.load(str(save_tiny_sentence_encoder(tmp_path / "encoder")))
+    monkeypatch.setattr(SentenceEncoder, "load", classmethod(lambda cls, *a, **kw: tiny_encoder))
+    out, matrices = tmp_path / "calibration.json", tmp_path / "matrices.npz"
+    assert calibration.main(["--data", str(toy_beir), "--encoders", "minilm", "--analyzers", "words,plain", "--queries", "8",
+                             "--pseudo-from", str(written), "--cache", str(tmp_path / "cache"), "--matrices", str(matrices),
+                             "--out", str(out)]) == 0  # fmt: skip
+    rows = _table(out)["rows"]
+    assert [tuple(r[:4]) for r in rows] == [("toy", "minilm", a, s) for a in ("words", "plain") for s in (0, "gen")]
+    assert {"toy|minilm|words|pseudo|gen", "toy|minilm|plain|pseudo|gen"} <= set(np.load(matrices).files)
+
+    # experiments.calibration_sources: a row per source and shift, then a left-out row per source
+    sources = tmp_path / "sources.json"
+    assert calibration_sources.main(["--matrices", str(matrices), "--table", str(out), "--out", str(sources)]) == 0
+    data = _table(sources)
+    rows, cols = data["rows"], data["columns"]
+    # a row per selection, source and shift, then a left-out row per selection and source
+    n_fixed = 2 * len(calibration_sources.SOURCES) * len(calibration_sources.SHIFTS)
+    assert len(rows) == n_fixed + 2 * len(calibration_sources.SOURCES)
+    assert [(r[0], r[1]) for r in rows[n_fixed:]] == [(src, sel) for sel in ("argmax", "smoothed") for src in calibration_sources.SOURCES]
+    assert all(r[2].startswith("left out: toy") for r in rows[n_fixed:])
+    for row in rows:
+        regret, worst, within = row[cols.index("mean regret")], row[cols.index("worst regret")], row[cols.index("within 0.005")]
+        assert _finite(regret, worst) and 0 <= regret <= worst <= 1 and 0 <= within <= 2
+    # the held-out rule with the shipped shift is the calibration the table's seed-0 rows record
+    shipped = data["details"][f"held-out|argmax|{cal.SHIFT:g}"]
+    table_cols = _table(out)["columns"]
+    for r in rows_of(out, seed=0):
+        assert shipped[f"toy|minilm|{r[2]}"]["pick"] == r[table_cols.index("calibrated setting")]
+    # a written file that names no document of the corpus is refused with its file, line and field
+    (written / "toy.jsonl").write_text(json.dumps({"doc": 10**6, "query": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"toy.jsonl, line 1: field 'doc'"):
+        calibration.written_queries(written, "toy", texts)
+
+
+def test_smoothing_averages_each_setting_with_its_grid_neighbours_of_the_same_method():
+    from experiments.calibration_sources import smoothed
+    from indexer import calibration as cal
+
+    settings = cal.grid(2)
+    at = {(s.method, s.weights): i for i, s in enumerate(settings)}
+    scores = np.zeros(len(settings))
+    scores[at[("minmax", (0.5, 0.5))]] = 0.9
+    scores[at[("minmax", (0.0, 1.0))]] = 0.6
+    out = smoothed(scores, settings)
+    assert out[at[("minmax", (0.5, 0.5))]] == pytest.approx(0.3)  # itself and two neighbours
+    assert out[at[("minmax", (0.4, 0.6))]] == out[at[("minmax", (0.6, 0.4))]] == pytest.approx(0.3)
+    assert out[at[("minmax", (0.0, 1.0))]] == pytest.approx(0.3)  # an end of the grid: itself and one neighbour
+    assert out[at[("minmax", (0.1, 0.9))]] == pytest.approx(0.2)
+    assert out[at[("minmax", (0.3, 0.7))]] == 0 and not out[[i for i, s in enumerate(settings) if s.method == "max"]].any()
+
+
+def rows_of(table: Path, seed) -> list:
+    return [r for r in _table(table)["rows"] if r[3] == seed]
 
 
 # ------------------------------------------------------------------ channel_ablation
