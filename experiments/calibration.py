@@ -135,6 +135,34 @@ def completed(lists: list, qids: list[str], doc_ids: list[str], setting: cal.Set
     return run
 
 
+def peakedness(scores: np.ndarray, top: int = 10, depth: int = DEPTH) -> float:
+    """How far a list's first score stands above its ``top``-th, as a share of its whole spread over ``depth``:
+    near 1 where a few documents stand out (the channel is sure), near 0 where the top is flat."""
+    s = np.asarray(scores, np.float64)[:depth]
+    if s.size <= top:
+        return 0.0
+    spread = s[0] - s[-1]
+    return float((s[0] - s[top - 1]) / spread) if spread > 0 else 0.0
+
+
+def tilted(lists: list, qids: list[str], doc_ids: list[str], setting: cal.Setting, k: int = DEPTH) -> dict:
+    """The completed fusion of ``setting`` with its weights tilted per query: each channel's weight times its
+    list's :func:`peakedness` for that query over the channel's mean peakedness across the queries (a
+    per-query score-distribution signal, read off the lists alone, no labels), then renormalised."""
+    from retriever.fusion import fuse
+
+    peaks = np.array([[peakedness(scores[docs >= 0]) for docs, scores in lst] for lst in lists])  # (channels, queries)
+    relative = peaks / np.maximum(peaks.mean(axis=1, keepdims=True), 1e-9)
+    names = [str(i) for i in range(len(lists))]
+    run = {}
+    for j, q in enumerate(qids):
+        w = np.asarray(setting.weights) * relative[:, j]
+        w = w / w.sum() if w.sum() > 0 else np.asarray(setting.weights)
+        found = fuse({n: lst[j] for n, lst in zip(names, lists)}, dict(zip(names, w.tolist())), k, setting.method, depth=DEPTH)
+        run[q] = {doc_ids[f.doc]: f.score for f in found}
+    return run
+
+
 def as_run(lists, qids: list[str], doc_ids: list[str]) -> dict:
     return {q: {doc_ids[d]: float(s) for d, s in zip(docs, scores) if d >= 0} for q, (docs, scores) in zip(qids, lists)}
 
@@ -179,10 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pseudo-from", type=Path, default=None,
                    help="a folder of experiments.generated_queries (COLLECTION.jsonl): each pair is also calibrated on those "
                         "written queries (row seed 'gen', matrices '|pseudo|gen'), the source scored as its whole text")
+    p.add_argument("--tilt", action="store_true",
+                   help="also score the calibrated setting with its weights tilted per query by each channel's peakedness "
+                        "(tilted()): a column 'tilted nDCG@10', and the per-query matrices '|tilt|SEED'")
     p.add_argument("--plain", action="store_true",
                    help="fuse listed documents only, 0 where a list lacks one (calibration version 1); default: completed scores")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    if args.tilt and args.plain:
+        p.error("--tilt tilts the completed fusion; --plain fuses listed documents only")
     store: dict[str, np.ndarray] = {}
 
     from benchmarks.datasets import resolve
@@ -275,13 +308,18 @@ def main(argv: list[str] | None = None) -> int:
                     store[f"{ds.name}|{e}|{a}|pseudo|{seed}"] = ranks
                     pick = next(i for i, s in enumerate(settings) if s.as_fusion([lex.name, dense.name], not args.plain) == c.fusion)
                     recall = float(per_query(qrels, ours[pick], qids, "recall@100").mean())
+                    tilt = []
+                    if args.tilt:
+                        tilt_matrix = per_query(qrels, tilted([lex_deep, dense_deep], qids, doc_ids, settings[pick]), qids)
+                        store[f"{ds.name}|{e}|{a}|tilt|{seed}"] = tilt_matrix
+                        tilt = [round(float(tilt_matrix.mean()), 4)]
                     row = [
                         ds.name, e, a, seed, round(alone[0], 4), round(alone[1], 4), round(alone[1] / max(alone[0], 1e-9), 3),
                         round(float(real[oracle]), 4), cal.label(settings[oracle], ["bm25", "enc"]),
                         round(float(real[pick]), 4), cal.label(settings[pick], ["bm25", "enc"]),
                         round(float(real[pick] - real[oracle]), 4), round(fixed, 4), round(users[0], 4), round(users[1], 4),
                         round(float(real[pick]) - max(users), 4), round(recall, 4), round(recall_user, 4),
-                        " / ".join(f"{v:.3f}" for v in c.alone.values()), round(took, 1),
+                        " / ".join(f"{v:.3f}" for v in c.alone.values()), round(took, 1), *tilt,
                     ]  # fmt: skip
                     rows.append(row)
                     print("  ".join(str(x) for x in row), file=sys.stderr, flush=True)
@@ -295,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     columns = ["collection", "encoder", "analyser", "seed", "BM25 alone", "encoder alone", "enc/BM25", "oracle nDCG@10", "oracle setting",
                "calibrated nDCG@10", "calibrated setting", "calibrated - oracle", "fixed max .33/.67", "B+E 0.6/0.4", "B+E 0.5/0.5",
                "calibrated - best B+E", "calibrated R@100", "B+E 0.6/0.4 R@100", "pseudo alone (bm25 / enc)", "calibration s"]
+    columns += ["tilted nDCG@10"] if args.tilt else []
     write_table(
         args.out,
         title="Self-calibrating fusion: weights read off each corpus against the per-collection oracle",

@@ -318,14 +318,15 @@ def test_calibration_writes_a_row_per_collection_encoder_and_analyser(toy_beir, 
     monkeypatch.setattr(SentenceEncoder, "load", classmethod(lambda cls, *a, **kw: tiny_encoder))
     out, matrices = tmp_path / "calibration.json", tmp_path / "matrices.npz"
     assert calibration.main(["--data", str(toy_beir), "--encoders", "minilm,minilm-8", "--analyzers", "words,plain", "--queries", "8",
-                             "--cache", str(tmp_path / "cache"), "--matrices", str(matrices), "--out", str(out)]) == 0  # fmt: skip
+                             "--tilt", "--cache", str(tmp_path / "cache"), "--matrices", str(matrices), "--out", str(out)]) == 0  # fmt: skip
     data = _table(out)
     pairs = [("toy", e, a) for e in ("minilm", "minilm-8") for a in ("words", "plain")]
     assert [tuple(row[:3]) for row in data["rows"]] == pairs
     cols = data["columns"]
     for row in data["rows"]:
-        oracle, calibrated = row[cols.index("oracle nDCG@10")], row[cols.index("calibrated nDCG@10")]
-        assert _finite(oracle, calibrated) and 0 <= calibrated <= oracle <= 1  # the oracle is the best the grid holds
+        oracle, calibrated, tilted = (row[cols.index(c)] for c in ("oracle nDCG@10", "calibrated nDCG@10", "tilted nDCG@10"))
+        assert _finite(oracle, calibrated, tilted) and 0 <= calibrated <= oracle <= 1 and 0 <= tilted <= 1  # the oracle is the grid's best
+    assert np.load(matrices)["toy|minilm|words|tilt|0"].shape == (3,)  # a tilted nDCG@10 per real query
     # experiments.calibration_noise, the noise floor read off the same matrices: a row per pair, then the mean
     # and the count within 0.005
     noise = tmp_path / "noise.json"
@@ -403,6 +404,16 @@ def test_smoothing_averages_each_setting_with_its_grid_neighbours_of_the_same_me
     assert out[at[("minmax", (0.0, 1.0))]] == pytest.approx(0.3)  # an end of the grid: itself and one neighbour
     assert out[at[("minmax", (0.1, 0.9))]] == pytest.approx(0.2)
     assert out[at[("minmax", (0.3, 0.7))]] == 0 and not out[[i for i, s in enumerate(settings) if s.method == "max"]].any()
+
+
+def test_peakedness_is_the_top_gap_as_a_share_of_the_lists_spread():
+    from experiments.calibration import peakedness
+
+    flat_top = np.r_[np.full(10, 5.0), np.linspace(5, 1, 90)]
+    one_peak = np.r_[9.0, np.linspace(2, 1, 99)]
+    assert peakedness(flat_top) == 0 and peakedness(np.full(100, 3.0)) == 0  # no gap, or no spread at all
+    assert peakedness(one_peak) == pytest.approx((9 - one_peak[9]) / 8)
+    assert peakedness(one_peak[:10]) == 0  # too short to have a tenth and a tail
 
 
 def rows_of(table: Path, seed) -> list:
