@@ -169,7 +169,8 @@ def as_run(lists, qids: list[str], doc_ids: list[str]) -> dict:
 
 def written_queries(folder: Path, collection: str, texts: list[str]) -> list[cal.PseudoQuery]:
     """The queries experiments.generated_queries wrote for ``collection``'s sampled documents, as
-    pseudo-queries whose source is scored as its whole text (nothing was held out of it)."""
+    pseudo-queries whose source is scored as its whole text (nothing was held out of it), or as the row's
+    "rest" where it has one (a title's body)."""
     import json
 
     path = folder / f"{collection}.jsonl"
@@ -180,8 +181,8 @@ def written_queries(folder: Path, collection: str, texts: list[str]) -> list[cal
         row = json.loads(line)
         if not isinstance(row.get("doc"), int) or not 0 <= row["doc"] < len(texts):
             raise ValueError(f"{path}, line {n}: field 'doc' is not a document number of {collection}")
-        if str(row.get("query", "")).strip():
-            out.append(cal.PseudoQuery(row["doc"], row["query"], texts[row["doc"]]))
+        if str(row.get("query", "")).strip():  # "rest": what the source is scored as (a title's body); else its whole text
+            out.append(cal.PseudoQuery(row["doc"], row["query"], row.get("rest") or texts[row["doc"]]))
     return out
 
 

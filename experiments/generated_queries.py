@@ -10,7 +10,8 @@ not stem. A query written by a model, in its own words, might not share that bia
 one query per document for the documents calibration samples (the same documents, from the same seed,
 so that only the query differs) and stores them as JSONL, one file per collection:
 ``{"doc": N, "doc_id": ..., "query": ...}``. ``python -m experiments.calibration --pseudo-from DIR``
-calibrates on them instead (the source scored as its whole text).
+calibrates on them instead (the source scored as its whole text). ``--source title`` writes each document's
+own title instead, the source scored as its body: a query somebody wrote, where a collection has titles.
 
 Greedy decoding; the document is cut to its first ``--doc-tokens`` tokens. No qrels and no query of the
 collection are read.
@@ -88,6 +89,9 @@ def generate(model_name: str, texts: list[str], batch_size: int, doc_tokens: int
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.generated_queries", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", action="append", required=True, help="collections (benchmarks.datasets.resolve); repeatable")
+    p.add_argument("--source", choices=("llm", "title"), default="llm",
+                   help="llm: the model writes each query; title: the document's own title is its query and its body the text "
+                        "the source is scored as (documents without a title are left out; no model)")
     p.add_argument("--model", default="smollm2-135m", help="an instruct model: a registry name of embedder.models or a directory")
     p.add_argument("--queries", type=int, default=cal.DEFAULT_QUERIES, help="documents per corpus (calibration's sample)")
     p.add_argument("--seed", type=int, default=cal.DEFAULT_SEED)
@@ -112,17 +116,25 @@ def main(argv: list[str] | None = None) -> int:
         texts = [d.text for d in ds.docs]
         docs = [q.doc for q in cal.pseudo_queries(texts, args.queries, args.seed)]
         t0 = time.perf_counter()
-        queries = generate(args.model, [texts[d] for d in docs], args.batch_size, args.doc_tokens, args.new_tokens)
+        if args.source == "title":
+            rows = [{"doc": d, "doc_id": ds.docs[d].doc_id, "query": ds.docs[d].title, "rest": ds.docs[d].body} for d in docs
+                    if (ds.docs[d].title or "").strip() and len((ds.docs[d].body or "").split()) >= cal.REST_WORDS]
+        else:
+            queries = generate(args.model, [texts[d] for d in docs], args.batch_size, args.doc_tokens, args.new_tokens)
+            rows = [{"doc": d, "doc_id": ds.docs[d].doc_id, "query": q} for d, q in zip(docs, queries)]
         took = time.perf_counter() - t0
+        if not rows:
+            print(f"{ds.name}: no document has a title and a body; nothing written", file=sys.stderr)
+            continue
         tmp = target.with_suffix(".tmp")
         with tmp.open("w") as f:
-            for d, q in zip(docs, queries):
-                f.write(json.dumps({"doc": d, "doc_id": ds.docs[d].doc_id, "query": q}) + "\n")
+            f.writelines(json.dumps(row) + "\n" for row in rows)
         tmp.replace(target)
-        meta = {"model": args.model, "seed": args.seed, "documents": len(docs), "seconds": round(took, 1),
-                "doc_tokens": args.doc_tokens, "new_tokens": args.new_tokens, "threads": args.threads}
+        meta = {"source": args.source, "model": args.model if args.source == "llm" else None, "seed": args.seed,
+                "documents": len(rows), "seconds": round(took, 1), "doc_tokens": args.doc_tokens, "new_tokens": args.new_tokens,
+                "threads": args.threads}
         (args.out / f"{ds.name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-        print(f"{ds.name}: {len(docs)} queries in {took:.0f} s -> {target}", file=sys.stderr)
+        print(f"{ds.name}: {len(rows)} queries in {took:.0f} s -> {target}", file=sys.stderr)
     return 0
 
 

@@ -389,6 +389,25 @@ def test_calibration_also_reads_written_queries_and_compares_the_sources(toy_bei
         calibration.written_queries(written, "toy", texts)
 
 
+def test_title_queries_are_the_documents_titles_scored_against_their_bodies(toy_beir, tmp_path):
+    from benchmarks.datasets import resolve
+    from experiments import calibration, generated_queries
+    from indexer import calibration as cal
+
+    out = tmp_path / "titles"
+    assert generated_queries.main(["--data", str(toy_beir), "--source", "title", "--queries", "40", "--out", str(out)]) == 0
+    docs = resolve(str(toy_beir))[0].docs
+    texts = [d.text for d in docs]
+    rows = [json.loads(line) for line in (out / "toy.jsonl").read_text().splitlines()]
+    sampled = [q.doc for q in cal.pseudo_queries(texts, 40, 0)]
+    # the sampled documents whose body can stand as the rest, in sampling order, each titled by its own title
+    assert [r["doc"] for r in rows] == [d for d in sampled if len(docs[d].body.split()) >= cal.REST_WORDS] and rows
+    assert all(r["query"] == docs[r["doc"]].title and r["rest"] == docs[r["doc"]].body for r in rows)
+    assert json.loads((out / "toy.meta.json").read_text())["model"] is None
+    pqs = calibration.written_queries(out, "toy", texts)
+    assert [(p.doc, p.query, p.rest) for p in pqs] == [(r["doc"], r["query"], r["rest"]) for r in rows]
+
+
 def test_smoothing_averages_each_setting_with_its_grid_neighbours_of_the_same_method():
     from experiments.calibration_sources import smoothed
     from indexer import calibration as cal
