@@ -121,15 +121,17 @@ def fused(runs: list[dict], setting: cal.Setting) -> dict:
     return fuse(runs=[r for r, _ in used], norm=norm, method="wsum", params={"weights": [w for _, w in used]})
 
 
-def completed(lists: list, qids: list[str], doc_ids: list[str], setting: cal.Setting, k: int = DEPTH) -> dict:
+def completed(lists: list, qids: list[str], doc_ids: list[str], setting: cal.Setting, k: int = DEPTH,
+              per_query: np.ndarray | None = None) -> dict:
     """The engine's completed fusion (retriever/fusion.py ``depth``) of per-channel deep lists
-    (one per query, as the channels answered them) under ``setting``, as a run."""
+    (one per query, as the channels answered them) under ``setting``, as a run. ``per_query``:
+    (channels, queries) weights that replace the setting's, query by query."""
     from retriever.fusion import fuse
 
     names = [str(i) for i in range(len(lists))]
-    weights = dict(zip(names, setting.weights))
     run = {}
     for j, q in enumerate(qids):
+        weights = dict(zip(names, (setting.weights if per_query is None else per_query[:, j].tolist())))
         found = fuse({n: lst[j] for n, lst in zip(names, lists)}, weights, k, setting.method, depth=DEPTH)
         run[q] = {doc_ids[f.doc]: f.score for f in found}
     return run
@@ -149,18 +151,11 @@ def tilted(lists: list, qids: list[str], doc_ids: list[str], setting: cal.Settin
     """The completed fusion of ``setting`` with its weights tilted per query: each channel's weight times its
     list's :func:`peakedness` for that query over the channel's mean peakedness across the queries (a
     per-query score-distribution signal, read off the lists alone, no labels), then renormalised."""
-    from retriever.fusion import fuse
-
     peaks = np.array([[peakedness(scores[docs >= 0]) for docs, scores in lst] for lst in lists])  # (channels, queries)
-    relative = peaks / np.maximum(peaks.mean(axis=1, keepdims=True), 1e-9)
-    names = [str(i) for i in range(len(lists))]
-    run = {}
-    for j, q in enumerate(qids):
-        w = np.asarray(setting.weights) * relative[:, j]
-        w = w / w.sum() if w.sum() > 0 else np.asarray(setting.weights)
-        found = fuse({n: lst[j] for n, lst in zip(names, lists)}, dict(zip(names, w.tolist())), k, setting.method, depth=DEPTH)
-        run[q] = {doc_ids[f.doc]: f.score for f in found}
-    return run
+    weights = np.asarray(setting.weights)[:, None] * peaks / np.maximum(peaks.mean(axis=1, keepdims=True), 1e-9)
+    total = weights.sum(axis=0)
+    weights = np.where(total > 0, weights / np.where(total > 0, total, 1), np.asarray(setting.weights)[:, None])
+    return completed(lists, qids, doc_ids, setting, k, per_query=weights)
 
 
 def as_run(lists, qids: list[str], doc_ids: list[str]) -> dict:
@@ -178,7 +173,10 @@ def written_queries(folder: Path, collection: str, texts: list[str]) -> list[cal
         raise SystemExit(f"{path}: no written queries for {collection} (run python -m experiments.generated_queries)")
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {n}: not a JSON object ({exc.msg})") from None
         if not isinstance(row.get("doc"), int) or not 0 <= row["doc"] < len(texts):
             raise ValueError(f"{path}, line {n}: field 'doc' is not a document number of {collection}")
         if str(row.get("query", "")).strip():  # "rest": what the source is scored as (a title's body); else its whole text
@@ -207,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                         "probability (0: the held-out sentence as it is): a probe of the analyser blind spot")
     p.add_argument("--pseudo-from", type=Path, default=None,
                    help="a folder of experiments.generated_queries (COLLECTION.jsonl): each pair is also calibrated on those "
-                        "written queries (row seed 'gen', matrices '|pseudo|gen'), the source scored as its whole text")
+                        "written queries (row seed 'gen', matrices '|pseudo|gen'), the source scored as its whole text, or as a "
+                        "row's 'rest' where it has one (a title's body)")
     p.add_argument("--tilt", action="store_true",
                    help="also score the calibrated setting with its weights tilted per query by each channel's peakedness "
                         "(tilted()): a column 'tilted nDCG@10', and the per-query matrices '|tilt|SEED'")

@@ -45,22 +45,27 @@ def clean(generated: str) -> str:
     return line.strip().strip("\"'`*-• ").strip()
 
 
-def generate(model_name: str, texts: list[str], batch_size: int, doc_tokens: int, new_tokens: int) -> list[str]:
-    """One query per text, by ``model_name`` (a registry name of embedder.models or a model directory)."""
-    import torch
-    from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class QueryWriter:
+    """An instruct model that writes one query per text; loaded once, for every collection of a run."""
 
-    from embedder.models import resolve_model
+    def __init__(self, model_name: str):
+        """``model_name``: a registry name of embedder.models or a model directory."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    directory = resolve_model(model_name).directory
-    tok = AutoTokenizer.from_pretrained(directory)
-    tok.padding_side = "left"  # generation continues every row from its last token
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    prompts = []
-    for text in texts:
+        from embedder.models import resolve_model
+
+        directory = resolve_model(model_name).directory
+        self.name = model_name
+        self.tok = AutoTokenizer.from_pretrained(directory)
+        self.tok.padding_side = "left"  # generation continues every row from its last token
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+    def prompt(self, text: str, doc_tokens: int) -> str:
+        """The prompt for ``text`` cut to its first ``doc_tokens`` tokens, after the worked example."""
+        tok = self.tok
         cut = tok.decode(tok(text, add_special_tokens=False)["input_ids"][:doc_tokens])
         messages = [
             {"role": "system", "content": SYSTEM},
@@ -69,21 +74,27 @@ def generate(model_name: str, texts: list[str], batch_size: int, doc_tokens: int
             {"role": "user", "content": PROMPT.format(text=cut)},
         ]
         if tok.chat_template is not None:
-            prompts.append(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-        else:  # a base model: the same turns as plain text, the answer left open
-            prompts.append("\n\n".join(m["content"] for m in messages[:2]) + f"\nQuery: {EXAMPLE[1]}\n\n{messages[3]['content']}\nQuery:")
-    # longest first: batches pad less
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-    by_index: dict[int, str] = {}
-    with torch.inference_mode(), tqdm(total=len(prompts), desc=f"writing queries ({model_name})", unit="query") as bar:
-        for at in range(0, len(order), batch_size):
-            chunk = order[at:at + batch_size]
-            enc = tok([prompts[i] for i in chunk], return_tensors="pt", padding=True)
-            gen = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-            for i, row in zip(chunk, gen[:, enc["input_ids"].shape[1]:]):
-                by_index[i] = clean(tok.decode(row, skip_special_tokens=True))
-            bar.update(len(chunk))
-    return [by_index[i] for i in range(len(prompts))]
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # a base model: the same turns as plain text, the answer left open
+        return f"{SYSTEM}\n\n{messages[1]['content']}\nQuery: {EXAMPLE[1]}\n\n{messages[3]['content']}\nQuery:"
+
+    def write(self, texts: list[str], batch_size: int, doc_tokens: int, new_tokens: int) -> list[str]:
+        """One query per text (greedy decoding, at most ``new_tokens`` tokens, :func:`clean`)."""
+        import torch
+        from tqdm import tqdm
+
+        prompts = [self.prompt(text, doc_tokens) for text in texts]
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # longest first: batches pad less
+        by_index: dict[int, str] = {}
+        with torch.inference_mode(), tqdm(total=len(prompts), desc=f"writing queries ({self.name})", unit="query") as bar:
+            for at in range(0, len(order), batch_size):
+                chunk = order[at:at + batch_size]
+                enc = self.tok([prompts[i] for i in chunk], return_tensors="pt", padding=True)
+                gen = self.model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=self.tok.pad_token_id)
+                for i, row in zip(chunk, gen[:, enc["input_ids"].shape[1]:]):
+                    by_index[i] = clean(self.tok.decode(row, skip_special_tokens=True))
+                bar.update(len(chunk))
+        return [by_index[i] for i in range(len(prompts))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
+    writer: QueryWriter | None = None  # loaded at the first collection that needs it
     for ds in (ds for spec in args.data for ds in resolve(spec)):
         target = args.out / f"{ds.name}.jsonl"
         if target.exists():
@@ -120,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = [{"doc": d, "doc_id": ds.docs[d].doc_id, "query": ds.docs[d].title, "rest": ds.docs[d].body} for d in docs
                     if (ds.docs[d].title or "").strip() and len((ds.docs[d].body or "").split()) >= cal.REST_WORDS]
         else:
-            queries = generate(args.model, [texts[d] for d in docs], args.batch_size, args.doc_tokens, args.new_tokens)
+            writer = writer or QueryWriter(args.model)
+            queries = writer.write([texts[d] for d in docs], args.batch_size, args.doc_tokens, args.new_tokens)
             rows = [{"doc": d, "doc_id": ds.docs[d].doc_id, "query": q} for d, q in zip(docs, queries)]
         took = time.perf_counter() - t0
         if not rows:

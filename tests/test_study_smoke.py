@@ -387,6 +387,9 @@ def test_calibration_also_reads_written_queries_and_compares_the_sources(toy_bei
     (written / "toy.jsonl").write_text(json.dumps({"doc": 10**6, "query": "x"}) + "\n")
     with pytest.raises(ValueError, match=r"toy.jsonl, line 1: field 'doc'"):
         calibration.written_queries(written, "toy", texts)
+    (written / "toy.jsonl").write_text(json.dumps({"doc": 0, "query": "x"}) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"toy.jsonl, line 2: not a JSON object"):
+        calibration.written_queries(written, "toy", texts)
 
 
 def test_title_queries_are_the_documents_titles_scored_against_their_bodies(toy_beir, tmp_path):
