@@ -158,6 +158,20 @@ def tilted(lists: list, qids: list[str], doc_ids: list[str], setting: cal.Settin
     return completed(lists, qids, doc_ids, setting, k, per_query=weights)
 
 
+def corroboration(lists: list) -> np.ndarray:
+    """Where each channel's first document stands in the other channel's deep list, query by query:
+    (2, queries) 1-based ranks; one past the other list's depth where it lacks that document, or where the
+    channel found nothing. Read off the lists alone (no labels): a channel whose first answers the other
+    keeps near its top is the more often right of the two, which the channels' overlap (symmetric) cannot say."""
+    a, b = lists
+    out = np.empty((2, len(a)), np.int32)
+    for j, ((da, _), (db, _)) in enumerate(zip(a, b)):
+        for row, (first, other) in enumerate(((da, db), (db, da))):
+            hit = np.flatnonzero(other == first[0]) if first.size and first[0] >= 0 else np.empty(0)
+            out[row, j] = hit[0] + 1 if hit.size else other.size + 1
+    return out
+
+
 def as_run(lists, qids: list[str], doc_ids: list[str]) -> dict:
     return {q: {doc_ids[d]: float(s) for d, s in zip(docs, scores) if d >= 0} for q, (docs, scores) in zip(qids, lists)}
 
@@ -198,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="a beir-eval --index-dir: an encoder's document vectors are read from its exact FAISS index there "
                         "(NAME/ENCODER.faiss, written by the minilm / mpnet baselines) instead of encoding the corpus again")
     p.add_argument("--matrices", type=Path, default=None,
-                   help="also write every variant's (settings, queries) matrices here (.npz): the real queries' nDCG@10 and the "
-                        "pseudo-queries' source ranks, for judging other selection rules without recomputing")
+                   help="also write every variant's (settings, queries) matrices here (.npz): the real queries' nDCG@10 "
+                        "('|real'), B+E's ('|user', USER's rows), the pseudo-queries' source ranks ('|pseudo|SEED') and the "
+                        "channels' corroboration() on the real queries ('|agree'), for judging other selection rules without "
+                        "recomputing")
     p.add_argument("--variant-rate", type=float, default=0.0,
                    help="rewrite each word of a pseudo-query into another form of the corpus with the same Porter stem, with this "
                         "probability (0: the held-out sentence as it is): a probe of the analyser blind spot")
@@ -294,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                 real = real_matrix.mean(axis=1)
                 store[f"{ds.name}|{e}|{a}|real"] = real_matrix
                 ref_bm25 = pyserini if (a == "words" and pyserini is not None) else runs[0]
-                users = [float(per_query(qrels, fused([ref_bm25, dense_run], s), qids).mean()) for s in USER]
+                user_matrix = np.stack([per_query(qrels, fused([ref_bm25, dense_run], s), qids) for s in USER])
+                store[f"{ds.name}|{e}|{a}|user"] = user_matrix
+                store[f"{ds.name}|{e}|{a}|agree"] = corroboration([lex_deep, dense_deep])
+                users = user_matrix.mean(axis=1).tolist()
                 fixed = float(per_query(qrels, fused(runs, FIXED), qids).mean())
                 alone = [float(per_query(qrels, fused(runs, cal.Setting("minmax", w)), qids).mean()) for w in ((1.0, 0.0), (0.0, 1.0))]
                 recall_user = float(per_query(qrels, fused([ref_bm25, dense_run], USER[0]), qids, "recall@100").mean())

@@ -312,7 +312,7 @@ def test_query_pruning_synthetic_part_writes_a_row_per_setting_and_impacts(tmp_p
 # ------------------------------------------------------------------ calibration
 def test_calibration_writes_a_row_per_collection_encoder_and_analyser(toy_beir, tmp_path, monkeypatch):
     from embedder.sentence_encoder import SentenceEncoder
-    from experiments import calibration, calibration_noise
+    from experiments import calibration, calibration_agreement, calibration_noise
 
     tiny_encoder = SentenceEncoder.load(str(save_tiny_sentence_encoder(tmp_path / "encoder")))
     monkeypatch.setattr(SentenceEncoder, "load", classmethod(lambda cls, *a, **kw: tiny_encoder))
@@ -326,15 +326,50 @@ def test_calibration_writes_a_row_per_collection_encoder_and_analyser(toy_beir, 
     for row in data["rows"]:
         oracle, calibrated, tilted = (row[cols.index(c)] for c in ("oracle nDCG@10", "calibrated nDCG@10", "tilted nDCG@10"))
         assert _finite(oracle, calibrated, tilted) and 0 <= calibrated <= oracle <= 1 and 0 <= tilted <= 1  # the oracle is the grid's best
-    assert np.load(matrices)["toy|minilm|words|tilt|0"].shape == (3,)  # a tilted nDCG@10 per real query
-    # experiments.calibration_noise, the noise floor read off the same matrices: a row per pair, then the mean
-    # and the count within 0.005
+    stored = np.load(matrices)
+    assert stored["toy|minilm|words|tilt|0"].shape == (3,)  # a tilted nDCG@10 per real query
+    cols = data["columns"]
+    for row in data["rows"]:  # B+E's per-query rows average to the table's B+E columns
+        user = stored[f"toy|{row[1]}|{row[2]}|user"]
+        assert user.shape == (2, 3) and np.allclose(user.mean(axis=1), [row[cols.index("B+E 0.6/0.4")], row[cols.index("B+E 0.5/0.5")]], atol=1e-4)
+        agree = stored[f"toy|{row[1]}|{row[2]}|agree"]
+        assert agree.shape == (2, 3) and (agree >= 1).all()  # 1-based ranks
+    # experiments.calibration_noise, the noise floor read off the same matrices: a row per pair, then the mean,
+    # the count within 0.005, and how many pairs fall below the better B+E in one halving
     noise = tmp_path / "noise.json"
     assert calibration_noise.main(["--matrices", str(matrices), "--splits", "20", "--out", str(noise)]) == 0
     rows = _table(noise)["rows"]
-    assert sorted(tuple(r[:3]) for r in rows[:-2]) == sorted(pairs) and [r[0] for r in rows[-2:]] == ["mean", "within 0.005 (pairs)"]
-    for row in rows[:-2]:
-        assert row[3] == 3 and all(_finite(v) and v >= 0 for v in row[4:])  # regrets against the held-out half's best
+    assert sorted(tuple(r[:3]) for r in rows[:-4]) == sorted(pairs)
+    assert [r[0] for r in rows[-4:-2]] == ["mean", "within 0.005 (pairs)"]
+    for row in rows[:-4]:
+        assert row[3] == 3 and all(_finite(v) and v >= 0 for v in row[4:6])  # regrets against the held-out half's best
+        assert all(_finite(v) and 0 <= v <= 1 for v in row[6:8])  # shares of the halvings below the better B+E
+    per_halving, none_below = rows[-2][6:8], rows[-1][6:8]
+    assert all(0 <= v <= len(pairs) for v in per_halving) and all(0 <= v <= 1 for v in none_below)
+    # experiments.calibration_agreement, corroboration as a signal, on the same matrices: the shipped pick as the
+    # calibration table records it, then each rule fitted on all and left out
+    agreement = tmp_path / "agreement.json"
+    assert calibration_agreement.main(["--matrices", str(matrices), "--out", str(agreement)]) == 0
+    data = _table(agreement)
+    cols, agreed = data["columns"], data["rows"]
+    assert [r[0] for r in agreed] == ["shipped pick (shift 0.1)"] + [r for r in ("pick, shift nudged by d", "d alone, max-normalised") for _ in (0, 1)]
+    calibrated = {f"toy|{r[1]}|{r[2]}": r[_table(out)["columns"].index("calibrated setting")] for r in _table(out)["rows"]}
+    assert {k: v["pick"] for k, v in data["details"]["shipped"].items()} == calibrated
+    for row in agreed:
+        regret, within = row[cols.index("mean regret")], row[cols.index("within 0.005")]
+        assert _finite(regret) and 0 <= regret <= 1 and 0 <= within <= len(pairs)
+    # with one collection nothing is left to choose on: the left-out nudge is the shipped shift
+    assert data["details"]["pick, shift nudged by d|left out"] == data["details"]["shipped"]
+
+
+def test_corroboration_ranks_each_channels_first_document_in_the_other_list():
+    from experiments.calibration import corroboration
+
+    bm25 = [(np.array([4, 2, -1]), np.array([3.0, 1.0, 0.0])), (np.array([-1, -1, -1]), np.zeros(3))]
+    dense = [(np.array([2, 7, 4]), np.array([0.9, 0.8, 0.7])), (np.array([5, 1, 0]), np.array([0.5, 0.4, 0.3]))]
+    # query 1: BM25's first (4) is the encoder's 3rd, the encoder's first (2) BM25's 2nd; query 2: BM25 found
+    # nothing, so neither first is corroborated: each ranks one past the other list's depth
+    assert corroboration([bm25, dense]).tolist() == [[3, 4], [2, 4]]
 
 
 def test_calibration_also_reads_written_queries_and_compares_the_sources(toy_beir, tiny_model_dir, tmp_path, monkeypatch):
