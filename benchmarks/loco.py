@@ -63,6 +63,14 @@ def rounded(values, digits: int = 4) -> list:
     return ["–" if v is None else round(float(v), digits) for v in values]
 
 
+def regret_summary(regrets: Sequence[float], margins: Sequence[float]) -> list:
+    """The cells of a fusion rule's row in the calibration studies: mean and worst regret against the oracle,
+    pairs within 0.005 of it, mean and worst margin over what a user would build, pairs below that."""
+    regret, margin = np.asarray(regrets, float), np.asarray(margins, float)
+    return [*rounded([regret.mean(), regret.max()]), int((regret <= 0.005).sum()), *rounded([margin.mean(), margin.min()]),
+            int((margin < 0).sum())]
+
+
 def mean_row(label: Sequence, rows: Sequence[Sequence], digits: int = 4) -> list:
     """A table's last row: ``label`` (its first cells), then the mean of each remaining column over ``rows``."""
     start = len(label)

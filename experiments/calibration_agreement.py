@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from benchmarks.loco import rounded
+from benchmarks.loco import regret_summary
 from benchmarks.tables import study_command, write_table
 from indexer import calibration as cal
 
@@ -82,11 +82,10 @@ def mapped(pair: Pair, a: float, b: float) -> int:
     return at("max", float(np.clip(round((a - b * pair.d) / STEP) * STEP, STEP, 1 - STEP)))
 
 
-def summary(judged: list[dict]) -> list:
-    regret = np.array([j["regret"] for j in judged])
-    margin = np.array([j["vs_user"] for j in judged])
-    return [*rounded([regret.mean(), regret.max()]), int((regret <= 0.005).sum()), *rounded([margin.mean(), margin.min()]),
-            int((margin < 0).sum())]
+def summary(judged) -> list:
+    """:func:`benchmarks.loco.regret_summary` of judged picks (each a dict with "regret" and "vs_user")."""
+    judged = list(judged)
+    return regret_summary([j["regret"] for j in judged], [j["vs_user"] for j in judged])
 
 
 def left_out(pairs: list[Pair], rule, params: list[tuple], alone: tuple) -> tuple[list[dict], dict[str, tuple]]:

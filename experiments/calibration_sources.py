@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.loco import rounded
+from benchmarks.loco import regret_summary
 from benchmarks.tables import study_command, write_table
 from indexer import calibration as cal
 
@@ -79,11 +79,10 @@ def judge(store: dict[str, np.ndarray], users: dict[str, float], pairs: list[str
     return out
 
 
-def summary(judged: dict[str, dict]) -> list:
-    regret = np.array([j["regret"] for j in judged.values()])
-    margin = np.array([j["vs_user"] for j in judged.values()])
-    return [*rounded([regret.mean(), regret.max()]), int((regret <= 0.005).sum()), *rounded([margin.mean(), margin.min()]),
-            int((margin < 0).sum())]
+def summary(judged) -> list:
+    """:func:`benchmarks.loco.regret_summary` of judged picks (each a dict with "regret" and "vs_user")."""
+    judged = list(judged)
+    return regret_summary([j["regret"] for j in judged], [j["vs_user"] for j in judged])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         for source in SOURCES:
             for shift in SHIFTS:
                 judged = judge(store, users, pairs, source, shift, smooth)
-                rows.append([source, SELECTIONS[smooth], f"{shift:g}", *summary(judged)])
+                rows.append([source, SELECTIONS[smooth], f"{shift:g}", *summary(judged.values())])
                 details[f"{source}|{SELECTIONS[smooth]}|{shift:g}"] = {
                     pair: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in j.items()} for pair, j in judged.items()}
     collections = sorted({pair.split("|")[0] for pair in pairs})
@@ -121,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     SHIFTS, key=lambda s: (np.mean([j["regret"] for j in judge(store, users, train, source, s, smooth).values()]), s))
                 chosen[c] = best
                 held_out.update(judge(store, users, test, source, best, smooth))
-            rows.append([source, SELECTIONS[smooth], "left out: " + ", ".join(f"{c} {s:g}" for c, s in chosen.items()), *summary(held_out)])
+            rows.append([source, SELECTIONS[smooth], "left out: " + ", ".join(f"{c} {s:g}" for c, s in chosen.items()), *summary(held_out.values())])
     write_table(
         args.out,
         title="Calibration's pseudo-queries: sentences held out of the documents, queries an LLM wrote, or both",
