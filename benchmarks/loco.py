@@ -63,6 +63,10 @@ def rounded(values, digits: int = 4) -> list:
     return ["–" if v is None else round(float(v), digits) for v in values]
 
 
+# the headers of regret_summary's cells
+REGRET_COLUMNS = ["mean regret", "worst regret", "within 0.005", "mean vs best B+E", "worst vs best B+E", "below best B+E"]
+
+
 def regret_summary(regrets: Sequence[float], margins: Sequence[float]) -> list:
     """The cells of a fusion rule's row in the calibration studies: mean and worst regret against the oracle,
     pairs within 0.005 of it, mean and worst margin over what a user would build, pairs below that."""

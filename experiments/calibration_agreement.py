@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from benchmarks.loco import regret_summary
+from benchmarks.loco import REGRET_COLUMNS, regret_summary
 from benchmarks.tables import study_command, write_table
 from indexer import calibration as cal
 
@@ -162,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             + ". *regret*: the qrels-best setting's nDCG@10 minus the rule's; *vs best B+E*: the rule minus the better of "
             "Pyserini BM25 + the encoder at min-max 0.6/0.4 and 0.5/0.5. 'left out': each collection's thresholds or map "
             "chosen on the other collections."),
-        columns=["rule", "parameters", "mean regret", "worst regret", "within 0.005", "mean vs best B+E", "worst vs best B+E",
-                 "below best B+E"],
+        columns=["rule", "parameters", *REGRET_COLUMNS],
         rows=rows,
         details=details,
     )

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.loco import regret_summary
+from benchmarks.loco import REGRET_COLUMNS, regret_summary
 from benchmarks.tables import study_command, write_table
 from indexer import calibration as cal
 
@@ -131,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             "minus the pick's; *vs best B+E*: the pick minus the better of Pyserini BM25 + the encoder at min-max 0.6/0.4 and "
             "0.5/0.5. *smoothed*: each setting's pseudo score averaged with its grid neighbours' before the pick. The 'left out' "
             "rows give, per collection, the shift chosen on the other collections, and the scores of those picks."),
-        columns=["source", "selection", "shift", "mean regret", "worst regret", "within 0.005", "mean vs best B+E", "worst vs best B+E",
-                 "below best B+E"],
+        columns=["source", "selection", "shift", *REGRET_COLUMNS],
         rows=rows,
         details=details,
     )
